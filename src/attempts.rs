@@ -1,0 +1,284 @@
+//! Per-request bookkeeping shared by the tower layer and the reqwest adapter: classify each
+//! attempt's outcome, record it, ask the policy, log, and build the report or the error. Both
+//! front ends drive this one type, so the decision has one code path.
+
+use std::error::Error as StdError;
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, Method, StatusCode, Uri};
+use tokio::time::Instant;
+
+use crate::classify::{classify_error, Classification, FailureClass, RequestVerdict};
+use crate::error::{Error, Symptom};
+use crate::policy::{Decision, Facts, RetryPolicy, StopReason};
+use crate::service::report::{AttemptRecord, Records};
+use crate::service::RetryReport;
+use crate::BoxError;
+
+/// Longest request id echoed in reports, errors and logs.
+const MAX_REQUEST_ID_LEN: usize = 128;
+/// Longest path echoed in errors and logs.
+pub(crate) const MAX_PATH_LEN: usize = 256;
+
+/// The method and path of the request, for messages. The query string is never kept.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) method: Method,
+    path: TargetPath,
+}
+
+#[derive(Clone, Debug)]
+enum TargetPath {
+    /// Cloning a `Uri` shares its bytes; the path is cut out only when printed.
+    Uri(Uri),
+    Text(Box<str>),
+}
+
+impl Target {
+    pub(crate) fn from_uri(method: Method, uri: Uri) -> Self {
+        Target {
+            method,
+            path: TargetPath::Uri(uri),
+        }
+    }
+
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn from_path(method: Method, path: &str) -> Self {
+        Target {
+            method,
+            path: TargetPath::Text(cap(path, MAX_PATH_LEN).into()),
+        }
+    }
+
+    /// The path without query, capped in length.
+    pub(crate) fn path(&self) -> &str {
+        match &self.path {
+            TargetPath::Uri(uri) => cap(uri.path(), MAX_PATH_LEN),
+            TargetPath::Text(text) => text,
+        }
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
+pub(crate) fn cap(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A header value fit to echo: printable ASCII, capped.
+fn printable(headers: &HeaderMap, name: &http::HeaderName, max: usize) -> Option<Box<str>> {
+    let value = headers.get(name)?.to_str().ok()?;
+    let value = value.trim();
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return None;
+    }
+    Some(cap(value, max).into())
+}
+
+pub(crate) struct Attempts {
+    policy: RetryPolicy,
+    verdict: RequestVerdict,
+    target: Target,
+    /// Whether the request can be sent again (a replayable body and a clone in hand).
+    replayable: bool,
+    /// An outer layer of this crate made this attempt and decides about retries.
+    outer_layer: bool,
+    started: Instant,
+    first_attempt_at: SystemTime,
+    last_attempt_at: SystemTime,
+    records: Records,
+    /// Whether any attempt may have reached the server's application.
+    maybe_applied: bool,
+    request_id: Option<Box<str>>,
+    idempotency_key: Option<Box<str>>,
+}
+
+impl Attempts {
+    /// Starts the bookkeeping for one request and deposits it in the retry budget (unless an
+    /// outer layer already did).
+    pub(crate) fn start(
+        policy: &RetryPolicy,
+        verdict: RequestVerdict,
+        target: Target,
+        headers: &HeaderMap,
+        replayable: bool,
+        outer_layer: bool,
+    ) -> Self {
+        if !outer_layer {
+            policy.deposit();
+        }
+        let inner = &policy.inner;
+        let request_id = inner
+            .request_id_header
+            .as_ref()
+            .and_then(|name| printable(headers, name, MAX_REQUEST_ID_LEN));
+        let idempotency_key = policy.idempotency_key(headers).map(Into::into);
+        let now = SystemTime::now();
+        Attempts {
+            policy: policy.clone(),
+            verdict,
+            target,
+            replayable,
+            outer_layer,
+            started: Instant::now(),
+            first_attempt_at: now,
+            last_attempt_at: now,
+            records: Records::default(),
+            maybe_applied: false,
+            request_id,
+            idempotency_key,
+        }
+    }
+
+    /// Marks the start of the next attempt and returns its number (1 for the first).
+    pub(crate) fn next_attempt(&mut self) -> u32 {
+        if self.records.len() > 0 {
+            self.last_attempt_at = SystemTime::now();
+        }
+        self.records.len() + 1
+    }
+
+    pub(crate) fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    pub(crate) fn on_response(&mut self, status: StatusCode, headers: &HeaderMap) -> Decision {
+        if self.request_id.is_none() {
+            if let Some(name) = &self.policy.inner.request_id_header {
+                self.request_id = printable(headers, name, MAX_REQUEST_ID_LEN);
+            }
+        }
+        // A response means the request reached the server, whatever its status.
+        self.maybe_applied = true;
+        let outcome = self
+            .policy
+            .classify_status(status, headers, SystemTime::now());
+        self.decide(outcome, Some(status))
+    }
+
+    pub(crate) fn on_error(&mut self, err: &(dyn StdError + 'static)) -> Decision {
+        let class = classify_error(err);
+        if class != FailureClass::NotSent {
+            self.maybe_applied = true;
+        }
+        self.decide(class.into(), None)
+    }
+
+    fn decide(&mut self, outcome: Classification, status: Option<StatusCode>) -> Decision {
+        self.records.push(AttemptRecord {
+            class: outcome.class(),
+            status,
+            delay: None,
+        });
+        let attempt = self.records.len();
+        let decision = if self.outer_layer {
+            Decision::Stop(StopReason::RetriedByOuterLayer)
+        } else {
+            let time_left = self
+                .policy
+                .inner
+                .deadline
+                .map(|d| d.saturating_sub(self.started.elapsed()));
+            let facts = Facts {
+                verdict: &self.verdict,
+                outcome: &outcome,
+                retries_done: attempt - 1,
+                time_left,
+                replayable: self.replayable,
+            };
+            let policy = &self.policy;
+            policy.decide_with(facts, policy.jitter_unit(), || policy.withdraw())
+        };
+        match decision {
+            Decision::Retry { after } => {
+                if let Some(last) = self.records.last_mut() {
+                    last.delay = Some(after);
+                }
+                tracing::debug!(
+                    method = %self.target.method,
+                    path = self.target.path(),
+                    attempt,
+                    class = outcome.class().as_str(),
+                    status = status.map(|s| s.as_u16()),
+                    delay_ms = after.as_millis() as u64,
+                    "retrying request"
+                );
+            }
+            Decision::Stop(StopReason::SuppressedNotIdempotent) => {
+                tracing::warn!(
+                    method = %self.target.method,
+                    path = self.target.path(),
+                    attempt,
+                    class = outcome.class().as_str(),
+                    status = status.map(|s| s.as_u16()),
+                    verdict_source = self.verdict.source().as_str(),
+                    request_id = self.request_id.as_deref(),
+                    "retry suppressed: the request is not idempotent and may have been applied"
+                );
+            }
+            Decision::Stop(reason) if outcome.class() != FailureClass::Final || status.is_none() => {
+                tracing::debug!(
+                    method = %self.target.method,
+                    path = self.target.path(),
+                    attempt,
+                    class = outcome.class().as_str(),
+                    status = status.map(|s| s.as_u16()),
+                    reason = reason.as_str(),
+                    "not retrying request"
+                );
+            }
+            Decision::Stop(_) => {}
+        }
+        decision
+    }
+
+    /// Time spent since the first attempt started.
+    #[allow(dead_code)]
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    pub(crate) fn into_report(self, stop: StopReason) -> RetryReport {
+        RetryReport {
+            verdict: self.verdict,
+            records: self.records,
+            stop,
+            first_attempt_at: self.first_attempt_at,
+            last_attempt_at: self.last_attempt_at,
+            request_id: self.request_id,
+            idempotency_key: self.idempotency_key,
+        }
+    }
+
+    /// The error for a request whose last attempt ended in `source`.
+    pub(crate) fn into_error(self, stop: StopReason, source: BoxError) -> Error {
+        // An inner layer of this crate already wrapped the transport error: unwrap it so the
+        // chain reads caller → transport, not caller → layer → layer → transport.
+        let source = match source.downcast::<Error>() {
+            Ok(inner) => inner.into_source().unwrap_or_else(|inner| Box::new(inner)),
+            Err(other) => other,
+        };
+        let class = self
+            .records
+            .iter()
+            .last()
+            .map_or(FailureClass::Ambiguous, |r| r.class);
+        let symptom = Symptom::of(&*source);
+        let target = self.target.clone();
+        let maybe_applied = self.maybe_applied;
+        Error::after_attempts(
+            target,
+            self.into_report(stop),
+            class,
+            maybe_applied,
+            symptom,
+            source,
+        )
+    }
+}

@@ -1,0 +1,325 @@
+use std::error::Error as StdError;
+use std::io;
+use std::time::Duration;
+
+/// What is known about a failed (or finished) attempt.
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureClass {
+    /// The request provably never reached the server's application: connect refused, DNS or
+    /// TLS failure, connect timeout, a request canceled before it was written, an HTTP/2
+    /// `REFUSED_STREAM`. Retrying cannot repeat a side effect.
+    NotSent,
+    /// The request may have been applied: a timeout after it was sent, a reset or EOF before
+    /// the full response, or any error this crate does not recognise.
+    Ambiguous,
+    /// The server answered with a transient status (408, 429, 5xx by default) or asked for a
+    /// retry with `x-should-retry: true`. The request may have been applied.
+    RetryableResponse,
+    /// Nothing to gain from repeating: a success, any other status, an error the caller made
+    /// building the request.
+    Final,
+}
+
+impl FailureClass {
+    /// A short lowercase name, for logs and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureClass::NotSent => "not-sent",
+            FailureClass::Ambiguous => "ambiguous",
+            FailureClass::RetryableResponse => "retryable-response",
+            FailureClass::Final => "final",
+        }
+    }
+}
+
+/// A [`FailureClass`] with what the server said about when to retry.
+///
+/// Errors classify to a bare class (see [`classify_error`]); responses may carry a delay from
+/// `Retry-After` or `retry-after-ms` (see
+/// [`RetryPolicy::classify_response`](crate::RetryPolicy::classify_response)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Classification {
+    class: FailureClass,
+    retry_after: Option<Duration>,
+    retry_after_too_long: bool,
+}
+
+impl Classification {
+    pub(crate) fn with_retry_after(class: FailureClass, retry_after: Option<Duration>) -> Self {
+        Classification {
+            class,
+            retry_after,
+            retry_after_too_long: false,
+        }
+    }
+
+    /// A response that would have been retried, but whose server hint asks for a longer wait
+    /// than the policy's `max_retry_after`: it is final.
+    pub(crate) fn retry_after_too_long(delay: Duration) -> Self {
+        Classification {
+            class: FailureClass::Final,
+            retry_after: Some(delay),
+            retry_after_too_long: true,
+        }
+    }
+
+    /// The class of the attempt.
+    pub fn class(&self) -> FailureClass {
+        self.class
+    }
+
+    /// The delay the server asked for, if it asked (already capped by nothing: see
+    /// [`retry_after_too_long`](Self::retry_after_too_long)).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// True when the response would be retryable but its Retry-After hint exceeds the
+    /// policy's `max_retry_after`, which made it final.
+    pub fn is_retry_after_too_long(&self) -> bool {
+        self.retry_after_too_long
+    }
+}
+
+impl From<FailureClass> for Classification {
+    fn from(class: FailureClass) -> Self {
+        Classification::with_retry_after(class, None)
+    }
+}
+
+/// Classifies an error by walking its `source()` chain down to the concrete types this crate
+/// knows: tower's `Elapsed`, hyper-util's client error, `hyper::Error`, `h2::Error` (feature
+/// `h2`), `std::io::Error` and `reqwest::Error` (feature `reqwest-middleware`).
+///
+/// The first error in the chain that tells something decides. An error that nothing in the
+/// chain explains is [`FailureClass::Ambiguous`]: a write is never assumed not to have happened.
+///
+/// ```
+/// use std::io;
+/// use tower_retry_safety::{classify_error, FailureClass};
+///
+/// let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+/// assert_eq!(classify_error(&refused), FailureClass::NotSent);
+///
+/// let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+/// assert_eq!(classify_error(&reset), FailureClass::Ambiguous);
+///
+/// let elapsed = tower::timeout::error::Elapsed::new();
+/// assert_eq!(classify_error(&elapsed), FailureClass::Ambiguous);
+/// ```
+pub fn classify_error(err: &(dyn StdError + 'static)) -> FailureClass {
+    let mut next = Some(err);
+    // Chains are short; the bound only guards against a cyclic `source()`.
+    let mut depth = 0;
+    while let Some(err) = next {
+        if let Some(class) = classify_one(err) {
+            return class;
+        }
+        depth += 1;
+        if depth > 32 {
+            break;
+        }
+        next = err.source();
+    }
+    FailureClass::Ambiguous
+}
+
+/// What one error in the chain tells, if anything. `None` means: look at its source.
+fn classify_one(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
+    if err.is::<tower::timeout::error::Elapsed>() {
+        // A per-attempt timeout fires whether or not the server got the request.
+        return Some(FailureClass::Ambiguous);
+    }
+    if let Some(err) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
+        return hyper_util_class(err);
+    }
+    if let Some(err) = err.downcast_ref::<hyper::Error>() {
+        return hyper_class(err);
+    }
+    #[cfg(feature = "h2")]
+    if let Some(err) = err.downcast_ref::<h2::Error>() {
+        return h2_class(err);
+    }
+    #[cfg(feature = "reqwest-middleware")]
+    if let Some(err) = err.downcast_ref::<reqwest::Error>() {
+        return reqwest_class(err);
+    }
+    if let Some(err) = err.downcast_ref::<io::Error>() {
+        return io_class(err);
+    }
+    None
+}
+
+fn hyper_util_class(err: &hyper_util::client::legacy::Error) -> Option<FailureClass> {
+    if err.is_connect() {
+        return Some(FailureClass::NotSent);
+    }
+    // hyper-util exposes no predicate for its other kinds; its Display is
+    // "client error (Kind)". The tests in this crate pin these strings.
+    let shown = err.to_string();
+    let kind = shown
+        .strip_prefix("client error (")
+        .and_then(|s| s.strip_suffix(')'))
+        .unwrap_or("");
+    match kind {
+        // Returned before anything was written: a checkout that lost a race, or a request
+        // given back unsent by the connection (its source, a canceled hyper::Error, agrees).
+        "Canceled" => Some(FailureClass::NotSent),
+        // The caller built a request this client cannot send; repeating cannot help.
+        "UserUnsupportedRequestMethod" | "UserUnsupportedVersion" | "UserAbsoluteUriRequired" => {
+            Some(FailureClass::Final)
+        }
+        // SendRequest, ChannelClosed and anything new: the source decides.
+        _ => None,
+    }
+}
+
+fn hyper_class(err: &hyper::Error) -> Option<FailureClass> {
+    if err.is_canceled() {
+        // "A pending item was dropped before ever being processed."
+        return Some(FailureClass::NotSent);
+    }
+    if err.is_incomplete_message() || err.is_body_write_aborted() || err.is_timeout() {
+        return Some(FailureClass::Ambiguous);
+    }
+    // Io, Http2 and the rest: a deeper source may know more (an io kind, an h2 reason).
+    None
+}
+
+#[cfg(feature = "h2")]
+fn h2_class(err: &h2::Error) -> Option<FailureClass> {
+    if err.is_remote() && (err.reason() == Some(h2::Reason::REFUSED_STREAM)) {
+        // RFC 9113 §8.7: REFUSED_STREAM means the stream was not processed at all.
+        return Some(FailureClass::NotSent);
+    }
+    if err.is_remote() && err.is_go_away() {
+        // h2 hands a received GOAWAY to a stream only when the stream's id is above the
+        // frame's last-stream-id, or the stream was opened after it: RFC 9113 §6.8 says such
+        // streams were not processed. Streams at or below it end with a broken pipe instead.
+        return Some(FailureClass::NotSent);
+    }
+    if let Some(io) = err.get_io() {
+        return io_class(io);
+    }
+    Some(FailureClass::Ambiguous)
+}
+
+#[cfg(feature = "reqwest-middleware")]
+fn reqwest_class(err: &reqwest::Error) -> Option<FailureClass> {
+    if err.is_builder() {
+        return Some(FailureClass::Final);
+    }
+    if err.is_connect() {
+        // Includes connect timeouts: reqwest marks them as both.
+        return Some(FailureClass::NotSent);
+    }
+    if err.is_timeout() {
+        return Some(FailureClass::Ambiguous);
+    }
+    // Request, body and decode errors: the wrapped hyper-util / hyper error decides.
+    None
+}
+
+fn io_class(err: &io::Error) -> Option<FailureClass> {
+    use io::ErrorKind::*;
+    match err.kind() {
+        ConnectionRefused => Some(FailureClass::NotSent),
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | TimedOut => {
+            Some(FailureClass::Ambiguous)
+        }
+        // `io::Error::source` skips a custom payload's own type; look at it directly.
+        _ => err.get_ref().and_then(|inner| {
+            let inner: &(dyn StdError + 'static) = inner;
+            match classify_error(inner) {
+                FailureClass::Ambiguous => None,
+                class => Some(class),
+            }
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fmt;
+
+    #[derive(Debug)]
+    struct Wrap(Box<dyn StdError + Send + Sync>);
+    impl fmt::Display for Wrap {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("wrapper")
+        }
+    }
+    impl StdError for Wrap {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            Some(&*self.0)
+        }
+    }
+
+    #[derive(Debug)]
+    struct Unknown;
+    impl fmt::Display for Unknown {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("unknown")
+        }
+    }
+    impl StdError for Unknown {}
+
+    #[test]
+    fn io_kinds() {
+        use io::ErrorKind::*;
+        let cases = [
+            (ConnectionRefused, FailureClass::NotSent),
+            (ConnectionReset, FailureClass::Ambiguous),
+            (ConnectionAborted, FailureClass::Ambiguous),
+            (BrokenPipe, FailureClass::Ambiguous),
+            (UnexpectedEof, FailureClass::Ambiguous),
+            (TimedOut, FailureClass::Ambiguous),
+            (Other, FailureClass::Ambiguous),
+        ];
+        for (kind, class) in cases {
+            assert_eq!(classify_error(&io::Error::from(kind)), class, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn walks_the_source_chain() {
+        let deep = Wrap(Box::new(Wrap(Box::new(io::Error::from(
+            io::ErrorKind::ConnectionRefused,
+        )))));
+        assert_eq!(classify_error(&deep), FailureClass::NotSent);
+    }
+
+    #[test]
+    fn io_custom_payload_is_inspected() {
+        let inner = io::Error::new(
+            io::ErrorKind::Other,
+            Wrap(Box::new(io::Error::from(io::ErrorKind::ConnectionRefused))),
+        );
+        assert_eq!(classify_error(&inner), FailureClass::NotSent);
+    }
+
+    #[test]
+    fn unknown_errors_are_ambiguous() {
+        assert_eq!(classify_error(&Unknown), FailureClass::Ambiguous);
+        assert_eq!(classify_error(&Wrap(Box::new(Unknown))), FailureClass::Ambiguous);
+    }
+
+    #[test]
+    fn tower_elapsed_is_ambiguous_even_when_wrapped() {
+        let e = Wrap(Box::new(tower::timeout::error::Elapsed::new()));
+        assert_eq!(classify_error(&e), FailureClass::Ambiguous);
+    }
+
+    #[cfg(feature = "h2")]
+    #[test]
+    fn h2_reasons() {
+        // h2 lets us build only locally initiated errors from a reason: those stay ambiguous.
+        let local: h2::Error = h2::Reason::REFUSED_STREAM.into();
+        assert!(!local.is_remote());
+        assert_eq!(classify_error(&local), FailureClass::Ambiguous);
+        let other: h2::Error = h2::Reason::INTERNAL_ERROR.into();
+        assert_eq!(classify_error(&other), FailureClass::Ambiguous);
+    }
+}

@@ -1,0 +1,21 @@
+//! The two verdicts behind every retry decision.
+//!
+//! - [`RequestVerdict`]: is a repeat of this request harmless? Decided by
+//!   [`RetryPolicy::classify`](crate::RetryPolicy::classify) from, highest precedence first, a
+//!   marker in the request's extensions, a route rule, an `Idempotency-Key` header (when the
+//!   policy honours keys) and the method.
+//! - [`FailureClass`]: what do we know about a failed attempt? [`classify_error`] walks an
+//!   error's `source()` chain; [`RetryPolicy::classify_response`](crate::RetryPolicy::classify_response)
+//!   looks at a response's status and hints.
+//!
+//! Both are public so that SDKs with their own retry loop can reuse them.
+
+mod failure;
+pub(crate) mod idempotency_key;
+mod request;
+pub(crate) mod response;
+pub(crate) mod retry_after;
+pub(crate) mod routes;
+
+pub use failure::{classify_error, Classification, FailureClass};
+pub use request::{Idempotency, NoRetry, RequestVerdict, VerdictSource};

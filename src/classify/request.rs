@@ -1,0 +1,147 @@
+use http::Method;
+
+/// Whether repeating a request is harmless.
+///
+/// Besides being the outcome of [`RetryPolicy::classify`](crate::RetryPolicy::classify), it is a
+/// marker: put it in a request's extensions to override every other rule for that request.
+///
+/// ```
+/// use tower_retry_safety::{Idempotency, RetryPolicy, VerdictSource};
+///
+/// let policy = RetryPolicy::builder().build()?;
+/// let mut req = http::Request::post("/v1/tools/execute").body(())?;
+/// req.extensions_mut().insert(Idempotency::NonIdempotent);
+/// let verdict = policy.classify(&req);
+/// assert_eq!(verdict.source(), VerdictSource::Marker);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Idempotency {
+    /// Repeating the request has the same effect as sending it once: it may be retried after
+    /// any transient failure.
+    Idempotent,
+    /// Repeating the request may repeat a side effect: it is retried only when the failed
+    /// attempt provably never reached the server.
+    NonIdempotent,
+}
+
+impl Idempotency {
+    /// The RFC 9110 §9.2.2 default for a method: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are
+    /// idempotent; POST, PATCH, CONNECT and every extension method are not.
+    pub fn of_method(method: &Method) -> Self {
+        if method == Method::GET
+            || method == Method::HEAD
+            || method == Method::OPTIONS
+            || method == Method::TRACE
+            || method == Method::PUT
+            || method == Method::DELETE
+        {
+            Idempotency::Idempotent
+        } else {
+            Idempotency::NonIdempotent
+        }
+    }
+}
+
+/// Marker for a request that must be attempted exactly once, whatever happens.
+///
+/// This is the per-request form of the "client without retries" that SDKs keep for their write
+/// calls. It takes precedence over every other rule.
+///
+/// ```
+/// use tower_retry_safety::{NoRetry, RetryPolicy};
+///
+/// let policy = RetryPolicy::builder().build()?;
+/// let mut req = http::Request::get("/v1/report").body(())?;
+/// req.extensions_mut().insert(NoRetry);
+/// assert!(policy.classify(&req).is_no_retry());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NoRetry;
+
+/// Which rule decided a [`RequestVerdict`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VerdictSource {
+    /// A [`NoRetry`] or [`Idempotency`] marker in the request's extensions.
+    Marker,
+    /// A route rule (method and path template) of the policy.
+    Route,
+    /// A well-formed `Idempotency-Key` header, honoured because the policy was told the target
+    /// honours keys.
+    IdempotencyKey,
+    /// The request method, per RFC 9110.
+    Method,
+}
+
+impl VerdictSource {
+    /// A short lowercase name, for logs and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerdictSource::Marker => "marker",
+            VerdictSource::Route => "route",
+            VerdictSource::IdempotencyKey => "idempotency-key",
+            VerdictSource::Method => "method",
+        }
+    }
+}
+
+/// Whether a repeat of a request is harmless, and which rule said so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RequestVerdict {
+    idempotency: Idempotency,
+    source: VerdictSource,
+    no_retry: bool,
+    keyed: bool,
+}
+
+impl RequestVerdict {
+    pub(crate) const NO_RETRY: RequestVerdict = RequestVerdict {
+        // Nothing is repeated for a `NoRetry` request, so treat it as the cautious case.
+        idempotency: Idempotency::NonIdempotent,
+        source: VerdictSource::Marker,
+        no_retry: true,
+        keyed: false,
+    };
+
+    pub(crate) const fn new(idempotency: Idempotency, source: VerdictSource) -> Self {
+        RequestVerdict {
+            idempotency,
+            source,
+            no_retry: false,
+            keyed: false,
+        }
+    }
+
+    pub(crate) fn with_key(mut self, keyed: bool) -> Self {
+        self.keyed = keyed;
+        self
+    }
+
+    /// Whether a repeat of the request is harmless. A [`NoRetry`] request reports
+    /// [`Idempotency::NonIdempotent`].
+    pub fn idempotency(&self) -> Idempotency {
+        self.idempotency
+    }
+
+    /// Which rule decided.
+    pub fn source(&self) -> VerdictSource {
+        self.source
+    }
+
+    /// Whether the request carries the [`NoRetry`] marker: it gets exactly one attempt.
+    pub fn is_no_retry(&self) -> bool {
+        self.no_retry
+    }
+
+    /// Whether the request carries a well-formed idempotency key that the policy honours.
+    pub fn is_keyed(&self) -> bool {
+        self.keyed
+    }
+
+    /// True when a retry after an ambiguous failure or a retryable response is allowed.
+    pub(crate) fn repeat_is_harmless(&self) -> bool {
+        !self.no_retry && self.idempotency == Idempotency::Idempotent
+    }
+}

@@ -1,0 +1,83 @@
+//! Retries for HTTP clients that never repeat a write that may have been applied.
+//!
+//! A timeout does not mean the server did nothing: it may have applied a write and only the
+//! response was lost. Retrying such a request automatically repeats its side effect — the same
+//! email sent twice, the same card charged twice. RFC 9110 §9.2.2 says a client SHOULD NOT
+//! automatically retry a non-idempotent request unless it knows the request was never applied.
+//!
+//! This crate retries what is safe and only that. For every request it reaches two verdicts:
+//!
+//! - **Is a repeat harmless?** ([`RequestVerdict`]) — from a marker the caller put in the
+//!   request's extensions ([`NoRetry`], [`Idempotency`]), a route rule (method + path template),
+//!   an `Idempotency-Key` header when the target honours keys, or the method (RFC 9110).
+//! - **What do we know about the failed attempt?** ([`FailureClass`]) — it provably never reached
+//!   the server (*not sent*), it may have been applied (*ambiguous*), the server asked for a retry
+//!   (*retryable response*), or there is nothing to gain from repeating (*final*).
+//!
+//! | | not sent | ambiguous | retryable response | final |
+//! |---|---|---|---|---|
+//! | idempotent (or keyed) | retry | retry | retry, honouring Retry-After | return |
+//! | non-idempotent | retry | **suppress** | **suppress** | return |
+//! | [`NoRetry`] | return | return | return | return |
+//!
+//! A suppressed retry is never silent: responses carry a [`RetryReport`], and errors are a
+//! [`struct@Error`] whose [`is_ambiguous`](Error::is_ambiguous) tells the caller that the write
+//! may have happened and that they should check before retrying by hand.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::Method;
+//! use tower_retry_safety::{Idempotency, RetryPolicy, VerdictSource};
+//!
+//! let policy = RetryPolicy::builder()
+//!     // A search is a read even though it is a POST.
+//!     .route(Method::POST, "/v1/search", Idempotency::Idempotent)
+//!     .max_retries(3)
+//!     .backoff(Duration::from_millis(100), Duration::from_secs(2))
+//!     .build()?;
+//!
+//! let search = http::Request::post("https://api.example.com/v1/search").body(())?;
+//! let verdict = policy.classify(&search);
+//! assert_eq!(verdict.idempotency(), Idempotency::Idempotent);
+//! assert_eq!(verdict.source(), VerdictSource::Route);
+//!
+//! let send = http::Request::post("https://api.example.com/v1/messages").body(())?;
+//! assert_eq!(policy.classify(&send).idempotency(), Idempotency::NonIdempotent);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The policy is a [`tower::Layer`]: `ServiceBuilder::new().layer(policy).timeout(per_attempt)`
+//! over any HTTP client service (see [`RetrySafety`]). With the `reqwest-middleware` feature the
+//! same policy drives `RetrySafetyMiddleware` in a reqwest-middleware stack.
+//!
+//! # Cargo features
+//!
+//! - `h2` (default): classify HTTP/2 `REFUSED_STREAM` resets and remote `GOAWAY`s as *not sent*.
+//! - `reqwest-middleware`: the reqwest-middleware adapter and reqwest error classification.
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod attempts;
+mod backoff;
+pub mod classify;
+mod error;
+pub mod policy;
+#[cfg(feature = "reqwest-middleware")]
+mod reqwest;
+pub mod service;
+
+pub use classify::{
+    classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
+    VerdictSource,
+};
+pub use error::Error;
+pub use policy::{BuildError, Decision, RetryPolicy, RetryPolicyBuilder, StopReason};
+#[cfg(feature = "reqwest-middleware")]
+pub use reqwest::RetrySafetyMiddleware;
+pub use service::{AttemptRecord, ReplayBody, ResponseFuture, RetryReport, RetrySafety};
+
+/// The boxed error type that inner services' errors are converted into.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

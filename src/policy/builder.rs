@@ -1,0 +1,435 @@
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, StatusCode};
+use tower::retry::budget::{Budget, TpsBudget};
+
+use super::statuses::StatusSet;
+use super::{Inner, RetryPolicy};
+use crate::backoff::Backoff;
+use crate::classify::routes::RouteTable;
+use crate::classify::Idempotency;
+
+/// The most retries a policy may allow. More than this is a retry storm, not a policy.
+const MAX_RETRIES_LIMIT: u32 = 100;
+
+/// Builds a [`RetryPolicy`]. Setters consume and return the builder; nothing is checked until
+/// [`build`](Self::build), which names the first bad input in its [`BuildError`].
+#[derive(Debug)]
+pub struct RetryPolicyBuilder {
+    max_retries: u32,
+    routes: Vec<(Method, String, Idempotency)>,
+    honor_idempotency_key: bool,
+    idempotency_key_header: HeaderName,
+    backoff: Backoff,
+    jitter: bool,
+    retry_statuses: Vec<StatusCode>,
+    max_retry_after: Duration,
+    deadline: Option<Duration>,
+    budget: BudgetChoice,
+    should_retry_header: Option<HeaderName>,
+    request_id_header: Option<HeaderName>,
+    attempt_header: Option<HeaderName>,
+}
+
+enum BudgetChoice {
+    Tps {
+        ttl: Duration,
+        min_per_sec: u32,
+        retry_percent: f32,
+    },
+    Custom(Arc<dyn Budget + Send + Sync>),
+    Unlimited,
+}
+
+impl fmt::Debug for BudgetChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BudgetChoice::Tps {
+                ttl,
+                min_per_sec,
+                retry_percent,
+            } => f
+                .debug_struct("TpsBudget")
+                .field("ttl", ttl)
+                .field("min_per_sec", min_per_sec)
+                .field("retry_percent", retry_percent)
+                .finish(),
+            BudgetChoice::Custom(_) => f.write_str("Custom"),
+            BudgetChoice::Unlimited => f.write_str("Unlimited"),
+        }
+    }
+}
+
+impl Default for RetryPolicyBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RetryPolicyBuilder {
+    /// A builder with the defaults listed on each setter.
+    pub fn new() -> Self {
+        RetryPolicyBuilder {
+            max_retries: 2,
+            routes: Vec::new(),
+            honor_idempotency_key: false,
+            idempotency_key_header: HeaderName::from_static("idempotency-key"),
+            backoff: Backoff {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(8),
+            },
+            jitter: true,
+            retry_statuses: [408, 429, 500, 502, 503, 504]
+                .into_iter()
+                .filter_map(|s| StatusCode::from_u16(s).ok())
+                .collect(),
+            max_retry_after: Duration::from_secs(60),
+            deadline: None,
+            budget: BudgetChoice::Tps {
+                ttl: Duration::from_secs(10),
+                min_per_sec: 10,
+                retry_percent: 0.2,
+            },
+            should_retry_header: Some(HeaderName::from_static("x-should-retry")),
+            request_id_header: Some(HeaderName::from_static("x-request-id")),
+            attempt_header: None,
+        }
+    }
+
+    /// How many times a request may be retried after its first attempt.
+    ///
+    /// Defaults to 2 (3 attempts in all). At most 100.
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.max_retries = retries;
+        self
+    }
+
+    /// A rule for `method` on paths matching `template`, in axum/matchit syntax:
+    /// `/v1/tools/{slug}/execute`, `/v1/files/{*path}`. The query string never takes part in
+    /// matching. A rule outranks an idempotency key and the method, and is outranked by a
+    /// marker in the request's extensions.
+    ///
+    /// Defaults to no rules. Lookup cost does not depend on the number of rules.
+    pub fn route(mut self, method: Method, template: &str, idempotency: Idempotency) -> Self {
+        self.routes.push((method, template.to_owned(), idempotency));
+        self
+    }
+
+    /// Whether the target honours idempotency keys: when true, a request that carries a
+    /// well-formed key header is safe to repeat (with the same key, which the layer never
+    /// changes).
+    ///
+    /// Defaults to false.
+    pub fn honor_idempotency_key(mut self, honor: bool) -> Self {
+        self.honor_idempotency_key = honor;
+        self
+    }
+
+    /// The header that carries the idempotency key.
+    ///
+    /// Defaults to `idempotency-key`.
+    pub fn idempotency_key_header(mut self, name: HeaderName) -> Self {
+        self.idempotency_key_header = name;
+        self
+    }
+
+    /// Exponential backoff: the first retry waits about `initial`, each next one twice as
+    /// long, never more than `max`; each wait is drawn at random in `[delay/2, delay]`.
+    ///
+    /// Defaults to 500 ms and 8 s. `initial` must not exceed `max`.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.backoff = Backoff { initial, max };
+        self
+    }
+
+    /// Whether backoff waits are randomised. Turn it off for reproducible waits (tests);
+    /// each wait is then exactly the exponential delay.
+    ///
+    /// Defaults to true.
+    pub fn jitter(mut self, jitter: bool) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// The response statuses that are transient.
+    ///
+    /// Defaults to 408, 429, 500, 502, 503 and 504. Success (2xx) statuses are refused.
+    pub fn retry_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.retry_statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// The longest `Retry-After` the policy waits for. A response asking for longer is final
+    /// and its report says so.
+    ///
+    /// Defaults to 60 s.
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.max_retry_after = max;
+        self
+    }
+
+    /// Total time for all attempts, counted from the first: a retry whose wait would end
+    /// past it is not made. An attempt in flight is not cut short; put a
+    /// `tower::timeout` outside the layer for that.
+    ///
+    /// Defaults to none. Must be above zero.
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = Some(deadline);
+        self
+    }
+
+    /// Limit retries with tower's [`TpsBudget`]: each request deposits, each retry
+    /// withdraws. `ttl` is 1–60 s, `retry_percent` 0–1000 (0.2 = 20 % extra load),
+    /// `min_per_sec` below `i32::MAX`; `build` checks them.
+    ///
+    /// Defaults to a 10 s window, 10 retries per second floor, 20 % extra load.
+    pub fn tps_budget(mut self, ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Self {
+        self.budget = BudgetChoice::Tps {
+            ttl,
+            min_per_sec,
+            retry_percent,
+        };
+        self
+    }
+
+    /// Limit retries with any tower [`Budget`].
+    ///
+    /// Defaults to the [`tps_budget`](Self::tps_budget) above.
+    pub fn budget(mut self, budget: impl Budget + Send + Sync + 'static) -> Self {
+        self.budget = BudgetChoice::Custom(Arc::new(budget));
+        self
+    }
+
+    /// No budget: only [`max_retries`](Self::max_retries) limits retries.
+    ///
+    /// Defaults to the [`tps_budget`](Self::tps_budget) above.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = BudgetChoice::Unlimited;
+        self
+    }
+
+    /// The server hint header: `false` makes any response final, `true` makes a non-success
+    /// response retryable (still suppressed for non-idempotent requests). `None` ignores it.
+    ///
+    /// Defaults to `x-should-retry`.
+    pub fn should_retry_header(mut self, name: Option<HeaderName>) -> Self {
+        self.should_retry_header = name;
+        self
+    }
+
+    /// The header whose value identifies a request for support, read from the request or the
+    /// response and echoed in errors and reports (capped in length). `None` disables it.
+    ///
+    /// Defaults to `x-request-id`.
+    pub fn request_id_header(mut self, name: Option<HeaderName>) -> Self {
+        self.request_id_header = name;
+        self
+    }
+
+    /// A header set on each attempt to its number (`1` for the first), so servers can see
+    /// retries. `None` sets nothing.
+    ///
+    /// Defaults to none.
+    pub fn attempt_header(mut self, name: Option<HeaderName>) -> Self {
+        self.attempt_header = name;
+        self
+    }
+
+    /// Checks every setting and builds the policy.
+    pub fn build(self) -> Result<RetryPolicy, BuildError> {
+        if self.max_retries > MAX_RETRIES_LIMIT {
+            return Err(BuildError::setting(
+                "max_retries",
+                format!("{} is above the limit of {MAX_RETRIES_LIMIT}", self.max_retries),
+            ));
+        }
+        if self.backoff.initial > self.backoff.max {
+            return Err(BuildError::setting(
+                "backoff",
+                format!(
+                    "initial {:?} is above max {:?}",
+                    self.backoff.initial, self.backoff.max
+                ),
+            ));
+        }
+        if let Some(success) = self.retry_statuses.iter().find(|s| s.is_success()) {
+            return Err(BuildError::setting(
+                "retry_statuses",
+                format!("{success} is a success status and cannot be retried"),
+            ));
+        }
+        if self.deadline == Some(Duration::ZERO) {
+            return Err(BuildError::setting("deadline", "it must be above zero"));
+        }
+        let mut routes = RouteTable::default();
+        for (method, template, idempotency) in self.routes {
+            routes.insert(method, &template, idempotency)?;
+        }
+        let budget: Option<Arc<dyn Budget + Send + Sync>> = match self.budget {
+            BudgetChoice::Tps {
+                ttl,
+                min_per_sec,
+                retry_percent,
+            } => {
+                check_tps(ttl, min_per_sec, retry_percent)?;
+                Some(Arc::new(TpsBudget::new(ttl, min_per_sec, retry_percent)))
+            }
+            BudgetChoice::Custom(budget) => Some(budget),
+            BudgetChoice::Unlimited => None,
+        };
+        Ok(RetryPolicy {
+            inner: Arc::new(Inner {
+                max_retries: self.max_retries,
+                routes,
+                honor_idempotency_key: self.honor_idempotency_key,
+                idempotency_key_header: self.idempotency_key_header,
+                backoff: self.backoff,
+                jitter: self.jitter,
+                retry_statuses: self.retry_statuses.into_iter().collect::<StatusSet>(),
+                max_retry_after: self.max_retry_after,
+                deadline: self.deadline,
+                budget,
+                should_retry_header: self.should_retry_header,
+                request_id_header: self.request_id_header,
+                attempt_header: self.attempt_header,
+            }),
+        })
+    }
+}
+
+/// The bounds `TpsBudget::new` asserts, checked here so a bad value is an error, not a panic.
+fn check_tps(ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Result<(), BuildError> {
+    if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(60) {
+        return Err(BuildError::setting(
+            "tps_budget",
+            format!("ttl {ttl:?} is outside 1 s to 60 s"),
+        ));
+    }
+    if !(0.0..=1000.0).contains(&retry_percent) {
+        return Err(BuildError::setting(
+            "tps_budget",
+            format!("retry_percent {retry_percent} is outside 0 to 1000"),
+        ));
+    }
+    if min_per_sec >= i32::MAX as u32 {
+        return Err(BuildError::setting(
+            "tps_budget",
+            format!("min_per_sec {min_per_sec} is not below {}", i32::MAX),
+        ));
+    }
+    Ok(())
+}
+
+/// A setting that [`RetryPolicyBuilder::build`] refused. Its `Display` names the setting and
+/// the bad value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildError {
+    setting: &'static str,
+    message: String,
+}
+
+impl BuildError {
+    fn setting(setting: &'static str, message: impl Into<String>) -> Self {
+        BuildError {
+            setting,
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn route(method: &Method, template: &str, reason: impl fmt::Display) -> Self {
+        BuildError {
+            setting: "route",
+            message: format!("{method} {template}: {reason}"),
+        }
+    }
+
+    /// The name of the builder setting that was refused, such as `"backoff"` or `"route"`.
+    pub fn setting_name(&self) -> &'static str {
+        self.setting
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid retry policy setting `{}`: {}", self.setting, self.message)
+    }
+}
+
+impl std::error::Error for BuildError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(b: RetryPolicyBuilder) -> BuildError {
+        b.build().unwrap_err()
+    }
+
+    #[test]
+    fn defaults_build() {
+        let p = RetryPolicyBuilder::new().build().unwrap();
+        let i = &p.inner;
+        assert_eq!(i.max_retries, 2);
+        assert_eq!(i.backoff.initial, Duration::from_millis(500));
+        assert_eq!(i.backoff.max, Duration::from_secs(8));
+        assert_eq!(i.max_retry_after, Duration::from_secs(60));
+        assert_eq!(i.deadline, None);
+        assert!(i.budget.is_some());
+        let statuses: Vec<u16> = i.retry_statuses.iter().map(|s| s.as_u16()).collect();
+        assert_eq!(statuses, [408, 429, 500, 502, 503, 504]);
+    }
+
+    #[test]
+    fn backoff_initial_above_max() {
+        let e = err(RetryPolicyBuilder::new()
+            .backoff(Duration::from_secs(10), Duration::from_secs(1)));
+        assert_eq!(e.setting_name(), "backoff");
+        assert!(e.to_string().contains("initial 10s is above max 1s"), "{e}");
+    }
+
+    #[test]
+    fn budget_out_of_range() {
+        let cases = [
+            (Duration::from_millis(500), 10, 0.2, "ttl 500ms"),
+            (Duration::from_secs(61), 10, 0.2, "ttl 61s"),
+            (Duration::from_secs(10), 10, -0.1, "retry_percent -0.1"),
+            (Duration::from_secs(10), 10, 1000.5, "retry_percent 1000.5"),
+            (Duration::from_secs(10), 10, f32::NAN, "retry_percent NaN"),
+            (Duration::from_secs(10), u32::MAX, 0.2, "min_per_sec 4294967295"),
+        ];
+        for (ttl, min, pct, needle) in cases {
+            let e = err(RetryPolicyBuilder::new().tps_budget(ttl, min, pct));
+            assert_eq!(e.setting_name(), "tps_budget");
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn route_errors_name_the_rule() {
+        let e = err(RetryPolicyBuilder::new()
+            .route(Method::POST, "/v1/search", Idempotency::Idempotent)
+            .route(Method::POST, "/v1/search", Idempotency::NonIdempotent));
+        assert_eq!(
+            e.to_string(),
+            "invalid retry policy setting `route`: POST /v1/search: two rules for the same method and template"
+        );
+        let e = err(RetryPolicyBuilder::new().route(
+            Method::GET,
+            "/v1/{unclosed",
+            Idempotency::Idempotent,
+        ));
+        assert!(e.to_string().contains("GET /v1/{unclosed"), "{e}");
+    }
+
+    #[test]
+    fn other_bad_settings() {
+        let e = err(RetryPolicyBuilder::new().max_retries(101));
+        assert!(e.to_string().contains("101 is above the limit of 100"), "{e}");
+        let e = err(RetryPolicyBuilder::new().retry_statuses([StatusCode::OK]));
+        assert!(e.to_string().contains("200 OK is a success status"), "{e}");
+        let e = err(RetryPolicyBuilder::new().deadline(Duration::ZERO));
+        assert_eq!(e.setting_name(), "deadline");
+    }
+}

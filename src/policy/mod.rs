@@ -1,0 +1,175 @@
+//! [`RetryPolicy`]: the settings and the decision, shared by the tower layer and the
+//! reqwest-middleware adapter.
+
+mod builder;
+mod decision;
+mod statuses;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::{Extensions, HeaderMap, HeaderName, Method, Request, Response};
+use tower::retry::budget::Budget;
+
+pub use builder::{BuildError, RetryPolicyBuilder};
+pub(crate) use decision::Facts;
+pub use decision::{Decision, StopReason};
+
+use crate::backoff::Backoff;
+use crate::classify::routes::RouteTable;
+use crate::classify::{idempotency_key, Classification, Idempotency, NoRetry, RequestVerdict};
+use crate::classify::{response, VerdictSource};
+use statuses::StatusSet;
+
+/// The retry-safety policy: which requests may be repeated, after which failures, how often
+/// and how long to wait.
+///
+/// Build one with [`RetryPolicy::builder`]. It is also a [`tower::Layer`] (see
+/// [`RetrySafety`](crate::RetrySafety)).
+///
+/// # Clone
+///
+/// Cloning is cheap: the settings and the retry budget live behind one `Arc`, so every clone —
+/// every layer, service and middleware made from it — shares the same budget.
+///
+/// ```
+/// use tower_retry_safety::RetryPolicy;
+///
+/// let policy = RetryPolicy::builder().max_retries(3).build()?;
+/// let for_reqwest = policy.clone(); // same budget
+/// # drop(for_reqwest);
+/// # Ok::<(), tower_retry_safety::BuildError>(())
+/// ```
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) max_retries: u32,
+    pub(crate) routes: RouteTable,
+    pub(crate) honor_idempotency_key: bool,
+    pub(crate) idempotency_key_header: HeaderName,
+    pub(crate) backoff: Backoff,
+    pub(crate) jitter: bool,
+    pub(crate) retry_statuses: StatusSet,
+    pub(crate) max_retry_after: Duration,
+    pub(crate) deadline: Option<Duration>,
+    pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
+    pub(crate) should_retry_header: Option<HeaderName>,
+    pub(crate) request_id_header: Option<HeaderName>,
+    pub(crate) attempt_header: Option<HeaderName>,
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("RetryPolicy")
+            .field("max_retries", &i.max_retries)
+            .field("routes", &i.routes.len())
+            .field("honor_idempotency_key", &i.honor_idempotency_key)
+            .field("idempotency_key_header", &i.idempotency_key_header)
+            .field("backoff", &(i.backoff.initial, i.backoff.max))
+            .field("jitter", &i.jitter)
+            .field("retry_statuses", &i.retry_statuses)
+            .field("max_retry_after", &i.max_retry_after)
+            .field("deadline", &i.deadline)
+            .field("budget", &i.budget.as_ref().map(|_| "enabled"))
+            .field("should_retry_header", &i.should_retry_header)
+            .field("request_id_header", &i.request_id_header)
+            .field("attempt_header", &i.attempt_header)
+            .finish()
+    }
+}
+
+impl RetryPolicy {
+    /// A builder with safe defaults; each setter documents its default.
+    pub fn builder() -> RetryPolicyBuilder {
+        RetryPolicyBuilder::new()
+    }
+
+    /// Whether a repeat of `req` is harmless, and which rule decided. Allocates nothing.
+    ///
+    /// Precedence, highest first: a [`NoRetry`] or [`Idempotency`] marker in the request's
+    /// extensions; a route rule; a well-formed `Idempotency-Key` header when
+    /// [`honor_idempotency_key`](RetryPolicyBuilder::honor_idempotency_key) is on; the method.
+    pub fn classify<B>(&self, req: &Request<B>) -> RequestVerdict {
+        self.classify_parts(
+            req.method(),
+            req.uri().path(),
+            req.headers(),
+            req.extensions(),
+        )
+    }
+
+    /// [`classify`](Self::classify) for clients whose requests are not `http::Request`s.
+    /// `path` excludes the query string.
+    pub(crate) fn classify_parts(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+    ) -> RequestVerdict {
+        if extensions.get::<NoRetry>().is_some() {
+            return RequestVerdict::NO_RETRY;
+        }
+        let inner = &*self.inner;
+        let keyed = inner.honor_idempotency_key && self.idempotency_key(headers).is_some();
+        if let Some(marker) = extensions.get::<Idempotency>() {
+            return RequestVerdict::new(*marker, VerdictSource::Marker).with_key(keyed);
+        }
+        if let Some(rule) = inner.routes.lookup(method, path) {
+            return RequestVerdict::new(rule, VerdictSource::Route).with_key(keyed);
+        }
+        if keyed {
+            return RequestVerdict::new(Idempotency::Idempotent, VerdictSource::IdempotencyKey)
+                .with_key(true);
+        }
+        RequestVerdict::new(Idempotency::of_method(method), VerdictSource::Method)
+    }
+
+    /// The request's idempotency key, if it carries a well-formed one (whether or not the
+    /// policy honours keys).
+    pub(crate) fn idempotency_key<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
+        headers
+            .get(&self.inner.idempotency_key_header)
+            .and_then(idempotency_key::parse)
+    }
+
+    /// Classifies a response: its status against the retry set, the server's
+    /// `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
+    ///
+    /// - `x-should-retry: false` makes any response final; `true` makes a non-success response
+    ///   retryable (the decision still suppresses it for non-idempotent requests).
+    /// - A status in the retry set is [`FailureClass::RetryableResponse`](crate::FailureClass),
+    ///   with the server's delay if it gave a readable one. A delay above
+    ///   [`max_retry_after`](RetryPolicyBuilder::max_retry_after) makes it final and
+    ///   [`is_retry_after_too_long`](Classification::is_retry_after_too_long) says so.
+    /// - Everything else is final. Allocates nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_safety::{FailureClass, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::builder().build()?;
+    /// let res = http::Response::builder().status(429).header("retry-after", "3").body(())?;
+    /// let c = policy.classify_response(&res);
+    /// assert_eq!(c.class(), FailureClass::RetryableResponse);
+    /// assert_eq!(c.retry_after(), Some(Duration::from_secs(3)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn classify_response<B>(&self, res: &Response<B>) -> Classification {
+        self.classify_status(res.status(), res.headers(), SystemTime::now())
+    }
+
+    pub(crate) fn classify_status(
+        &self,
+        status: http::StatusCode,
+        headers: &HeaderMap,
+        now: SystemTime,
+    ) -> Classification {
+        response::classify(&self.inner, status, headers, now)
+    }
+}

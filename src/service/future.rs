@@ -1,0 +1,225 @@
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http::request::Parts;
+use http::{HeaderValue, Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tower_service::Service;
+
+use super::{LayerAttempt, ReplayBody};
+use crate::attempts::{Attempts, Target};
+use crate::policy::{Decision, StopReason};
+use crate::{BoxError, Error, RetryPolicy};
+
+pin_project! {
+    /// The response future of [`RetrySafety`](super::RetrySafety): sends the request, waits,
+    /// and sends it again as the policy allows.
+    ///
+    /// Dropping it at any point stops the retries: nothing more is sent.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S::Future>,
+        retry: Option<Replay<S, B>>,
+        attempts: Option<Attempts>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // An attempt is in flight.
+        Called { #[pin] future: F },
+        // Waiting out the backoff or the server's Retry-After.
+        Waiting { #[pin] sleep: Sleep },
+        // Waiting for the inner service to accept the next attempt.
+        Readying,
+        // The outcome was returned.
+        Done,
+    }
+}
+
+/// What a retry needs: a service of its own and a copy of the request.
+struct Replay<S, B> {
+    service: S,
+    parts: Parts,
+    body: B,
+}
+
+impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match self.state {
+            State::Called { .. } => "attempt in flight",
+            State::Waiting { .. } => "waiting before retry",
+            State::Readying => "waiting for the service",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .field("replayable", &self.retry.is_some())
+            .finish()
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>> + Clone,
+    B: ReplayBody,
+{
+    /// Sends the first attempt through `service`, which must be ready.
+    pub(crate) fn start(mut service: S, policy: &RetryPolicy, req: Request<B>) -> Self {
+        let outer_layer = req.extensions().get::<LayerAttempt>().is_some();
+        let verdict = policy.classify(&req);
+        let (mut parts, body) = req.into_parts();
+        // Copy the request only if it could ever be sent again.
+        let may_retry = !outer_layer && !verdict.is_no_retry() && policy.inner.max_retries > 0;
+        let copy = if may_retry {
+            body.try_clone_body()
+        } else {
+            None
+        };
+        let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
+        // Without a copy, retries are refused as "body not replayable" — unless the request
+        // could never be retried anyway, in which case the decision names the real reason.
+        let replayable = copy.is_some() || !may_retry;
+        let mut attempts = Attempts::start(
+            policy,
+            verdict,
+            target,
+            &parts.headers,
+            replayable,
+            outer_layer,
+        );
+        let retry = copy.map(|body| {
+            parts.extensions.insert(LayerAttempt);
+            Replay {
+                service: service.clone(),
+                parts: parts.clone(),
+                body,
+            }
+        });
+        let number = attempts.next_attempt();
+        set_attempt_header(attempts.policy(), &mut parts, number);
+        let future = service.call(Request::from_parts(parts, body));
+        ResponseFuture {
+            state: State::Called { future },
+            retry,
+            attempts: Some(attempts),
+        }
+    }
+}
+
+fn set_attempt_header(policy: &RetryPolicy, parts: &mut Parts, number: u32) {
+    if let Some(name) = &policy.inner.attempt_header {
+        parts.headers.insert(name.clone(), HeaderValue::from(number));
+    }
+}
+
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
+    S::Error: Into<BoxError>,
+    B: ReplayBody,
+{
+    type Output = Result<Response<ResBody>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Called { future } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::<BoxError>::into);
+                    let Some(attempts) = this.attempts.as_mut() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    let decision = match &result {
+                        Ok(res) => attempts.on_response(res.status(), res.headers()),
+                        Err(err) => attempts.on_error(&**err),
+                    };
+                    match decision {
+                        Decision::Retry { after } if this.retry.is_some() => {
+                            // The failed attempt's response (if any) is dropped here.
+                            this.state.set(State::Waiting {
+                                sleep: tokio::time::sleep(after),
+                            });
+                        }
+                        Decision::Retry { .. } => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(finish(
+                                this.attempts,
+                                result,
+                                StopReason::BodyNotReplayable,
+                            ));
+                        }
+                        Decision::Stop(reason) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(finish(this.attempts, result, reason));
+                        }
+                    }
+                }
+                StateProj::Waiting { sleep } => {
+                    ready!(sleep.poll(cx));
+                    this.state.set(State::Readying);
+                }
+                StateProj::Readying => {
+                    let (Some(replay), Some(attempts)) =
+                        (this.retry.as_mut(), this.attempts.as_mut())
+                    else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    // The clone may be a handle to a shared resource (a buffer, a pool, a
+                    // concurrency limit): `call` is only allowed once it says it is ready.
+                    if let Err(err) = ready!(replay.service.poll_ready(cx)) {
+                        this.state.set(State::Done);
+                        let attempts = this.attempts.take().expect("checked above");
+                        return Poll::Ready(Err(
+                            attempts.into_error(StopReason::ServiceNotReady, err.into())
+                        ));
+                    }
+                    let Some(body) = replay.body.try_clone_body() else {
+                        // A body that replayed once but not twice: stop with what we know.
+                        this.state.set(State::Done);
+                        let attempts = this.attempts.take().expect("checked above");
+                        let err: BoxError = "the request body could not be copied again".into();
+                        return Poll::Ready(Err(
+                            attempts.into_error(StopReason::BodyNotReplayable, err)
+                        ));
+                    };
+                    let mut parts = replay.parts.clone();
+                    let number = attempts.next_attempt();
+                    set_attempt_header(attempts.policy(), &mut parts, number);
+                    let future = replay.service.call(Request::from_parts(parts, body));
+                    this.state.set(State::Called { future });
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+fn finish<ResBody>(
+    attempts: &mut Option<Attempts>,
+    result: Result<Response<ResBody>, BoxError>,
+    reason: StopReason,
+) -> Result<Response<ResBody>, Error> {
+    let Some(attempts) = attempts.take() else {
+        panic!("ResponseFuture polled after completion");
+    };
+    match result {
+        Ok(mut res) => {
+            // An outer layer of this crate writes the report; ours would be overwritten.
+            if reason != StopReason::RetriedByOuterLayer {
+                res.extensions_mut().insert(attempts.into_report(reason));
+            }
+            Ok(res)
+        }
+        Err(err) => Err(attempts.into_error(reason, err)),
+    }
+}

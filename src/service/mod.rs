@@ -1,0 +1,50 @@
+//! The tower middleware: [`RetrySafety`], made by [`RetryPolicy`](crate::RetryPolicy)'s
+//! [`Layer`](tower::Layer) impl.
+//!
+//! Put it outside a per-attempt timeout, over any HTTP client service:
+//!
+//! ```
+//! use std::time::Duration;
+//! use http_body_util::Full;
+//! use bytes::Bytes;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::ServiceBuilder;
+//! use tower_retry_safety::RetryPolicy;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let svc = ServiceBuilder::new()
+//!     .layer(RetryPolicy::builder().max_retries(3).build()?)
+//!     .timeout(Duration::from_secs(10)) // per attempt: its `Elapsed` is ambiguous
+//!     .service(client);
+//! # let _ = svc;
+//! # Ok(()) }
+//! ```
+//!
+//! For each request the service classifies the request, sends it, classifies the outcome and
+//! asks the policy whether to retry. Before each retry it waits the backoff or the server's
+//! Retry-After, then waits for the inner service to be ready. Attempts it makes are marked in
+//! the request's extensions, so a second layer of this crate further in does not retry them
+//! again. A response is always returned with its [`RetryReport`], even when retries ended on
+//! it; an [`Error`](crate::Error) is returned only when the last attempt ended in an error.
+//!
+//! Dropping the response future stops everything: nothing more is sent.
+
+mod body;
+mod future;
+mod layer;
+pub(crate) mod report;
+#[allow(clippy::module_inception)]
+mod service;
+
+pub use body::ReplayBody;
+pub use future::ResponseFuture;
+pub use report::{AttemptRecord, RetryReport};
+pub use service::RetrySafety;
+
+/// Marks a request sent by a [`RetrySafety`] layer that may retry it, so that an inner layer
+/// of this crate leaves retrying to the outer one (RFC 9110: a client SHOULD NOT retry a failed
+/// automatic retry). A unit struct: inserting it allocates no box of its own.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LayerAttempt;

@@ -1,0 +1,158 @@
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use http::StatusCode;
+
+use crate::classify::{FailureClass, RequestVerdict};
+use crate::policy::StopReason;
+
+/// One attempt, as the report keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttemptRecord {
+    pub(crate) class: FailureClass,
+    pub(crate) status: Option<StatusCode>,
+    pub(crate) delay: Option<Duration>,
+}
+
+impl AttemptRecord {
+    /// How the attempt ended: [`FailureClass::Final`] for a success.
+    pub fn class(&self) -> FailureClass {
+        self.class
+    }
+
+    /// The response status, if the attempt got a response.
+    pub fn status(&self) -> Option<StatusCode> {
+        self.status
+    }
+
+    /// The wait before the next attempt, if there was one.
+    pub fn delay(&self) -> Option<Duration> {
+        self.delay
+    }
+}
+
+/// What happened to a request: put in a response's extensions by the layer and the
+/// reqwest adapter, and kept inside every [`Error`](crate::Error).
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
+///
+/// let policy = RetryPolicy::builder().build()?;
+/// let svc = policy.layer(service_fn(|_req: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new("done"))
+/// }));
+/// let res = svc.oneshot(http::Request::post("/v1/messages").body(String::new())?).await?;
+/// let report = res.extensions().get::<RetryReport>().expect("the layer adds a report");
+/// assert_eq!(report.attempts(), 1);
+/// assert_eq!(report.stop_reason(), StopReason::Final);
+/// assert!(!report.retry_suppressed());
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+/// ```
+#[derive(Clone)]
+pub struct RetryReport {
+    pub(crate) verdict: RequestVerdict,
+    pub(crate) records: Records,
+    pub(crate) stop: StopReason,
+    pub(crate) first_attempt_at: SystemTime,
+    pub(crate) last_attempt_at: SystemTime,
+    pub(crate) request_id: Option<Box<str>>,
+    pub(crate) idempotency_key: Option<Box<str>>,
+}
+
+impl RetryReport {
+    /// How many attempts were made (1 when there was no retry).
+    pub fn attempts(&self) -> u32 {
+        self.records.len()
+    }
+
+    /// True when a retry was withheld because the request is not idempotent and may have
+    /// been applied: the caller should check the outcome before repeating it by hand.
+    pub fn retry_suppressed(&self) -> bool {
+        self.stop == StopReason::SuppressedNotIdempotent
+    }
+
+    /// Whether a repeat was harmless, and which rule said so.
+    pub fn verdict(&self) -> RequestVerdict {
+        self.verdict
+    }
+
+    /// Why there was no further attempt.
+    pub fn stop_reason(&self) -> StopReason {
+        self.stop
+    }
+
+    /// Each attempt, first to last.
+    pub fn attempt_records(&self) -> impl Iterator<Item = &AttemptRecord> + '_ {
+        self.records.iter()
+    }
+
+    /// When the first attempt started.
+    pub fn first_attempt_at(&self) -> SystemTime {
+        self.first_attempt_at
+    }
+
+    /// When the last attempt started.
+    pub fn last_attempt_at(&self) -> SystemTime {
+        self.last_attempt_at
+    }
+
+    /// The request id, from the policy's request-id header on the request or the response
+    /// (capped at 128 bytes; absent when it was not printable ASCII).
+    pub fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+
+    /// The idempotency key the request carried, if any: the same on every attempt.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
+    }
+}
+
+impl fmt::Debug for RetryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryReport")
+            .field("attempts", &self.attempts())
+            .field("verdict", &self.verdict)
+            .field("stop", &self.stop)
+            .field("records", &self.records.iter().collect::<Vec<_>>())
+            .field("request_id", &self.request_id)
+            .field("idempotency_key", &self.idempotency_key)
+            .finish()
+    }
+}
+
+/// The attempts, with the first one inline: a request that succeeds at once allocates nothing
+/// here.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Records {
+    first: Option<AttemptRecord>,
+    rest: Vec<AttemptRecord>,
+}
+
+impl Records {
+    pub(crate) fn push(&mut self, record: AttemptRecord) {
+        if self.first.is_none() {
+            self.first = Some(record);
+        } else {
+            self.rest.push(record);
+        }
+    }
+
+    pub(crate) fn last_mut(&mut self) -> Option<&mut AttemptRecord> {
+        match self.rest.last_mut() {
+            Some(last) => Some(last),
+            None => self.first.as_mut(),
+        }
+    }
+
+    pub(crate) fn len(&self) -> u32 {
+        (self.first.is_some() as usize + self.rest.len()) as u32
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &AttemptRecord> + '_ {
+        self.first.iter().chain(self.rest.iter())
+    }
+}
