@@ -222,7 +222,9 @@ impl Attempts {
                     "retry suppressed: the request is not idempotent and may have been applied"
                 );
             }
-            Decision::Stop(reason) if outcome.class() != FailureClass::Final || status.is_none() => {
+            Decision::Stop(reason)
+                if outcome.class() != FailureClass::Final || status.is_none() =>
+            {
                 tracing::debug!(
                     method = %self.target.method,
                     path = self.target.path(),

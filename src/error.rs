@@ -61,6 +61,8 @@ struct ErrorImpl {
     source: Option<BoxError>,
 }
 
+// The whole `ErrorImpl` is boxed once, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Kind {
     /// The inner service failed in `poll_ready`, before any request was handed to the layer.
     NotReady,
@@ -347,7 +349,9 @@ impl fmt::Display for Error {
                     StopReason::Budget => "the retry budget is spent (too many retries lately)",
                     StopReason::Deadline => "the next attempt could not start before the deadline",
                     StopReason::RetriedByOuterLayer => "an outer retry layer decides about retries",
-                    StopReason::ServiceNotReady => "the inner service failed while getting ready for the next attempt",
+                    StopReason::ServiceNotReady => {
+                        "the inner service failed while getting ready for the next attempt"
+                    }
                     _ => "the error is final",
                 };
                 let plural = if attempts == 1 { "" } else { "s" };

@@ -293,17 +293,19 @@ mod tests {
 
     #[test]
     fn io_custom_payload_is_inspected() {
-        let inner = io::Error::new(
-            io::ErrorKind::Other,
-            Wrap(Box::new(io::Error::from(io::ErrorKind::ConnectionRefused))),
-        );
+        let inner = io::Error::other(Wrap(Box::new(io::Error::from(
+            io::ErrorKind::ConnectionRefused,
+        ))));
         assert_eq!(classify_error(&inner), FailureClass::NotSent);
     }
 
     #[test]
     fn unknown_errors_are_ambiguous() {
         assert_eq!(classify_error(&Unknown), FailureClass::Ambiguous);
-        assert_eq!(classify_error(&Wrap(Box::new(Unknown))), FailureClass::Ambiguous);
+        assert_eq!(
+            classify_error(&Wrap(Box::new(Unknown))),
+            FailureClass::Ambiguous
+        );
     }
 
     #[test]

@@ -65,8 +65,14 @@ mod tests {
     fn delay_seconds() {
         let now = SystemTime::now();
         assert_eq!(parse_retry_after(&hv("0"), now), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after(&hv("120"), now), Some(Duration::from_secs(120)));
-        assert_eq!(parse_retry_after(&hv(" 7 "), now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after(&hv("120"), now),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            parse_retry_after(&hv(" 7 "), now),
+            Some(Duration::from_secs(7))
+        );
     }
 
     #[test]
@@ -100,9 +106,18 @@ mod tests {
             parse_retry_after(&hv("Wed, 02 Dec 2026 17:00:30 GMT"), now),
             Some(Duration::from_secs(30))
         );
-        assert_eq!(parse_retry_after(&hv("Wed, 02 Dec 2026 16:59:00 GMT"), now), None);
-        assert_eq!(parse_retry_after(&hv("Wed, 02 Dec 2026 17:00:00 GMT"), now), None);
-        assert_eq!(parse_retry_after(&hv("Wed, 32 Dec 2026 17:00:00 GMT"), now), None);
+        assert_eq!(
+            parse_retry_after(&hv("Wed, 02 Dec 2026 16:59:00 GMT"), now),
+            None
+        );
+        assert_eq!(
+            parse_retry_after(&hv("Wed, 02 Dec 2026 17:00:00 GMT"), now),
+            None
+        );
+        assert_eq!(
+            parse_retry_after(&hv("Wed, 32 Dec 2026 17:00:00 GMT"), now),
+            None
+        );
     }
 
     #[test]
@@ -122,7 +137,10 @@ mod tests {
         h.insert("retry-after", hv("10"));
         assert_eq!(from_headers(&h, now), Hint::After(Duration::from_secs(10)));
         h.insert("retry-after-ms", hv("250"));
-        assert_eq!(from_headers(&h, now), Hint::After(Duration::from_millis(250)));
+        assert_eq!(
+            from_headers(&h, now),
+            Hint::After(Duration::from_millis(250))
+        );
         h.insert("retry-after-ms", hv("nope"));
         assert_eq!(from_headers(&h, now), Hint::After(Duration::from_secs(10)));
         assert_eq!(from_headers(&HeaderMap::new(), now), Hint::None);

@@ -58,7 +58,8 @@ impl RouteTable {
                 let pos = match self.extension.iter().position(|(m, _)| *m == method) {
                     Some(pos) => pos,
                     None => {
-                        self.extension.push((method.clone(), matchit::Router::new()));
+                        self.extension
+                            .push((method.clone(), matchit::Router::new()));
                         self.extension.len() - 1
                     }
                 };
@@ -119,7 +120,11 @@ mod tests {
     #[test]
     fn parameters_and_catch_all_match() {
         let t = table(&[
-            (Method::POST, "/v1/tools/{slug}/execute", Idempotency::NonIdempotent),
+            (
+                Method::POST,
+                "/v1/tools/{slug}/execute",
+                Idempotency::NonIdempotent,
+            ),
             (Method::POST, "/v1/files/{*path}", Idempotency::Idempotent),
         ]);
         assert_eq!(
@@ -152,14 +157,23 @@ mod tests {
             .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("PUT /v1/a/{id}"), "{msg}");
-        assert!(msg.contains("two rules for the same method and template"), "{msg}");
+        assert!(
+            msg.contains("two rules for the same method and template"),
+            "{msg}"
+        );
         assert_eq!(t.len(), 1);
     }
 
     #[test]
     fn invalid_templates_are_named() {
         let mut t = RouteTable::default();
-        for bad in ["/v1/{unclosed", "/v1/{*path}/more", "no-slash", "/a?x=1", "/v1/{}"] {
+        for bad in [
+            "/v1/{unclosed",
+            "/v1/{*path}/more",
+            "no-slash",
+            "/a?x=1",
+            "/v1/{}",
+        ] {
             let err = t
                 .insert(Method::GET, bad, Idempotency::Idempotent)
                 .unwrap_err();

@@ -242,7 +242,10 @@ impl RetryPolicyBuilder {
         if self.max_retries > MAX_RETRIES_LIMIT {
             return Err(BuildError::setting(
                 "max_retries",
-                format!("{} is above the limit of {MAX_RETRIES_LIMIT}", self.max_retries),
+                format!(
+                    "{} is above the limit of {MAX_RETRIES_LIMIT}",
+                    self.max_retries
+                ),
             ));
         }
         if self.backoff.initial > self.backoff.max {
@@ -353,7 +356,11 @@ impl BuildError {
 
 impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid retry policy setting `{}`: {}", self.setting, self.message)
+        write!(
+            f,
+            "invalid retry policy setting `{}`: {}",
+            self.setting, self.message
+        )
     }
 }
 
@@ -383,8 +390,8 @@ mod tests {
 
     #[test]
     fn backoff_initial_above_max() {
-        let e = err(RetryPolicyBuilder::new()
-            .backoff(Duration::from_secs(10), Duration::from_secs(1)));
+        let e =
+            err(RetryPolicyBuilder::new().backoff(Duration::from_secs(10), Duration::from_secs(1)));
         assert_eq!(e.setting_name(), "backoff");
         assert!(e.to_string().contains("initial 10s is above max 1s"), "{e}");
     }
@@ -397,7 +404,12 @@ mod tests {
             (Duration::from_secs(10), 10, -0.1, "retry_percent -0.1"),
             (Duration::from_secs(10), 10, 1000.5, "retry_percent 1000.5"),
             (Duration::from_secs(10), 10, f32::NAN, "retry_percent NaN"),
-            (Duration::from_secs(10), u32::MAX, 0.2, "min_per_sec 4294967295"),
+            (
+                Duration::from_secs(10),
+                u32::MAX,
+                0.2,
+                "min_per_sec 4294967295",
+            ),
         ];
         for (ttl, min, pct, needle) in cases {
             let e = err(RetryPolicyBuilder::new().tps_budget(ttl, min, pct));
@@ -426,7 +438,10 @@ mod tests {
     #[test]
     fn other_bad_settings() {
         let e = err(RetryPolicyBuilder::new().max_retries(101));
-        assert!(e.to_string().contains("101 is above the limit of 100"), "{e}");
+        assert!(
+            e.to_string().contains("101 is above the limit of 100"),
+            "{e}"
+        );
         let e = err(RetryPolicyBuilder::new().retry_statuses([StatusCode::OK]));
         assert!(e.to_string().contains("200 OK is a success status"), "{e}");
         let e = err(RetryPolicyBuilder::new().deadline(Duration::ZERO));

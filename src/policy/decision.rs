@@ -193,8 +193,10 @@ mod tests {
     use crate::classify::{Idempotency, NoRetry, VerdictSource};
     use std::cell::Cell;
 
-    const IDEMPOTENT: RequestVerdict = RequestVerdict::new(Idempotency::Idempotent, VerdictSource::Method);
-    const NON_IDEMPOTENT: RequestVerdict = RequestVerdict::new(Idempotency::NonIdempotent, VerdictSource::Method);
+    const IDEMPOTENT: RequestVerdict =
+        RequestVerdict::new(Idempotency::Idempotent, VerdictSource::Method);
+    const NON_IDEMPOTENT: RequestVerdict =
+        RequestVerdict::new(Idempotency::NonIdempotent, VerdictSource::Method);
 
     fn policy() -> RetryPolicy {
         RetryPolicy::builder()
@@ -243,12 +245,18 @@ mod tests {
 
     #[test]
     fn idempotent_not_sent_retries() {
-        assert_eq!(decide(&IDEMPOTENT, FailureClass::NotSent.into()), retry_after_ms(100));
+        assert_eq!(
+            decide(&IDEMPOTENT, FailureClass::NotSent.into()),
+            retry_after_ms(100)
+        );
     }
 
     #[test]
     fn idempotent_ambiguous_retries() {
-        assert_eq!(decide(&IDEMPOTENT, FailureClass::Ambiguous.into()), retry_after_ms(100));
+        assert_eq!(
+            decide(&IDEMPOTENT, FailureClass::Ambiguous.into()),
+            retry_after_ms(100)
+        );
     }
 
     #[test]
@@ -289,10 +297,8 @@ mod tests {
 
     #[test]
     fn non_idempotent_retryable_response_is_suppressed() {
-        let c = Classification::with_retry_after(
-            FailureClass::RetryableResponse,
-            Some(Duration::ZERO),
-        );
+        let c =
+            Classification::with_retry_after(FailureClass::RetryableResponse, Some(Duration::ZERO));
         assert_eq!(
             decide(&NON_IDEMPOTENT, c),
             Decision::Stop(StopReason::SuppressedNotIdempotent)
@@ -329,7 +335,10 @@ mod tests {
     #[test]
     fn retries_exhausted() {
         let c = FailureClass::NotSent.into();
-        assert_eq!(decide_full(&IDEMPOTENT, c, 1, None, true, true), retry_after_ms(200));
+        assert_eq!(
+            decide_full(&IDEMPOTENT, c, 1, None, true, true),
+            retry_after_ms(200)
+        );
         assert_eq!(
             decide_full(&IDEMPOTENT, c, 2, None, true, true),
             Decision::Stop(StopReason::RetriesExhausted)
@@ -345,7 +354,10 @@ mod tests {
             Decision::Stop(StopReason::Deadline)
         );
         let left = Some(Duration::from_millis(101));
-        assert_eq!(decide_full(&IDEMPOTENT, c, 0, left, true, true), retry_after_ms(100));
+        assert_eq!(
+            decide_full(&IDEMPOTENT, c, 0, left, true, true),
+            retry_after_ms(100)
+        );
     }
 
     #[test]
@@ -375,12 +387,26 @@ mod tests {
     #[test]
     fn body_not_replayable() {
         assert_eq!(
-            decide_full(&IDEMPOTENT, FailureClass::NotSent.into(), 0, None, false, true),
+            decide_full(
+                &IDEMPOTENT,
+                FailureClass::NotSent.into(),
+                0,
+                None,
+                false,
+                true
+            ),
             Decision::Stop(StopReason::BodyNotReplayable)
         );
         // Suppression is reported before replayability: it is the more important reason.
         assert_eq!(
-            decide_full(&NON_IDEMPOTENT, FailureClass::Ambiguous.into(), 0, None, false, true),
+            decide_full(
+                &NON_IDEMPOTENT,
+                FailureClass::Ambiguous.into(),
+                0,
+                None,
+                false,
+                true
+            ),
             Decision::Stop(StopReason::SuppressedNotIdempotent)
         );
     }
@@ -388,7 +414,10 @@ mod tests {
     #[test]
     fn retry_after_too_long() {
         let c = Classification::retry_after_too_long(Duration::from_secs(600));
-        assert_eq!(decide(&IDEMPOTENT, c), Decision::Stop(StopReason::RetryAfterTooLong));
+        assert_eq!(
+            decide(&IDEMPOTENT, c),
+            Decision::Stop(StopReason::RetryAfterTooLong)
+        );
     }
 
     #[test]
@@ -400,7 +429,10 @@ mod tests {
             time_left: None,
             replayable: true,
         };
-        assert_eq!(policy().decide_with(facts, 0.0, || true), retry_after_ms(100));
+        assert_eq!(
+            policy().decide_with(facts, 0.0, || true),
+            retry_after_ms(100)
+        );
     }
 
     #[test]

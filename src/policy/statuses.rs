@@ -30,7 +30,9 @@ impl StatusSet {
 
 impl fmt::Debug for StatusSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_set().entries(self.iter().map(|s| s.as_u16())).finish()
+        f.debug_set()
+            .entries(self.iter().map(|s| s.as_u16()))
+            .finish()
     }
 }
 

@@ -118,7 +118,9 @@ where
 
 fn set_attempt_header(policy: &RetryPolicy, parts: &mut Parts, number: u32) {
     if let Some(name) = &policy.inner.attempt_header {
-        parts.headers.insert(name.clone(), HeaderValue::from(number));
+        parts
+            .headers
+            .insert(name.clone(), HeaderValue::from(number));
     }
 }
 

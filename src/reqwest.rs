@@ -1,0 +1,159 @@
+//! The reqwest-middleware adapter: the same [`RetryPolicy`] in any reqwest-middleware stack.
+
+use http::{Extensions, HeaderValue};
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+
+use crate::attempts::{Attempts, Target};
+use crate::policy::{Decision, StopReason};
+use crate::service::LayerAttempt;
+use crate::{BoxError, Error, RetryPolicy};
+
+/// Retries requests in a reqwest-middleware chain as the [`RetryPolicy`] allows: the same
+/// decisions, from the same code, as the tower layer. One policy value can serve a tower stack
+/// and a reqwest stack at once; its clones share the retry budget.
+///
+/// # Where it goes
+///
+/// Add it first (outermost) among middlewares that should run once per logical request
+/// (tracing spans, auth refresh that must not be repeated), and after those that must run on
+/// every attempt: every middleware added after it runs once per attempt. reqwest's own
+/// `timeout` (on the `Client` or the `RequestBuilder`) applies to each attempt: an attempt
+/// that times out after connecting is ambiguous, one that times out while connecting is not
+/// sent. Turn off reqwest's built-in retries if you enable them, so they do not compound.
+///
+/// # Markers
+///
+/// Put [`Idempotency`](crate::Idempotency) or [`NoRetry`](crate::NoRetry) in the request with
+/// `RequestBuilder::with_extension(..)`; route rules and method defaults apply as in the layer.
+///
+/// # Errors
+///
+/// Returns `reqwest_middleware::Error::Middleware` wrapping a [`tower_retry_safety::Error`](Error)
+/// when the last attempt ended in an error. Downcast to reach `is_ambiguous()` and the rest:
+///
+/// ```no_run
+/// # async fn demo(client: reqwest_middleware::ClientWithMiddleware) {
+/// match client.post("http://127.0.0.1:8080/v1/messages").send().await {
+///     Ok(res) => { /* a RetryReport is in res.extensions() */ }
+///     Err(reqwest_middleware::Error::Middleware(e)) => {
+///         if let Some(e) = e.downcast_ref::<tower_retry_safety::Error>() {
+///             if e.is_ambiguous() {
+///                 eprintln!("may have been applied: {e}");
+///             }
+///         }
+///     }
+///     Err(other) => eprintln!("{other}"),
+/// }
+/// # }
+/// ```
+///
+/// Streaming bodies (`Request::try_clone()` gives `None`) are sent exactly once, never refused
+/// before sending; the report says [`StopReason::BodyNotReplayable`].
+///
+/// ```
+/// use reqwest_middleware::ClientBuilder;
+/// use tower_retry_safety::{RetryPolicy, RetrySafetyMiddleware};
+///
+/// let policy = RetryPolicy::builder().build()?;
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(RetrySafetyMiddleware::new(policy))
+///     .build();
+/// # drop(client);
+/// # Ok::<(), tower_retry_safety::BuildError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetrySafetyMiddleware {
+    policy: RetryPolicy,
+}
+
+impl RetrySafetyMiddleware {
+    /// A middleware driven by `policy`.
+    pub fn new(policy: RetryPolicy) -> Self {
+        RetrySafetyMiddleware { policy }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for RetrySafetyMiddleware {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let policy = &self.policy;
+        let outer_layer = extensions.get::<LayerAttempt>().is_some();
+        let verdict =
+            policy.classify_parts(req.method(), req.url().path(), req.headers(), extensions);
+        let may_retry = !outer_layer && !verdict.is_no_retry() && policy.inner.max_retries > 0;
+        let copy = if may_retry { req.try_clone() } else { None };
+        let target = Target::from_path(req.method().clone(), req.url().path());
+        let replayable = copy.is_some() || !may_retry;
+        let mut attempts = Attempts::start(
+            policy,
+            verdict,
+            target,
+            req.headers(),
+            replayable,
+            outer_layer,
+        );
+        if copy.is_some() {
+            extensions.insert(LayerAttempt);
+        }
+        let mut req = req;
+        loop {
+            let number = attempts.next_attempt();
+            if let Some(name) = &policy.inner.attempt_header {
+                req.headers_mut()
+                    .insert(name.clone(), HeaderValue::from(number));
+            }
+            let result = next.clone().run(req, extensions).await;
+            let decision = match &result {
+                Ok(res) => attempts.on_response(res.status(), res.headers()),
+                Err(reqwest_middleware::Error::Reqwest(err)) => attempts.on_error(err),
+                Err(reqwest_middleware::Error::Middleware(err)) => attempts.on_error(&**err),
+            };
+            let reason = match decision {
+                Decision::Retry { after } => match copy.as_ref().and_then(Request::try_clone) {
+                    Some(again) => {
+                        drop(result);
+                        tokio::time::sleep(after).await;
+                        req = again;
+                        continue;
+                    }
+                    None => StopReason::BodyNotReplayable,
+                },
+                Decision::Stop(reason) => reason,
+            };
+            return match result {
+                Ok(mut res) => {
+                    if reason != StopReason::RetriedByOuterLayer {
+                        res.extensions_mut().insert(attempts.into_report(reason));
+                    }
+                    Ok(res)
+                }
+                Err(err) => Err(reqwest_middleware::Error::middleware(
+                    attempts.into_error(reason, into_box(err)),
+                )),
+            };
+        }
+    }
+}
+
+/// The transport error without reqwest-middleware's transparent wrapper; an error of this
+/// crate from a middleware further in stays recognisable.
+fn into_box(err: reqwest_middleware::Error) -> BoxError {
+    match err {
+        reqwest_middleware::Error::Reqwest(e) => Box::new(e),
+        reqwest_middleware::Error::Middleware(e) => match e.downcast::<Error>() {
+            Ok(ours) => Box::new(ours),
+            Err(other) => other.into(),
+        },
+    }
+}

@@ -1,0 +1,194 @@
+//! Every precedence rule of the request verdict (DESIGN.md §2.1).
+
+use http::{Method, Request};
+use tower_retry_safety::{Idempotency, NoRetry, RetryPolicy, VerdictSource};
+
+use Idempotency::{Idempotent, NonIdempotent};
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .route(Method::POST, "/v1/search", Idempotent)
+        .route(Method::PUT, "/v1/messages/send", NonIdempotent)
+        .route(Method::POST, "/v1/tools/{slug}/execute", NonIdempotent)
+        .route(Method::POST, "/v1/files/{*path}", Idempotent)
+        .honor_idempotency_key(true)
+        .build()
+        .unwrap()
+}
+
+fn req(method: Method, uri: &str) -> Request<()> {
+    Request::builder().method(method).uri(uri).body(()).unwrap()
+}
+
+fn verdict(r: &Request<()>) -> (Idempotency, VerdictSource) {
+    let v = policy().classify(r);
+    (v.idempotency(), v.source())
+}
+
+#[test]
+fn method_defaults_follow_rfc_9110() {
+    for m in ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"] {
+        let m = Method::from_bytes(m.as_bytes()).unwrap();
+        assert_eq!(
+            verdict(&req(m.clone(), "/x")),
+            (Idempotent, VerdictSource::Method),
+            "{m}"
+        );
+    }
+    for m in ["POST", "PATCH", "CONNECT", "PURGE", "LINK", "MKCOL"] {
+        let m = Method::from_bytes(m.as_bytes()).unwrap();
+        let uri = if m == Method::CONNECT {
+            "example.com:443"
+        } else {
+            "/x"
+        };
+        assert_eq!(
+            verdict(&req(m.clone(), uri)),
+            (NonIdempotent, VerdictSource::Method),
+            "{m}"
+        );
+    }
+}
+
+#[test]
+fn route_outranks_method() {
+    assert_eq!(
+        verdict(&req(Method::POST, "/v1/search")),
+        (Idempotent, VerdictSource::Route)
+    );
+    assert_eq!(
+        verdict(&req(Method::PUT, "/v1/messages/send")),
+        (NonIdempotent, VerdictSource::Route)
+    );
+    assert_eq!(
+        verdict(&req(Method::POST, "/v1/files/a/b.txt")),
+        (Idempotent, VerdictSource::Route)
+    );
+}
+
+#[test]
+fn query_string_never_takes_part_in_matching() {
+    assert_eq!(
+        verdict(&req(
+            Method::POST,
+            "https://api.example.com/v1/search?q=a&page=2"
+        )),
+        (Idempotent, VerdictSource::Route)
+    );
+    assert_eq!(
+        verdict(&req(
+            Method::POST,
+            "/v1/tools/GMAIL_SEND/execute?dry_run=true"
+        )),
+        (NonIdempotent, VerdictSource::Route)
+    );
+}
+
+#[test]
+fn absolute_uris_match_on_path() {
+    assert_eq!(
+        verdict(&req(Method::POST, "http://127.0.0.1:8080/v1/search")),
+        (Idempotent, VerdictSource::Route)
+    );
+}
+
+#[test]
+fn key_outranks_method_when_honoured() {
+    let mut r = req(Method::POST, "/v1/messages");
+    r.headers_mut()
+        .insert("idempotency-key", "\"8e03978e-40d5\"".parse().unwrap());
+    let v = policy().classify(&r);
+    assert_eq!(
+        (v.idempotency(), v.source()),
+        (Idempotent, VerdictSource::IdempotencyKey)
+    );
+    assert!(v.is_keyed());
+}
+
+#[test]
+fn key_is_ignored_unless_honoured() {
+    let p = RetryPolicy::builder().build().unwrap();
+    let mut r = req(Method::POST, "/v1/messages");
+    r.headers_mut()
+        .insert("idempotency-key", "\"abc\"".parse().unwrap());
+    let v = p.classify(&r);
+    assert_eq!(
+        (v.idempotency(), v.source()),
+        (NonIdempotent, VerdictSource::Method)
+    );
+    assert!(!v.is_keyed());
+}
+
+#[test]
+fn empty_or_malformed_key_does_not_count() {
+    for bad in ["", "\"\"", "\"open", "two words", "\"bad\\q\""] {
+        let mut r = req(Method::POST, "/v1/messages");
+        r.headers_mut()
+            .insert("idempotency-key", bad.parse().unwrap());
+        assert_eq!(
+            verdict(&r),
+            (NonIdempotent, VerdictSource::Method),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn key_header_name_is_settable() {
+    let p = RetryPolicy::builder()
+        .honor_idempotency_key(true)
+        .idempotency_key_header("x-idempotency-key".parse().unwrap())
+        .build()
+        .unwrap();
+    let mut r = req(Method::POST, "/v1/messages");
+    r.headers_mut()
+        .insert("x-idempotency-key", "k-1".parse().unwrap());
+    assert_eq!(p.classify(&r).source(), VerdictSource::IdempotencyKey);
+    let mut r = req(Method::POST, "/v1/messages");
+    r.headers_mut()
+        .insert("idempotency-key", "k-1".parse().unwrap());
+    assert_eq!(p.classify(&r).source(), VerdictSource::Method);
+}
+
+#[test]
+fn route_outranks_key() {
+    let mut r = req(Method::POST, "/v1/tools/GMAIL_SEND/execute");
+    r.headers_mut()
+        .insert("idempotency-key", "\"k\"".parse().unwrap());
+    let v = policy().classify(&r);
+    assert_eq!(
+        (v.idempotency(), v.source()),
+        (NonIdempotent, VerdictSource::Route)
+    );
+    // The key is still recorded: the request carries one the target honours.
+    assert!(v.is_keyed());
+}
+
+#[test]
+fn marker_outranks_route_key_and_method() {
+    let mut r = req(Method::POST, "/v1/search");
+    r.headers_mut()
+        .insert("idempotency-key", "\"k\"".parse().unwrap());
+    r.extensions_mut().insert(NonIdempotent);
+    assert_eq!(verdict(&r), (NonIdempotent, VerdictSource::Marker));
+
+    let mut r = req(Method::POST, "/v1/tools/x/execute");
+    r.extensions_mut().insert(Idempotent);
+    assert_eq!(verdict(&r), (Idempotent, VerdictSource::Marker));
+
+    let mut r = req(Method::GET, "/v1/things");
+    r.extensions_mut().insert(NonIdempotent);
+    assert_eq!(verdict(&r), (NonIdempotent, VerdictSource::Marker));
+}
+
+#[test]
+fn no_retry_outranks_everything() {
+    let mut r = req(Method::GET, "/v1/search");
+    r.extensions_mut().insert(Idempotent);
+    r.extensions_mut().insert(NoRetry);
+    let v = policy().classify(&r);
+    assert!(v.is_no_retry());
+    assert_eq!(v.source(), VerdictSource::Marker);
+    let plain = policy().classify(&req(Method::GET, "/v1/search"));
+    assert!(!plain.is_no_retry());
+}

@@ -1,0 +1,270 @@
+//! A real hyper server on 127.0.0.1 that counts side effects per operation and injects one
+//! fault into each operation's first attempt. Shared by the tests, the examples and the
+//! benches (`#[path]`-included), so every claim is measured against the same faults.
+//!
+//! Protocol: `METHOD /ops/{op}` with an `x-fault` header naming the fault for the op's first
+//! attempt. Non-GET requests "apply" a side effect (a counter per op). GETs read.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// What happens to an operation's first attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fault {
+    /// Applied, answered 200.
+    None,
+    /// Applied, then the connection is closed without a response.
+    DropAfterApply,
+    /// Applied, then the response is held for `SLOW` (past any client per-attempt timeout).
+    SlowAfterApply,
+    /// Applied, answered 503.
+    UnavailableAfterApply,
+    /// Not applied, answered 429 with `Retry-After: 0`.
+    TooManyRequestsBeforeApply,
+    /// Not applied, answered 500.
+    InternalErrorBeforeApply,
+}
+
+/// How long a slow response is held.
+pub const SLOW: Duration = Duration::from_millis(800);
+
+impl Fault {
+    pub const ALL: [Fault; 6] = [
+        Fault::None,
+        Fault::DropAfterApply,
+        Fault::SlowAfterApply,
+        Fault::UnavailableAfterApply,
+        Fault::TooManyRequestsBeforeApply,
+        Fault::InternalErrorBeforeApply,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::DropAfterApply => "drop-after-apply",
+            Fault::SlowAfterApply => "slow-after-apply",
+            Fault::UnavailableAfterApply => "503-after-apply",
+            Fault::TooManyRequestsBeforeApply => "429-before-apply",
+            Fault::InternalErrorBeforeApply => "500-before-apply",
+        }
+    }
+
+    fn from_name(name: &str) -> Fault {
+        Fault::ALL
+            .into_iter()
+            .find(|f| f.name() == name)
+            .unwrap_or(Fault::None)
+    }
+
+    /// Whether the first attempt applies the side effect before failing.
+    pub fn applies(self) -> bool {
+        matches!(
+            self,
+            Fault::None
+                | Fault::DropAfterApply
+                | Fault::SlowAfterApply
+                | Fault::UnavailableAfterApply
+        )
+    }
+}
+
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpStats {
+    /// Requests that reached the handler.
+    pub attempts: u32,
+    /// Side effects applied (non-GET requests only).
+    pub applied: u32,
+    /// Last request body length seen, for body-replay checks.
+    pub body_len: usize,
+}
+
+#[derive(Default)]
+struct State {
+    ops: Mutex<HashMap<String, OpStats>>,
+}
+
+pub struct FaultServer {
+    addr: SocketAddr,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FaultServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A loopback address with nothing listening: connecting to it is refused.
+pub async fn refused_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    addr
+}
+
+impl FaultServer {
+    pub async fn start() -> FaultServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        Self::serve(listener, Arc::default())
+    }
+
+    /// Starts listening on `addr` (one that was refused until now).
+    pub async fn start_at(addr: SocketAddr) -> FaultServer {
+        let listener = TcpListener::bind(addr)
+            .await
+            .expect("bind the reserved port");
+        Self::serve(listener, Arc::default())
+    }
+
+    fn serve(listener: TcpListener, state: Arc<State>) -> FaultServer {
+        let addr = listener.local_addr().expect("addr");
+        let shared = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let state = shared.clone();
+                tokio::spawn(async move {
+                    let svc = service_fn(move |req| handle(state.clone(), req));
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .await;
+                });
+            }
+        });
+        FaultServer { addr, state, task }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn url(&self, op: &str) -> String {
+        format!("http://{}/ops/{op}", self.addr)
+    }
+
+    pub fn stats(&self, op: &str) -> OpStats {
+        self.state
+            .ops
+            .lock()
+            .unwrap()
+            .get(op)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    pub fn applied(&self, op: &str) -> u32 {
+        self.stats(op).applied
+    }
+
+    /// Operations whose side effect was applied more than once.
+    pub fn applied_twice(&self) -> usize {
+        let ops = self.state.ops.lock().unwrap();
+        ops.values().filter(|s| s.applied > 1).count()
+    }
+
+    pub fn total_attempts(&self) -> u32 {
+        self.state
+            .ops
+            .lock()
+            .unwrap()
+            .values()
+            .map(|s| s.attempts)
+            .sum()
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, io::Error> {
+    let op = req
+        .uri()
+        .path()
+        .strip_prefix("/ops/")
+        .unwrap_or("unknown")
+        .to_owned();
+    let fault = req
+        .headers()
+        .get("x-fault")
+        .and_then(|v| v.to_str().ok())
+        .map_or(Fault::None, Fault::from_name);
+    let is_write = req.method() != Method::GET;
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let first = {
+        let mut ops = state.ops.lock().unwrap();
+        let s = ops.entry(op.clone()).or_default();
+        s.attempts += 1;
+        s.body_len = body.len();
+        s.attempts == 1
+    };
+    let fault = if first { fault } else { Fault::None };
+    let apply = || {
+        if is_write {
+            state
+                .ops
+                .lock()
+                .unwrap()
+                .entry(op.clone())
+                .or_default()
+                .applied += 1;
+        }
+    };
+    let reply = |status: StatusCode| {
+        let mut res = Response::new(Full::new(Bytes::from(format!("{} {}", parts.method, op))));
+        *res.status_mut() = status;
+        if let Some(id) = parts.headers.get("x-request-id") {
+            res.headers_mut().insert("x-request-id", id.clone());
+        }
+        res
+    };
+    match fault {
+        Fault::None => {
+            apply();
+            Ok(reply(StatusCode::OK))
+        }
+        Fault::DropAfterApply => {
+            apply();
+            // A service error makes hyper close the connection without a response.
+            Err(io::Error::other("drop the response"))
+        }
+        Fault::SlowAfterApply => {
+            apply();
+            tokio::time::sleep(SLOW).await;
+            Ok(reply(StatusCode::OK))
+        }
+        Fault::UnavailableAfterApply => {
+            apply();
+            Ok(reply(StatusCode::SERVICE_UNAVAILABLE))
+        }
+        Fault::TooManyRequestsBeforeApply => {
+            let mut res = reply(StatusCode::TOO_MANY_REQUESTS);
+            res.headers_mut()
+                .insert("retry-after", "0".parse().unwrap());
+            Ok(res)
+        }
+        Fault::InternalErrorBeforeApply => Ok(reply(StatusCode::INTERNAL_SERVER_ERROR)),
+    }
+}
