@@ -1,2 +1,3 @@
 #![allow(dead_code)]
 pub mod fault_server;
+pub mod script;

@@ -1,0 +1,592 @@
+//! The layer over a scripted inner service, with paused tokio time: every cell of the decision
+//! table (DESIGN.md §2.3), exact waits, budget, deadline, streaming bodies, markers, stacked
+//! layers, cancel safety, readiness, and the error as a caller sees it.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use support::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_retry_safety::{
+    FailureClass, Idempotency, NoRetry, RetryPolicy, RetryPolicyBuilder, RetryReport, StopReason,
+    VerdictSource,
+};
+
+fn builder() -> RetryPolicyBuilder {
+    RetryPolicy::builder()
+        .jitter(false)
+        .backoff(Duration::from_millis(500), Duration::from_secs(8))
+        .no_budget()
+}
+
+fn get() -> Request<String> {
+    Request::get("http://api.test/v1/things/1")
+        .body(String::new())
+        .unwrap()
+}
+
+fn post() -> Request<String> {
+    Request::post("http://api.test/v1/tools/execute/GMAIL_SEND_EMAIL")
+        .body("{\"to\":\"a@example.com\"}".to_owned())
+        .unwrap()
+}
+
+fn no_retry_get() -> Request<String> {
+    let mut r = get();
+    r.extensions_mut().insert(NoRetry);
+    r
+}
+
+type Out = Result<Response<String>, tower_retry_safety::Error>;
+
+async fn run(policy: RetryPolicyBuilder, script: &Script, req: Request<String>) -> Out {
+    policy
+        .build()
+        .unwrap()
+        .layer(script.clone())
+        .oneshot(req)
+        .await
+}
+
+fn report(out: &Out) -> RetryReport {
+    match out {
+        Ok(res) => res.extensions().get::<RetryReport>().unwrap().clone(),
+        Err(e) => e.report().unwrap().clone(),
+    }
+}
+
+/// One cell: the first attempt ends in `first`, any later one succeeds.
+async fn cell(req: Request<String>, first: Outcome) -> (usize, Out) {
+    let script = Script::new([first, ok()]);
+    let out = run(builder(), &script, req).await;
+    (script.count(), out)
+}
+
+// --- the table: idempotent row ---
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_not_sent_is_retried() {
+    let (calls, out) = cell(get(), Refused).await;
+    assert_eq!(calls, 2);
+    assert_eq!(out.unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_ambiguous_is_retried() {
+    for first in [Reset, Timeout] {
+        let (calls, out) = cell(get(), first).await;
+        assert_eq!(calls, 2);
+        let r = report(&out);
+        assert_eq!(r.attempts(), 2);
+        let classes: Vec<_> = r.attempt_records().map(|a| a.class()).collect();
+        assert_eq!(classes, [FailureClass::Ambiguous, FailureClass::Final]);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_retryable_response_is_retried() {
+    for code in [408, 429, 500, 502, 503, 504] {
+        let (calls, out) = cell(get(), status(code)).await;
+        assert_eq!(calls, 2, "{code}");
+        assert_eq!(out.unwrap().status(), 200);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_final_is_returned() {
+    let (calls, out) = cell(get(), status(404)).await;
+    assert_eq!(calls, 1);
+    let res = out.unwrap();
+    assert_eq!(res.status(), 404);
+    assert_eq!(report(&Ok(res)).stop_reason(), StopReason::Final);
+}
+
+// --- non-idempotent row ---
+
+#[tokio::test(start_paused = true)]
+async fn non_idempotent_not_sent_is_retried() {
+    let (calls, out) = cell(post(), Refused).await;
+    assert_eq!(calls, 2);
+    assert_eq!(out.unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_idempotent_ambiguous_is_suppressed() {
+    for first in [Reset, Timeout] {
+        let (calls, out) = cell(post(), first).await;
+        assert_eq!(calls, 1);
+        let err = out.unwrap_err();
+        assert!(err.is_ambiguous());
+        assert!(err.retry_suppressed());
+        assert_eq!(err.stop_reason(), StopReason::SuppressedNotIdempotent);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_idempotent_retryable_response_is_suppressed_and_returned() {
+    let (calls, out) = cell(post(), Status(429, vec![("retry-after", "0")])).await;
+    assert_eq!(calls, 1);
+    let res = out.unwrap();
+    assert_eq!(res.status(), 429);
+    let r = res.extensions().get::<RetryReport>().unwrap();
+    assert!(r.retry_suppressed());
+    assert_eq!(r.verdict().idempotency(), Idempotency::NonIdempotent);
+    assert_eq!(r.verdict().source(), VerdictSource::Method);
+}
+
+#[tokio::test(start_paused = true)]
+async fn non_idempotent_final_is_returned() {
+    let (calls, out) = cell(post(), status(422)).await;
+    assert_eq!(calls, 1);
+    assert_eq!(report(&out).stop_reason(), StopReason::Final);
+}
+
+// --- NoRetry row ---
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_is_returned_in_every_column() {
+    for first in [Refused, Reset, status(503), status(404)] {
+        let (calls, out) = cell(no_retry_get(), first.clone()).await;
+        assert_eq!(calls, 1, "{first:?}");
+        assert_eq!(
+            report(&out).stop_reason(),
+            StopReason::NoRetryMarker,
+            "{first:?}"
+        );
+    }
+}
+
+// --- timing: backoff and Retry-After, exactly ---
+
+#[tokio::test(start_paused = true)]
+async fn backoff_doubles_without_jitter() {
+    let script = Script::new([Refused, Refused, Refused, ok()]);
+    let out = run(builder().max_retries(3), &script, get()).await;
+    assert_eq!(script.call_times_ms(), [0, 500, 1500, 3500]);
+    let delays: Vec<_> = report(&out).attempt_records().map(|a| a.delay()).collect();
+    let ms = |n| Some(Duration::from_millis(n));
+    assert_eq!(delays, [ms(500), ms(1000), ms(2000), None]);
+    assert_eq!(out.unwrap().status(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_delays_are_exact() {
+    let script = Script::new([
+        Status(503, vec![("retry-after", "7")]),
+        Status(429, vec![("retry-after-ms", "1500")]),
+        Status(503, vec![("retry-after", "not-a-number")]),
+        ok(),
+    ]);
+    let out = run(builder().max_retries(3), &script, get()).await;
+    // 7 s, then 1.5 s, then the third backoff step (2 s) because the hint was unreadable.
+    assert_eq!(script.call_times_ms(), [0, 7000, 8500, 10500]);
+    let r = report(&out);
+    let delays: Vec<_> = r.attempt_records().map(|a| a.delay()).collect();
+    assert_eq!(
+        delays,
+        [
+            Some(Duration::from_secs(7)),
+            Some(Duration::from_millis(1500)),
+            Some(Duration::from_secs(2)),
+            None
+        ]
+    );
+    let statuses: Vec<_> = r
+        .attempt_records()
+        .map(|a| a.status().map(|s| s.as_u16()))
+        .collect();
+    assert_eq!(statuses, [Some(503), Some(429), Some(503), Some(200)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_above_the_cap_ends_the_retries() {
+    let script = Script::new([Status(503, vec![("retry-after", "120")]), ok()]);
+    let out = run(
+        builder().max_retry_after(Duration::from_secs(60)),
+        &script,
+        get(),
+    )
+    .await;
+    assert_eq!(script.count(), 1);
+    let res = out.unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(
+        res.extensions().get::<RetryReport>().unwrap().stop_reason(),
+        StopReason::RetryAfterTooLong
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_exhausted_returns_the_last_response() {
+    let script = Script::new([status(503), status(502), status(504), ok()]);
+    let out = run(builder().max_retries(2), &script, get()).await;
+    assert_eq!(script.count(), 3);
+    let res = out.unwrap();
+    assert_eq!(res.status(), 504);
+    let r = res.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(r.stop_reason(), StopReason::RetriesExhausted);
+    assert_eq!(r.attempts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_exhausted_on_errors_is_an_error() {
+    let script = Script::new([Reset, Reset, Reset]);
+    let err = run(builder().max_retries(2), &script, get())
+        .await
+        .unwrap_err();
+    assert_eq!(script.count(), 3);
+    assert_eq!(err.attempts(), 3);
+    assert!(err.is_ambiguous());
+    assert_eq!(
+        err.to_string(),
+        "GET /v1/things/1 failed after 3 attempts (no retries were left): the last attempt \
+         lost its connection after it was sent. Repeating it is harmless."
+    );
+}
+
+// --- budget and deadline ---
+
+#[tokio::test(start_paused = true)]
+async fn budget_exhausted_stops_retries() {
+    // No reserve and no share of deposits: the budget never allows a retry.
+    let policy = builder().tps_budget(Duration::from_secs(10), 0, 0.0);
+    let script = Script::new([status(503), ok()]);
+    let out = run(policy, &script, get()).await;
+    assert_eq!(script.count(), 1);
+    assert_eq!(report(&out).stop_reason(), StopReason::Budget);
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_is_shared_by_clones_and_spent_per_retry() {
+    // Reserve: 1 retry/s over a 1 s window = 1 retry, and deposits earn nothing.
+    let policy = builder()
+        .tps_budget(Duration::from_secs(1), 1, 0.0)
+        .build()
+        .unwrap();
+    let a = Script::new([status(503), ok()]);
+    let b = Script::new([status(503), ok()]);
+    let out_a = policy.clone().layer(a.clone()).oneshot(get()).await;
+    let out_b = policy.layer(b.clone()).oneshot(get()).await;
+    assert_eq!((a.count(), b.count()), (2, 1));
+    assert_eq!(report(&out_a).stop_reason(), StopReason::Final);
+    assert_eq!(report(&out_b).stop_reason(), StopReason::Budget);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_stops_a_retry_that_would_end_past_it() {
+    let policy = builder()
+        .max_retries(5)
+        .deadline(Duration::from_millis(1200));
+    let script = Script::new([Refused, Refused, Refused, ok()]);
+    let err = run(policy, &script, get()).await.unwrap_err();
+    // 0 ms, 500 ms; the next wait (1 s) would end at 1.5 s, past the 1.2 s deadline.
+    assert_eq!(script.call_times_ms(), [0, 500]);
+    assert_eq!(err.stop_reason(), StopReason::Deadline);
+    assert!(err.is_not_sent());
+}
+
+// --- bodies ---
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_is_sent_once_and_reported() {
+    let body = Full::new(Bytes::from_static(b"stream"))
+        .map_err(|never| match never {})
+        .boxed();
+    let req = Request::get("http://api.test/v1/upload")
+        .body(body)
+        .unwrap();
+    let script = Script::new([status(503), ok()]);
+    let res = builder()
+        .build()
+        .unwrap()
+        .layer(script.clone())
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(script.count(), 1);
+    assert_eq!(res.status(), 503);
+    let r = res.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(r.stop_reason(), StopReason::BodyNotReplayable);
+
+    // A success through a streaming body is just final.
+    let body: BoxBody<Bytes, std::convert::Infallible> = Full::new(Bytes::new()).boxed();
+    let req = Request::get("http://api.test/v1/upload")
+        .body(body)
+        .unwrap();
+    let script = Script::new([ok()]);
+    let res = builder()
+        .build()
+        .unwrap()
+        .layer(script.clone())
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(
+        res.extensions().get::<RetryReport>().unwrap().stop_reason(),
+        StopReason::Final
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_post_after_refusal_is_an_error_that_says_not_replayable() {
+    let (mut tx, body) = http_body_util::channel::Channel::<Bytes, std::io::Error>::new(1);
+    tokio::spawn(async move { tx.send_data(Bytes::from_static(b"x")).await });
+    let req = Request::post("http://api.test/v1/upload")
+        .body(body)
+        .unwrap();
+    let script = Script::new([Refused, ok()]);
+    let err = builder()
+        .build()
+        .unwrap()
+        .layer(script.clone())
+        .oneshot(req)
+        .await
+        .unwrap_err();
+    assert_eq!(script.count(), 1);
+    assert_eq!(err.stop_reason(), StopReason::BodyNotReplayable);
+    assert!(err.is_not_sent());
+    assert_eq!(
+        err.to_string(),
+        "POST /v1/upload was not retried: its body is a stream that cannot be replayed, and the \
+         attempt never reached the server. It was never applied, so it is safe to send again."
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn replayable_bodies_replay() {
+    macro_rules! check {
+        ($body:expr) => {{
+            let req = Request::get("http://api.test/x").body($body).unwrap();
+            let script = Script::new([Reset, ok()]);
+            let res = builder()
+                .build()
+                .unwrap()
+                .layer(script.clone())
+                .oneshot(req)
+                .await;
+            assert_eq!(script.count(), 2, "{}", stringify!($body));
+            assert_eq!(res.unwrap().status(), 200);
+        }};
+    }
+    check!(Full::new(Bytes::from_static(b"x")));
+    check!(http_body_util::Empty::<Bytes>::new());
+    check!(String::from("x"));
+    check!(b"x".to_vec());
+    check!(Bytes::from_static(b"x"));
+    check!(());
+}
+
+// --- stacked layers never compound ---
+
+#[tokio::test(start_paused = true)]
+async fn stacked_layers_make_at_most_max_retries_plus_one_attempts() {
+    let script = Script::new(std::iter::repeat_n(status(503), 20));
+    let outer = builder().max_retries(3).build().unwrap();
+    let inner = builder().max_retries(3).build().unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(outer)
+        .layer(inner)
+        .service(script.clone());
+    let res = svc.oneshot(get()).await.unwrap();
+    assert_eq!(script.count(), 4);
+    let r = res.extensions().get::<RetryReport>().unwrap();
+    assert_eq!(r.attempts(), 4);
+    assert_eq!(r.stop_reason(), StopReason::RetriesExhausted);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stacked_layers_errors_are_not_double_wrapped() {
+    let script = Script::new(std::iter::repeat_n(Reset, 10));
+    let svc = ServiceBuilder::new()
+        .layer(builder().max_retries(2).build().unwrap())
+        .layer(builder().max_retries(2).build().unwrap())
+        .service(script.clone());
+    let err = svc.oneshot(get()).await.unwrap_err();
+    assert_eq!(script.count(), 3);
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(
+        source.downcast_ref::<std::io::Error>().is_some(),
+        "{source:?}"
+    );
+}
+
+// --- cancel safety ---
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_future_during_backoff_sends_nothing_more() {
+    let script = Script::new([Status(503, vec![("retry-after", "10")]), ok()]);
+    let svc = builder().build().unwrap().layer(script.clone());
+    let fut = svc.oneshot(get());
+    // Let the first attempt run and the layer start its 10 s wait, then give up at 1 s.
+    let out = tokio::time::timeout(Duration::from_secs(1), fut).await;
+    assert!(out.is_err());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(script.count(), 1);
+}
+
+// --- readiness ---
+
+#[tokio::test(start_paused = true)]
+async fn each_retry_waits_for_the_inner_service_to_be_ready() {
+    // The script panics on a call without a prior Ready; Pending polls must be waited out.
+    let script = Script::new([Reset, Reset, ok()]).pending_before_ready(3);
+    let out = run(builder().max_retries(2), &script, get()).await;
+    assert_eq!(out.unwrap().status(), 200);
+    assert_eq!(script.count(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_failure_before_a_retry_is_an_error_with_the_history() {
+    let script = Script::new([status(503), ok()]).fail_ready_after_first();
+    let mut svc = builder().build().unwrap().layer(script.clone());
+    let err = ServiceExt::<Request<String>>::ready(&mut svc)
+        .await
+        .unwrap()
+        .call(get())
+        .await
+        .unwrap_err();
+    assert_eq!(script.count(), 1);
+    assert_eq!(err.stop_reason(), StopReason::ServiceNotReady);
+    assert_eq!(err.attempts(), 1);
+    // The first attempt got a response: the request reached the server.
+    assert!(err.is_ambiguous());
+}
+
+// --- attempt header ---
+
+#[tokio::test(start_paused = true)]
+async fn attempt_header_counts_attempts() {
+    let policy = builder().attempt_header(Some("x-attempt".parse().unwrap()));
+    let script = Script::new([Reset, Refused, ok()]);
+    run(policy, &script, get()).await.unwrap();
+    let seen: Vec<_> = script
+        .calls()
+        .iter()
+        .map(|c| c.headers["x-attempt"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(seen, ["1", "2", "3"]);
+    // Off by default.
+    let script = Script::new([ok()]);
+    run(builder(), &script, get()).await.unwrap();
+    assert!(script.calls()[0].headers.get("x-attempt").is_none());
+}
+
+// --- the error as a caller sees it ---
+
+#[tokio::test(start_paused = true)]
+async fn suppressed_error_predicates_and_display() {
+    let mut req = Request::post(
+        "http://api.test/v1/tools/execute/GMAIL_SEND_EMAIL?api_key=sk-secret&to=a@example.com",
+    )
+    .header("x-request-id", "req-42")
+    .header("idempotency-key", "\"key-7\"")
+    .header("authorization", "Bearer sk-secret")
+    .body("{\"secret\":\"body\"}".to_owned())
+    .unwrap();
+    req.extensions_mut().insert(Idempotency::NonIdempotent);
+    let script = Script::new([Timeout, ok()]);
+    let before = std::time::SystemTime::now();
+    let err = run(builder(), &script, req).await.unwrap_err();
+    assert_eq!(script.count(), 1);
+    assert_eq!(
+        err.to_string(),
+        "POST /v1/tools/execute/GMAIL_SEND_EMAIL was not retried: it is not idempotent and the \
+         attempt timed out after it was sent, so it may have been applied. Check the execution \
+         log or the provider's state before retrying it by hand."
+    );
+    assert!(err.is_ambiguous());
+    assert!(!err.is_not_sent());
+    assert!(err.is_timeout());
+    assert!(err.retry_suppressed());
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(err.stop_reason(), StopReason::SuppressedNotIdempotent);
+    assert_eq!(err.failure_class(), Some(FailureClass::Ambiguous));
+    assert_eq!(err.request_id(), Some("req-42"));
+    assert_eq!(err.idempotency_key(), Some("key-7"));
+    assert_eq!(err.method(), Some(&Method::POST));
+    assert_eq!(err.path(), Some("/v1/tools/execute/GMAIL_SEND_EMAIL"));
+    assert_eq!(err.crate_version(), env!("CARGO_PKG_VERSION"));
+    let first = err.first_attempt_at().unwrap();
+    assert!(first >= before && err.last_attempt_at().unwrap() >= first);
+    assert_eq!(
+        err.report().unwrap().verdict().source(),
+        VerdictSource::Marker
+    );
+    let source = std::error::Error::source(&err).unwrap();
+    assert!(source.is::<tower::timeout::error::Elapsed>());
+    for leak in ["sk-secret", "api_key", "body", "Bearer"] {
+        assert!(!err.to_string().contains(leak), "{leak}");
+        assert!(!format!("{err:?}").contains(leak), "{leak}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn request_id_comes_from_the_response_when_the_request_has_none() {
+    let script = Script::new([Status(200, vec![("x-request-id", "srv-9")])]);
+    let out = run(builder(), &script, post()).await;
+    assert_eq!(report(&out).request_id(), Some("srv-9"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_error_says_what_to_do() {
+    let err = run(builder(), &Script::new([Reset]), {
+        let mut r = post();
+        r.extensions_mut().insert(NoRetry);
+        r
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "POST /v1/tools/execute/GMAIL_SEND_EMAIL failed on its only attempt (it is marked \
+         NoRetry): the attempt lost its connection after it was sent, so it may have been \
+         applied. Check the execution log or the provider's state before retrying it by hand."
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_earlier_response_makes_a_later_not_sent_error_ambiguous() {
+    let script = Script::new([status(503), Refused]);
+    let err = run(builder().max_retries(1), &script, get())
+        .await
+        .unwrap_err();
+    assert_eq!(err.failure_class(), Some(FailureClass::NotSent));
+    assert!(err.is_ambiguous());
+}
+
+/// An inner service whose readiness fails.
+#[derive(Clone, Debug)]
+struct FailReady;
+
+impl Service<Request<String>> for FailReady {
+    type Response = Response<String>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Response<String>, std::io::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Err(std::io::Error::other("pool closed")))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        std::future::ready(Err(std::io::Error::other("called without readiness")))
+    }
+}
+
+#[tokio::test]
+async fn inner_poll_ready_error_is_not_ready() {
+    let mut svc = builder().build().unwrap().layer(FailReady);
+    let err = ServiceExt::<Request<String>>::ready(&mut svc)
+        .await
+        .unwrap_err();
+    assert_eq!(err.attempts(), 0);
+    assert_eq!(err.stop_reason(), StopReason::ServiceNotReady);
+    assert!(err.is_not_sent());
+    assert!(err.to_string().contains("no request was handed to it"));
+}
