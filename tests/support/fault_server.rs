@@ -2,8 +2,9 @@
 //! fault into each operation's first attempt. Shared by the tests, the examples and the
 //! benches (`#[path]`-included), so every claim is measured against the same faults.
 //!
-//! Protocol: `METHOD /ops/{op}` with an `x-fault` header naming the fault for the op's first
-//! attempt. Non-GET requests "apply" a side effect (a counter per op). GETs read.
+//! Protocol: `METHOD /ops/{op}` (or any other path, which is then the op) with an `x-fault`
+//! header naming the fault for the op's first attempt. Non-GET requests "apply" a side effect
+//! (a counter per op). GETs read.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -195,12 +196,8 @@ async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, io::Error> {
-    let op = req
-        .uri()
-        .path()
-        .strip_prefix("/ops/")
-        .unwrap_or("unknown")
-        .to_owned();
+    let path = req.uri().path();
+    let op = path.strip_prefix("/ops/").unwrap_or(path).to_owned();
     let fault = req
         .headers()
         .get("x-fault")

@@ -1,0 +1,284 @@
+//! The tour: the same faulty workload through a typical retry stack and through this layer.
+//!
+//! A hyper server on 127.0.0.1 counts side effects per operation and injects one fault into
+//! each operation's first attempt: ok, response lost after the write was applied, slow response
+//! after apply, 503 after apply, 429 before apply, 500 before apply. 120 writes (POST) and 120
+//! reads (GET), each stack against a fresh server.
+//!
+//! Run: `cargo run --example tour` (add `--features reqwest-middleware` for the
+//! `RetrySafetyMiddleware` row).
+
+#[path = "../tests/support/fault_server.rs"]
+mod fault_server;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fault_server::{Fault, FaultServer};
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::retry::Policy;
+use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use tower_retry_safety::RetryPolicy;
+
+const OPS_PER_FAULT: usize = 20;
+const PER_ATTEMPT: Duration = Duration::from_millis(250);
+
+type Req = Request<Full<Bytes>>;
+type BoxFut = Pin<Box<dyn Future<Output = Option<u16>> + Send>>;
+/// Sends one request; the status it ended with, or `None` for an error.
+type Sender = Arc<dyn Fn(Method, String, Fault) -> BoxFut + Send + Sync>;
+
+fn request(method: Method, url: &str, fault: Fault) -> Req {
+    Request::builder()
+        .method(method)
+        .uri(url)
+        .header("x-fault", fault.name())
+        .body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))
+        .expect("valid request")
+}
+
+/// The retry policy people typically write for tower::retry: retry errors, 5xx and 429, up
+/// to 3 times, with a short pause.
+#[derive(Clone)]
+struct TypicalPolicy {
+    left: u32,
+}
+
+impl Policy<Req, Response<Incoming>, BoxError> for TypicalPolicy {
+    type Future = Pin<Box<tokio::time::Sleep>>;
+
+    fn retry(
+        &mut self,
+        _req: &mut Req,
+        result: &mut Result<Response<Incoming>, BoxError>,
+    ) -> Option<Self::Future> {
+        let transient = match result {
+            Ok(res) => res.status().is_server_error() || res.status() == 429,
+            Err(_) => true,
+        };
+        if !transient || self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        Some(Box::pin(tokio::time::sleep(Duration::from_millis(20))))
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        let mut copy = Request::new(req.body().clone());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.headers_mut() = req.headers().clone();
+        Some(copy)
+    }
+}
+
+/// Wraps any tower stack over hyper-util's client as a `Sender`.
+fn tower_sender<S, E>(svc: S) -> Sender
+where
+    S: Service<Req, Response = Response<Incoming>, Error = E> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    E: Send + 'static,
+{
+    Arc::new(move |method, url, fault| {
+        let svc = svc.clone();
+        Box::pin(async move {
+            let res = svc.oneshot(request(method, &url, fault)).await.ok()?;
+            let status = res.status().as_u16();
+            res.into_body().collect().await.ok()?;
+            Some(status)
+        })
+    })
+}
+
+fn reqwest_sender(client: reqwest_middleware::ClientWithMiddleware) -> Sender {
+    Arc::new(move |method, url, fault| {
+        let client = client.clone();
+        Box::pin(async move {
+            let res = client
+                .request(method, url)
+                .header("x-fault", fault.name())
+                .body("{\"to\":\"a@example.com\"}")
+                .send()
+                .await
+                .ok()?;
+            let status = res.status().as_u16();
+            res.bytes().await.ok()?;
+            Some(status)
+        })
+    })
+}
+
+struct Row {
+    name: &'static str,
+    applied_twice: usize,
+    reads_recovered: usize,
+    writes_ok: usize,
+    attempts: u32,
+}
+
+async fn run(name: &'static str, send: Sender) -> Row {
+    let server = FaultServer::start().await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, fault) in Fault::ALL
+        .into_iter()
+        .flat_map(|f| std::iter::repeat_n(f, OPS_PER_FAULT))
+        .enumerate()
+    {
+        for method in [Method::POST, Method::GET] {
+            let url = server.url(&format!("{}-{i}", method.as_str().to_lowercase()));
+            let send = send.clone();
+            tasks.spawn(async move { (method.clone(), send(method, url, fault).await) });
+        }
+    }
+    let (mut reads_recovered, mut writes_ok) = (0, 0);
+    while let Some(done) = tasks.join_next().await {
+        match done.expect("no panic") {
+            (Method::GET, Some(200)) => reads_recovered += 1,
+            (Method::POST, Some(200)) => writes_ok += 1,
+            _ => {}
+        }
+    }
+    Row {
+        name,
+        applied_twice: server.applied_twice(),
+        reads_recovered,
+        writes_ok,
+        attempts: server.total_attempts(),
+    }
+}
+
+/// One suppressed write, as a caller sees it.
+async fn show_suppressed_error() -> Result<(), Box<dyn std::error::Error>> {
+    let server = FaultServer::start().await;
+    let svc = ServiceBuilder::new()
+        .layer(RetryPolicy::builder().build()?)
+        .timeout(PER_ATTEMPT)
+        .service(Client::builder(TokioExecutor::new()).build_http());
+    let url = format!(
+        "http://{}/v1/tools/execute/GMAIL_SEND_EMAIL?api_key=sk-not-printed",
+        server.addr()
+    );
+    let req = Request::post(url)
+        .header("x-fault", Fault::SlowAfterApply.name())
+        .header("x-request-id", "req-7f3a")
+        .header(
+            "idempotency-key",
+            "\"3f9c2b1e-5d4a-4e8b-9c7d-1a2b3c4d5e6f\"",
+        )
+        .body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))?;
+    let Err(err) = svc.oneshot(req).await else {
+        return Err("expected the slow write to fail".into());
+    };
+    println!("\nOne suppressed write, as the caller sees it:\n");
+    println!("  {err}\n");
+    println!("  is_ambiguous()      {}", err.is_ambiguous());
+    println!("  retry_suppressed()  {}", err.retry_suppressed());
+    println!("  attempts()          {}", err.attempts());
+    println!("  stop_reason()       {:?}", err.stop_reason());
+    println!("  request_id()        {:?}", err.request_id());
+    println!("  idempotency_key()   {:?}", err.idempotency_key());
+    if let (Some(first), Some(last)) = (err.first_attempt_at(), err.last_attempt_at()) {
+        println!("  first_attempt_at()  {}", httpdate::fmt_http_date(first));
+        println!("  last_attempt_at()   {}", httpdate::fmt_http_date(last));
+    }
+    println!("  crate_version()     {}", err.crate_version());
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        println!("  caused by           {cause}");
+        source = cause.source();
+    }
+    println!(
+        "  side effects applied on the server: {} (sent once, not twice)",
+        server.applied("/v1/tools/execute/GMAIL_SEND_EMAIL")
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let client = || Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let reqwest_client = || {
+        reqwest::Client::builder()
+            .timeout(PER_ATTEMPT)
+            .build()
+            .expect("a plain http client")
+    };
+    let total = OPS_PER_FAULT * Fault::ALL.len();
+    let mut rows = Vec::new();
+
+    let bare = ServiceBuilder::new().timeout(PER_ATTEMPT).service(client());
+    rows.push(run("no retry", tower_sender(bare)).await);
+
+    let typical = ServiceBuilder::new()
+        .retry(TypicalPolicy { left: 3 })
+        .timeout(PER_ATTEMPT)
+        .service(client());
+    rows.push(run("tower::retry, typical policy", tower_sender(typical)).await);
+
+    // reqwest 0.13's own default retries, nothing added.
+    let plain = reqwest_middleware::ClientBuilder::new(reqwest_client()).build();
+    rows.push(run("reqwest 0.13, built-in default", reqwest_sender(plain)).await);
+
+    let retry_policy =
+        reqwest_retry::policies::ExponentialBackoff::builder().build_with_max_retries(3);
+    let reqwest_retry = reqwest_middleware::ClientBuilder::new(reqwest_client())
+        .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
+            retry_policy,
+        ))
+        .build();
+    rows.push(run("reqwest + reqwest-retry 0.9", reqwest_sender(reqwest_retry)).await);
+
+    // The crate's default policy; only the per-attempt timeout is chosen here.
+    let ours = ServiceBuilder::new()
+        .layer(RetryPolicy::builder().build()?)
+        .timeout(PER_ATTEMPT)
+        .service(client());
+    rows.push(run("tower-retry-safety (tower layer)", tower_sender(ours)).await);
+
+    #[cfg(feature = "reqwest-middleware")]
+    {
+        // A policy of its own: clones share one retry budget, and this row should not start
+        // with the budget the row above spent.
+        let policy = RetryPolicy::builder().build()?;
+        let ours = reqwest_middleware::ClientBuilder::new(reqwest_client())
+            .with(tower_retry_safety::RetrySafetyMiddleware::new(policy))
+            .build();
+        rows.push(
+            run(
+                "tower-retry-safety (reqwest-middleware)",
+                reqwest_sender(ours),
+            )
+            .await,
+        );
+    }
+
+    println!(
+        "{total} writes (POST) and {total} reads (GET); each op's first attempt gets one of: {}",
+        Fault::ALL.map(Fault::name).join(", ")
+    );
+    println!(
+        "\n{:<42} {:>20} {:>16} {:>17} {:>16}",
+        "stack", "writes applied twice", "reads recovered", "writes answered", "server attempts"
+    );
+    for r in &rows {
+        println!(
+            "{:<42} {:>20} {:>16} {:>17} {:>16}",
+            r.name,
+            format!("{} / {total}", r.applied_twice),
+            format!("{} / {total}", r.reads_recovered),
+            format!("{} / {total}", r.writes_ok),
+            r.attempts,
+        );
+    }
+    #[cfg(not(feature = "reqwest-middleware"))]
+    println!("(add --features reqwest-middleware for the RetrySafetyMiddleware row)");
+
+    show_suppressed_error().await
+}
