@@ -81,3 +81,7 @@ pub use service::{AttemptRecord, ReplayBody, ResponseFuture, RetryReport, RetryS
 
 /// The boxed error type that inner services' errors are converted into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -1,0 +1,168 @@
+//! An SDK-style client: reads are left to the policy, `execute_tool` is marked as a
+//! non-idempotent write, `search` is a POST routed as a read. tower-http sets a request id
+//! (the same on every attempt, so support can follow one logical call) and traces each call.
+//!
+//! Run: `cargo run --example sdk_client`. It talks to the fault server on loopback.
+
+#[path = "../tests/support/fault_server.rs"]
+mod fault_server;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use fault_server::{Fault, FaultServer};
+use http::{HeaderName, Method, Request, Response};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::util::BoxCloneSyncService;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_http::request_id::{MakeRequestUuid, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+use tower_retry_safety::{Idempotency, RetryPolicy, RetryReport};
+
+type Body = BoxBody<Bytes, hyper::Error>;
+type Svc = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, tower_retry_safety::Error>;
+
+/// The SDK's client. Cheap to clone; one retry budget for all its clones.
+#[derive(Clone)]
+struct ToolsClient {
+    base: String,
+    svc: Svc,
+}
+
+/// What the SDK hands its users: the body, or an error that says whether the call may have
+/// been applied.
+#[derive(Debug)]
+struct CallError(tower_retry_safety::Error);
+
+impl ToolsClient {
+    fn new(base: String) -> Result<Self, tower_retry_safety::BuildError> {
+        let policy = RetryPolicy::builder()
+            .max_retries(3)
+            .backoff(Duration::from_millis(50), Duration::from_secs(2))
+            .route(Method::POST, "/v1/search", Idempotency::Idempotent)
+            .build()?;
+        let request_id = HeaderName::from_static("x-request-id");
+        let svc = ServiceBuilder::new()
+            .map_response(|res: Response<_>| res.map(BodyExt::boxed))
+            // One trace span and one request id per logical call, outside the retries.
+            .layer(TraceLayer::new_for_http())
+            .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
+            .layer(policy)
+            .timeout(Duration::from_millis(300)) // per attempt
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        Ok(ToolsClient {
+            base,
+            svc: BoxCloneSyncService::new(svc),
+        })
+    }
+
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<(Bytes, RetryReport), CallError> {
+        let res = self.svc.clone().oneshot(req).await.map_err(CallError)?;
+        let report = res.extensions().get::<RetryReport>().cloned();
+        let body = res
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Ok((body, report.expect("the layer reports on every response")))
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        fault: Fault,
+        body: &'static str,
+    ) -> Request<Full<Bytes>> {
+        Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("x-fault", fault.name())
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("valid request")
+    }
+
+    /// A read: the policy retries it after any transient failure.
+    async fn get_tool(&self, slug: &str, fault: Fault) -> Result<(Bytes, RetryReport), CallError> {
+        self.send(self.request(Method::GET, &format!("/v1/tools/{slug}"), fault, ""))
+            .await
+    }
+
+    /// A POST that only reads: routed as idempotent in the policy.
+    async fn search(&self, fault: Fault) -> Result<(Bytes, RetryReport), CallError> {
+        self.send(self.request(Method::POST, "/v1/search", fault, "{\"q\":\"mail\"}"))
+            .await
+    }
+
+    /// Runs a tool: a write with side effects. Marked so that nothing can retry it after it
+    /// may have reached the server.
+    async fn execute_tool(
+        &self,
+        slug: &str,
+        fault: Fault,
+    ) -> Result<(Bytes, RetryReport), CallError> {
+        let mut req = self.request(
+            Method::POST,
+            &format!("/v1/tools/{slug}/execute"),
+            fault,
+            "{\"to\":\"a@example.com\"}",
+        );
+        req.extensions_mut().insert(Idempotency::NonIdempotent);
+        self.send(req).await
+    }
+}
+
+fn show(what: &str, out: &Result<(Bytes, RetryReport), CallError>) {
+    match out {
+        Ok((body, report)) => println!(
+            "{what:<44} ok: {:?} after {} attempt(s), verdict from {}",
+            String::from_utf8_lossy(body),
+            report.attempts(),
+            report.verdict().source().as_str()
+        ),
+        Err(CallError(e)) => println!(
+            "{what:<44} error (ambiguous: {}, request id {:?}):\n    {e}",
+            e.is_ambiguous(),
+            e.request_id()
+        ),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_target(false)
+        .init();
+    let server = FaultServer::start().await;
+    let sdk = ToolsClient::new(format!("http://{}", server.addr()))?;
+
+    show(
+        "get_tool, 503 on the first attempt",
+        &sdk.get_tool("GMAIL_SEND_EMAIL", Fault::UnavailableAfterApply)
+            .await,
+    );
+    show(
+        "search, response lost on the first attempt",
+        &sdk.search(Fault::DropAfterApply).await,
+    );
+    show(
+        "execute_tool, no fault",
+        &sdk.execute_tool("SLACK_POST", Fault::None).await,
+    );
+    show(
+        "execute_tool, response lost after it ran",
+        &sdk.execute_tool("GMAIL_SEND_EMAIL", Fault::DropAfterApply)
+            .await,
+    );
+
+    println!(
+        "\nside effects on the server: GMAIL_SEND_EMAIL executed {} time(s), SLACK_POST {} time(s)",
+        server.applied("/v1/tools/GMAIL_SEND_EMAIL/execute"),
+        server.applied("/v1/tools/SLACK_POST/execute"),
+    );
+    Ok(())
+}
