@@ -69,8 +69,9 @@ impl Classification {
         self.class
     }
 
-    /// The delay the server asked for, if it asked (already capped by nothing: see
-    /// [`retry_after_too_long`](Self::retry_after_too_long)).
+    /// The delay the server asked for, if it gave a readable one. It is not capped here:
+    /// a delay above the policy's cap made the response final (see
+    /// [`is_retry_after_too_long`](Self::is_retry_after_too_long)).
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
