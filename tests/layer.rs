@@ -590,3 +590,19 @@ async fn inner_poll_ready_error_is_not_ready() {
     assert!(err.is_not_sent());
     assert!(err.to_string().contains("no request was handed to it"));
 }
+
+// --- composition: a total timeout outside, a per-attempt timeout inside ---
+
+#[tokio::test(start_paused = true)]
+async fn total_timeout_outside_and_per_attempt_timeout_inside() {
+    let script = Script::new([Status(503, vec![("retry-after", "10")]), ok()]);
+    let svc = ServiceBuilder::new()
+        .timeout(Duration::from_secs(3)) // total, for all attempts
+        .layer(builder().build().unwrap())
+        .timeout(Duration::from_secs(1)) // per attempt
+        .service(script.clone());
+    let err = svc.oneshot(get()).await.unwrap_err();
+    // The outer timeout fired during the 10 s wait; nothing more was sent.
+    assert!(err.is::<tower::timeout::error::Elapsed>(), "{err:?}");
+    assert_eq!(script.count(), 1);
+}

@@ -314,3 +314,44 @@ async fn one_policy_one_budget_for_tower_and_reqwest() {
     let report = res.extensions().get::<RetryReport>().unwrap();
     assert_eq!(report.stop_reason(), StopReason::Budget);
 }
+
+#[test]
+fn reqwest_errors_are_classified_by_kind() {
+    // A request the caller built wrong: final. (reqwest-middleware reports builder errors
+    // before any middleware runs; the classification is public for SDKs with their own loop.)
+    let builder_err = reqwest::Client::new().get("not a url").build().unwrap_err();
+    assert!(builder_err.is_builder());
+    assert_eq!(
+        tower_retry_safety::classify_error(&builder_err),
+        FailureClass::Final
+    );
+}
+
+#[tokio::test]
+async fn reqwest_timeout_after_connecting_is_ambiguous_and_refused_is_not_sent() {
+    let server = FaultServer::start().await;
+    let client = reqwest_client();
+    let err = client
+        .post(server.url("slow"))
+        .header("x-fault", Fault::SlowAfterApply.name())
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout() && !err.is_connect());
+    assert_eq!(
+        tower_retry_safety::classify_error(&err),
+        FailureClass::Ambiguous
+    );
+
+    let refused = refused_addr().await;
+    let err = client
+        .get(format!("http://{refused}/x"))
+        .send()
+        .await
+        .unwrap_err();
+    assert!(err.is_connect());
+    assert_eq!(
+        tower_retry_safety::classify_error(&err),
+        FailureClass::NotSent
+    );
+}
