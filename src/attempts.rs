@@ -3,7 +3,7 @@
 //! front ends drive this one type, so the decision has one code path.
 
 use std::error::Error as StdError;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use http::{HeaderMap, Method, StatusCode, Uri};
 use tokio::time::Instant;
@@ -89,7 +89,8 @@ pub(crate) struct Attempts {
     replayable: bool,
     /// An outer layer of this crate made this attempt and decides about retries.
     outer_layer: bool,
-    started: Instant,
+    /// When the first attempt started; read only when the policy has a deadline.
+    started: Option<Instant>,
     first_attempt_at: SystemTime,
     last_attempt_at: SystemTime,
     records: Records,
@@ -126,7 +127,7 @@ impl Attempts {
             target,
             replayable,
             outer_layer,
-            started: Instant::now(),
+            started: inner.deadline.map(|_| Instant::now()),
             first_attempt_at: now,
             last_attempt_at: now,
             records: Records::default(),
@@ -156,9 +157,7 @@ impl Attempts {
         }
         // A response means the request reached the server, whatever its status.
         self.maybe_applied = true;
-        let outcome = self
-            .policy
-            .classify_status(status, headers, SystemTime::now());
+        let outcome = self.policy.classify_status(status, headers);
         self.decide(outcome, Some(status))
     }
 
@@ -184,7 +183,8 @@ impl Attempts {
                 .policy
                 .inner
                 .deadline
-                .map(|d| d.saturating_sub(self.started.elapsed()));
+                .zip(self.started)
+                .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()));
             let facts = Facts {
                 verdict: &self.verdict,
                 outcome: &outcome,
@@ -238,12 +238,6 @@ impl Attempts {
             Decision::Stop(_) => {}
         }
         decision
-    }
-
-    /// Time spent since the first attempt started.
-    #[allow(dead_code)]
-    pub(crate) fn elapsed(&self) -> Duration {
-        self.started.elapsed()
     }
 
     pub(crate) fn into_report(self, stop: StopReason) -> RetryReport {

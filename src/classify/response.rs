@@ -12,7 +12,7 @@ pub(crate) fn classify(
     policy: &Inner,
     status: StatusCode,
     headers: &HeaderMap,
-    now: SystemTime,
+    now: impl FnOnce() -> SystemTime,
 ) -> Classification {
     let hint = policy
         .should_retry_header

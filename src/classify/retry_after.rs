@@ -16,7 +16,8 @@ pub(crate) enum Hint {
 
 /// `retry-after-ms` (milliseconds, possibly fractional) first, being the more precise, then
 /// `Retry-After` (delay-seconds or an HTTP-date).
-pub(crate) fn from_headers(headers: &HeaderMap, now: SystemTime) -> Hint {
+/// `now` is called only for an HTTP-date, so the common cases never read the clock.
+pub(crate) fn from_headers(headers: &HeaderMap, now: impl FnOnce() -> SystemTime) -> Hint {
     if let Some(value) = headers.get("retry-after-ms") {
         if let Some(delay) = parse_millis(value) {
             return Hint::After(delay);
@@ -43,14 +44,17 @@ pub(crate) fn parse_millis(value: &HeaderValue) -> Option<Duration> {
 ///
 /// Delay-seconds that overflow saturate (they exceed any cap). An HTTP-date in the past is
 /// ignored, so the backoff applies rather than a burst of immediate retries.
-pub(crate) fn parse_retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(
+    value: &HeaderValue,
+    now: impl FnOnce() -> SystemTime,
+) -> Option<Duration> {
     let text = value.to_str().ok()?.trim();
     if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         let secs = text.parse::<u64>().unwrap_or(u64::MAX);
         return Some(Duration::from_secs(secs));
     }
     let date = httpdate::parse_http_date(text).ok()?;
-    date.duration_since(now).ok().filter(|d| !d.is_zero())
+    date.duration_since(now()).ok().filter(|d| !d.is_zero())
 }
 
 #[cfg(test)]
@@ -64,13 +68,13 @@ mod tests {
     #[test]
     fn delay_seconds() {
         let now = SystemTime::now();
-        assert_eq!(parse_retry_after(&hv("0"), now), Some(Duration::ZERO));
+        assert_eq!(parse_retry_after(&hv("0"), || now), Some(Duration::ZERO));
         assert_eq!(
-            parse_retry_after(&hv("120"), now),
+            parse_retry_after(&hv("120"), || now),
             Some(Duration::from_secs(120))
         );
         assert_eq!(
-            parse_retry_after(&hv(" 7 "), now),
+            parse_retry_after(&hv(" 7 "), || now),
             Some(Duration::from_secs(7))
         );
     }
@@ -79,7 +83,7 @@ mod tests {
     fn overflowing_seconds_saturate() {
         let v = hv("99999999999999999999999999");
         assert_eq!(
-            parse_retry_after(&v, SystemTime::now()),
+            parse_retry_after(&v, SystemTime::now),
             Some(Duration::from_secs(u64::MAX))
         );
     }
@@ -88,14 +92,14 @@ mod tests {
     fn garbage_negative_and_fractional_seconds_are_ignored() {
         let now = SystemTime::now();
         for bad in ["", "soon", "-5", "1.5", "1e3", "0x10", "+3"] {
-            assert_eq!(parse_retry_after(&hv(bad), now), None, "{bad:?}");
+            assert_eq!(parse_retry_after(&hv(bad), || now), None, "{bad:?}");
         }
     }
 
     #[test]
     fn non_utf8_is_ignored() {
         let v = HeaderValue::from_bytes(b"\xff\xfe12").unwrap();
-        assert_eq!(parse_retry_after(&v, SystemTime::now()), None);
+        assert_eq!(parse_retry_after(&v, SystemTime::now), None);
         assert_eq!(parse_millis(&v), None);
     }
 
@@ -103,19 +107,19 @@ mod tests {
     fn http_date_in_the_future_and_past() {
         let now = httpdate::parse_http_date("Wed, 02 Dec 2026 17:00:00 GMT").unwrap();
         assert_eq!(
-            parse_retry_after(&hv("Wed, 02 Dec 2026 17:00:30 GMT"), now),
+            parse_retry_after(&hv("Wed, 02 Dec 2026 17:00:30 GMT"), || now),
             Some(Duration::from_secs(30))
         );
         assert_eq!(
-            parse_retry_after(&hv("Wed, 02 Dec 2026 16:59:00 GMT"), now),
+            parse_retry_after(&hv("Wed, 02 Dec 2026 16:59:00 GMT"), || now),
             None
         );
         assert_eq!(
-            parse_retry_after(&hv("Wed, 02 Dec 2026 17:00:00 GMT"), now),
+            parse_retry_after(&hv("Wed, 02 Dec 2026 17:00:00 GMT"), || now),
             None
         );
         assert_eq!(
-            parse_retry_after(&hv("Wed, 32 Dec 2026 17:00:00 GMT"), now),
+            parse_retry_after(&hv("Wed, 32 Dec 2026 17:00:00 GMT"), || now),
             None
         );
     }
@@ -135,14 +139,20 @@ mod tests {
         let now = SystemTime::now();
         let mut h = HeaderMap::new();
         h.insert("retry-after", hv("10"));
-        assert_eq!(from_headers(&h, now), Hint::After(Duration::from_secs(10)));
+        assert_eq!(
+            from_headers(&h, || now),
+            Hint::After(Duration::from_secs(10))
+        );
         h.insert("retry-after-ms", hv("250"));
         assert_eq!(
-            from_headers(&h, now),
+            from_headers(&h, || now),
             Hint::After(Duration::from_millis(250))
         );
         h.insert("retry-after-ms", hv("nope"));
-        assert_eq!(from_headers(&h, now), Hint::After(Duration::from_secs(10)));
-        assert_eq!(from_headers(&HeaderMap::new(), now), Hint::None);
+        assert_eq!(
+            from_headers(&h, || now),
+            Hint::After(Duration::from_secs(10))
+        );
+        assert_eq!(from_headers(&HeaderMap::new(), || now), Hint::None);
     }
 }

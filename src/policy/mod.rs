@@ -161,15 +161,14 @@ impl RetryPolicy {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn classify_response<B>(&self, res: &Response<B>) -> Classification {
-        self.classify_status(res.status(), res.headers(), SystemTime::now())
+        self.classify_status(res.status(), res.headers())
     }
 
     pub(crate) fn classify_status(
         &self,
         status: http::StatusCode,
         headers: &HeaderMap,
-        now: SystemTime,
     ) -> Classification {
-        response::classify(&self.inner, status, headers, now)
+        response::classify(&self.inner, status, headers, SystemTime::now)
     }
 }

@@ -34,8 +34,9 @@ pin_project! {
     enum State<F> {
         // An attempt is in flight.
         Called { #[pin] future: F },
-        // Waiting out the backoff or the server's Retry-After.
-        Waiting { #[pin] sleep: Sleep },
+        // Waiting out the backoff or the server's Retry-After. Boxed: only a retry pays for
+        // the timer's size, not every request's future.
+        Waiting { sleep: Pin<Box<Sleep>> },
         // Waiting for the inner service to accept the next attempt.
         Readying,
         // The outcome was returned.
@@ -97,14 +98,16 @@ where
             replayable,
             outer_layer,
         );
-        let retry = copy.map(|body| {
-            parts.extensions.insert(LayerAttempt);
-            Replay {
-                service: service.clone(),
-                parts: parts.clone(),
-                body,
-            }
+        let retry = copy.map(|body| Replay {
+            service: service.clone(),
+            parts: parts.clone(),
+            body,
         });
+        if retry.is_some() {
+            // Marked on each attempt rather than in the copy: the copy's extensions stay as
+            // the caller left them, and cloning them costs nothing when they are empty.
+            parts.extensions.insert(LayerAttempt);
+        }
         let number = attempts.next_attempt();
         set_attempt_header(attempts.policy(), &mut parts, number);
         let future = service.call(Request::from_parts(parts, body));
@@ -149,7 +152,7 @@ where
                         Decision::Retry { after } if this.retry.is_some() => {
                             // The failed attempt's response (if any) is dropped here.
                             this.state.set(State::Waiting {
-                                sleep: tokio::time::sleep(after),
+                                sleep: Box::pin(tokio::time::sleep(after)),
                             });
                         }
                         Decision::Retry { .. } => {
@@ -167,7 +170,7 @@ where
                     }
                 }
                 StateProj::Waiting { sleep } => {
-                    ready!(sleep.poll(cx));
+                    ready!(sleep.as_mut().poll(cx));
                     this.state.set(State::Readying);
                 }
                 StateProj::Readying => {
@@ -195,6 +198,7 @@ where
                         ));
                     };
                     let mut parts = replay.parts.clone();
+                    parts.extensions.insert(LayerAttempt);
                     let number = attempts.next_attempt();
                     set_attempt_header(attempts.policy(), &mut parts, number);
                     let future = replay.service.call(Request::from_parts(parts, body));
