@@ -157,7 +157,7 @@ impl Attempts {
         }
         // A response means the request reached the server, whatever its status.
         self.maybe_applied = true;
-        let outcome = self.policy.classify_status(status, headers);
+        let outcome = self.policy.classify_status(&self.verdict, status, headers);
         self.decide(outcome, Some(status))
     }
 

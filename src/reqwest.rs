@@ -89,8 +89,14 @@ impl Middleware for RetrySafetyMiddleware {
     ) -> reqwest_middleware::Result<Response> {
         let policy = &self.policy;
         let outer_layer = extensions.get::<LayerAttempt>().is_some();
+        let mut req = req;
         let verdict =
             policy.classify_parts(req.method(), req.url().path(), req.headers(), extensions);
+        let verdict = if outer_layer {
+            verdict
+        } else {
+            policy.mint_key(req.headers_mut(), verdict)
+        };
         let may_retry = !outer_layer && !verdict.is_no_retry() && policy.inner.max_retries > 0;
         let copy = if may_retry { req.try_clone() } else { None };
         let target = Target::from_path(req.method().clone(), req.url().path());
@@ -106,7 +112,6 @@ impl Middleware for RetrySafetyMiddleware {
         if copy.is_some() {
             extensions.insert(LayerAttempt);
         }
-        let mut req = req;
         loop {
             let number = attempts.next_attempt();
             if let Some(name) = &policy.inner.attempt_header {

@@ -80,7 +80,7 @@ fn classify_and_decide_allocate_nothing() {
                     0,
                     Some(Duration::from_secs(5)),
                 ));
-                let c = p.classify_response(&res);
+                let c = p.classify_response(&verdict, &res);
                 std::hint::black_box(p.decide(&verdict, &c, 1, None));
             }
         });

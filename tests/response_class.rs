@@ -13,8 +13,13 @@ fn res(status: u16, headers: &[(&str, &str)]) -> Response<()> {
     b.body(()).unwrap()
 }
 
+fn get_verdict(p: &RetryPolicy) -> tower_retry_safety::RequestVerdict {
+    p.classify(&http::Request::get("/v1/things").body(()).unwrap())
+}
+
 fn class(p: &RetryPolicy, status: u16, headers: &[(&str, &str)]) -> FailureClass {
-    p.classify_response(&res(status, headers)).class()
+    p.classify_response(&get_verdict(&p), &res(status, headers))
+        .class()
 }
 
 #[test]
@@ -47,14 +52,14 @@ fn retry_set_is_configurable() {
 #[test]
 fn retry_after_seconds_and_millis() {
     let p = RetryPolicy::builder().build().unwrap();
-    let c = p.classify_response(&res(429, &[("retry-after", "0")]));
+    let c = p.classify_response(&get_verdict(&p), &res(429, &[("retry-after", "0")]));
     assert_eq!(c.retry_after(), Some(Duration::ZERO));
-    let c = p.classify_response(&res(
-        503,
-        &[("retry-after", "2"), ("retry-after-ms", "150")],
-    ));
+    let c = p.classify_response(
+        &get_verdict(&p),
+        &res(503, &[("retry-after", "2"), ("retry-after-ms", "150")]),
+    );
     assert_eq!(c.retry_after(), Some(Duration::from_millis(150)));
-    let c = p.classify_response(&res(503, &[("retry-after", "garbage")]));
+    let c = p.classify_response(&get_verdict(&p), &res(503, &[("retry-after", "garbage")]));
     assert_eq!(c.class(), FailureClass::RetryableResponse);
     assert_eq!(c.retry_after(), None);
 }
@@ -65,21 +70,24 @@ fn retry_after_above_the_cap_is_final_and_says_so() {
         .max_retry_after(Duration::from_secs(30))
         .build()
         .unwrap();
-    let c = p.classify_response(&res(503, &[("retry-after", "31")]));
+    let c = p.classify_response(&get_verdict(&p), &res(503, &[("retry-after", "31")]));
     assert_eq!(c.class(), FailureClass::Final);
     assert!(c.is_retry_after_too_long());
     assert_eq!(c.retry_after(), Some(Duration::from_secs(31)));
-    let c = p.classify_response(&res(503, &[("retry-after", "30")]));
+    let c = p.classify_response(&get_verdict(&p), &res(503, &[("retry-after", "30")]));
     assert_eq!(c.class(), FailureClass::RetryableResponse);
     assert!(!c.is_retry_after_too_long());
-    let c = p.classify_response(&res(429, &[("retry-after", "184467440737095516150")]));
+    let c = p.classify_response(
+        &get_verdict(&p),
+        &res(429, &[("retry-after", "184467440737095516150")]),
+    );
     assert!(c.is_retry_after_too_long());
 }
 
 #[test]
 fn retry_after_on_a_final_status_is_ignored() {
     let p = RetryPolicy::builder().build().unwrap();
-    let c = p.classify_response(&res(400, &[("retry-after", "5")]));
+    let c = p.classify_response(&get_verdict(&p), &res(400, &[("retry-after", "5")]));
     assert_eq!(c.class(), FailureClass::Final);
     assert_eq!(c.retry_after(), None);
 }

@@ -136,12 +136,16 @@ impl RequestVerdict {
     }
 
     /// Whether the request carries a well-formed idempotency key that the policy honours.
+    /// Such a request is safe to repeat with the same key, whatever its idempotency: a rule or
+    /// marker that calls it a write decides the verdict's source, the key makes the repeat
+    /// harmless.
     pub fn is_keyed(&self) -> bool {
         self.keyed
     }
 
-    /// True when a retry after an ambiguous failure or a retryable response is allowed.
+    /// True when a retry after an ambiguous failure or a retryable response is allowed: the
+    /// request is idempotent, or carries a key the target honours (DESIGN.md §2.3, first row).
     pub(crate) fn repeat_is_harmless(&self) -> bool {
-        !self.no_retry && self.idempotency == Idempotency::Idempotent
+        !self.no_retry && (self.idempotency == Idempotency::Idempotent || self.keyed)
     }
 }

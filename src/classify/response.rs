@@ -5,11 +5,12 @@ use std::time::SystemTime;
 use http::{HeaderMap, StatusCode};
 
 use super::retry_after::{self, Hint};
-use super::{Classification, FailureClass};
+use super::{Classification, FailureClass, RequestVerdict};
 use crate::policy::Inner;
 
 pub(crate) fn classify(
     policy: &Inner,
+    verdict: &RequestVerdict,
     status: StatusCode,
     headers: &HeaderMap,
     now: impl FnOnce() -> SystemTime,
@@ -22,6 +23,8 @@ pub(crate) fn classify(
     let retryable = match hint {
         Some(b"false") => false,
         Some(b"true") => !status.is_success() && !status.is_informational(),
+        // A keyed request whose original is still in flight: try the same key again later.
+        _ if status == StatusCode::CONFLICT && verdict.is_keyed() => true,
         _ => policy.retry_statuses.contains(status),
     };
     if !retryable {

@@ -21,6 +21,7 @@ pub struct RetryPolicyBuilder {
     max_retries: u32,
     routes: Vec<(Method, String, Idempotency)>,
     honor_idempotency_key: bool,
+    mint_idempotency_keys: bool,
     idempotency_key_header: HeaderName,
     backoff: Backoff,
     jitter: bool,
@@ -75,6 +76,7 @@ impl RetryPolicyBuilder {
             max_retries: 2,
             routes: Vec::new(),
             honor_idempotency_key: false,
+            mint_idempotency_keys: false,
             idempotency_key_header: HeaderName::from_static("idempotency-key"),
             backoff: Backoff {
                 initial: Duration::from_millis(500),
@@ -124,6 +126,19 @@ impl RetryPolicyBuilder {
     /// Defaults to false.
     pub fn honor_idempotency_key(mut self, honor: bool) -> Self {
         self.honor_idempotency_key = honor;
+        self
+    }
+
+    /// Give every non-idempotent request that has no idempotency key a fresh one before its
+    /// first attempt, and the very same key on every retry: a Structured Field string of a
+    /// random UUID v4 (122 random bits), per the IETF httpapi Idempotency-Key draft. A key the
+    /// caller set is never replaced. Minting says the target honours keys, so it turns on
+    /// [`honor_idempotency_key`](Self::honor_idempotency_key): a keyed write is retried after
+    /// an ambiguous failure, and a 409 (the original still in flight) is retried with backoff.
+    ///
+    /// Defaults to false.
+    pub fn mint_idempotency_keys(mut self, mint: bool) -> Self {
+        self.mint_idempotency_keys = mint;
         self
     }
 
@@ -286,7 +301,8 @@ impl RetryPolicyBuilder {
             inner: Arc::new(Inner {
                 max_retries: self.max_retries,
                 routes,
-                honor_idempotency_key: self.honor_idempotency_key,
+                honor_idempotency_key: self.honor_idempotency_key || self.mint_idempotency_keys,
+                mint_idempotency_keys: self.mint_idempotency_keys,
                 idempotency_key_header: self.idempotency_key_header,
                 backoff: self.backoff,
                 jitter: self.jitter,

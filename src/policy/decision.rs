@@ -306,6 +306,27 @@ mod tests {
     }
 
     #[test]
+    fn keyed_non_idempotent_row_is_the_idempotent_row() {
+        let keyed = NON_IDEMPOTENT.with_key(true);
+        assert_eq!(
+            decide(&keyed, FailureClass::Ambiguous.into()),
+            retry_after_ms(100)
+        );
+        assert_eq!(
+            decide(&keyed, FailureClass::RetryableResponse.into()),
+            retry_after_ms(100)
+        );
+        assert_eq!(
+            decide(&keyed, FailureClass::NotSent.into()),
+            retry_after_ms(100)
+        );
+        assert_eq!(
+            decide(&keyed, FailureClass::Final.into()),
+            Decision::Stop(StopReason::Final)
+        );
+    }
+
+    #[test]
     fn non_idempotent_final_returns() {
         assert_eq!(
             decide(&NON_IDEMPOTENT, FailureClass::Final.into()),

@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http::{Extensions, HeaderMap, HeaderName, Method, Request, Response};
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use tower::retry::budget::Budget;
 
 pub use builder::{BuildError, RetryPolicyBuilder};
@@ -50,6 +50,7 @@ pub(crate) struct Inner {
     pub(crate) max_retries: u32,
     pub(crate) routes: RouteTable,
     pub(crate) honor_idempotency_key: bool,
+    pub(crate) mint_idempotency_keys: bool,
     pub(crate) idempotency_key_header: HeaderName,
     pub(crate) backoff: Backoff,
     pub(crate) jitter: bool,
@@ -69,6 +70,7 @@ impl fmt::Debug for RetryPolicy {
             .field("max_retries", &i.max_retries)
             .field("routes", &i.routes.len())
             .field("honor_idempotency_key", &i.honor_idempotency_key)
+            .field("mint_idempotency_keys", &i.mint_idempotency_keys)
             .field("idempotency_key_header", &i.idempotency_key_header)
             .field("backoff", &(i.backoff.initial, i.backoff.max))
             .field("jitter", &i.jitter)
@@ -130,6 +132,36 @@ impl RetryPolicy {
         RequestVerdict::new(Idempotency::of_method(method), VerdictSource::Method)
     }
 
+    /// Gives a non-idempotent request without a key a fresh one, when the policy mints keys,
+    /// and returns the verdict with the key. Called once per request, before the first
+    /// attempt; retries reuse the request's headers, so they carry the same key.
+    pub(crate) fn mint_key(
+        &self,
+        headers: &mut HeaderMap,
+        verdict: RequestVerdict,
+    ) -> RequestVerdict {
+        let inner = &*self.inner;
+        if !inner.mint_idempotency_keys
+            || verdict.idempotency() == Idempotency::Idempotent
+            || headers.contains_key(&inner.idempotency_key_header)
+        {
+            return verdict;
+        }
+        const LEN: usize = uuid::fmt::Hyphenated::LENGTH;
+        let mut text = [b'"'; LEN + 2];
+        uuid::Uuid::new_v4()
+            .hyphenated()
+            .encode_lower(&mut text[1..=LEN]);
+        match HeaderValue::from_bytes(&text) {
+            Ok(value) => {
+                headers.insert(inner.idempotency_key_header.clone(), value);
+                verdict.with_key(true)
+            }
+            // Unreachable for hex and hyphens; without a key the request stays unkeyed.
+            Err(_) => verdict,
+        }
+    }
+
     /// The request's idempotency key, if it carries a well-formed one (whether or not the
     /// policy honours keys).
     pub(crate) fn idempotency_key<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
@@ -138,8 +170,8 @@ impl RetryPolicy {
             .and_then(idempotency_key::parse)
     }
 
-    /// Classifies a response: its status against the retry set, the server's
-    /// `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
+    /// Classifies the response to a request with this `verdict`: its status against the retry
+    /// set, the server's `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
     ///
     /// - `x-should-retry: false` makes any response final; `true` makes a non-success response
     ///   retryable (the decision still suppresses it for non-idempotent requests).
@@ -147,6 +179,8 @@ impl RetryPolicy {
     ///   with the server's delay if it gave a readable one. A delay above
     ///   [`max_retry_after`](RetryPolicyBuilder::max_retry_after) makes it final and
     ///   [`is_retry_after_too_long`](Classification::is_retry_after_too_long) says so.
+    /// - A 409 to a request with an idempotency key the policy honours is retryable: the
+    ///   original is still in flight on the server, so the same key is tried again later.
     /// - Everything else is final. Allocates nothing.
     ///
     /// ```
@@ -154,21 +188,27 @@ impl RetryPolicy {
     /// use tower_retry_safety::{FailureClass, RetryPolicy};
     ///
     /// let policy = RetryPolicy::builder().build()?;
+    /// let req = http::Request::get("/v1/things").body(())?;
     /// let res = http::Response::builder().status(429).header("retry-after", "3").body(())?;
-    /// let c = policy.classify_response(&res);
+    /// let c = policy.classify_response(&policy.classify(&req), &res);
     /// assert_eq!(c.class(), FailureClass::RetryableResponse);
     /// assert_eq!(c.retry_after(), Some(Duration::from_secs(3)));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn classify_response<B>(&self, res: &Response<B>) -> Classification {
-        self.classify_status(res.status(), res.headers())
+    pub fn classify_response<B>(
+        &self,
+        verdict: &RequestVerdict,
+        res: &Response<B>,
+    ) -> Classification {
+        self.classify_status(verdict, res.status(), res.headers())
     }
 
     pub(crate) fn classify_status(
         &self,
+        verdict: &RequestVerdict,
         status: http::StatusCode,
         headers: &HeaderMap,
     ) -> Classification {
-        response::classify(&self.inner, status, headers, SystemTime::now)
+        response::classify(&self.inner, verdict, status, headers, SystemTime::now)
     }
 }

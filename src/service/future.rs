@@ -77,8 +77,18 @@ where
     /// Sends the first attempt through `service`, which must be ready.
     pub(crate) fn start(mut service: S, policy: &RetryPolicy, req: Request<B>) -> Self {
         let outer_layer = req.extensions().get::<LayerAttempt>().is_some();
-        let verdict = policy.classify(&req);
         let (mut parts, body) = req.into_parts();
+        let verdict = policy.classify_parts(
+            &parts.method,
+            parts.uri.path(),
+            &parts.headers,
+            &parts.extensions,
+        );
+        let verdict = if outer_layer {
+            verdict
+        } else {
+            policy.mint_key(&mut parts.headers, verdict)
+        };
         // Copy the request only if it could ever be sent again.
         let may_retry = !outer_layer && !verdict.is_no_retry() && policy.inner.max_retries > 0;
         let copy = if may_retry {
