@@ -18,7 +18,7 @@ fn get_verdict(p: &RetryPolicy) -> tower_retry_safety::RequestVerdict {
 }
 
 fn class(p: &RetryPolicy, status: u16, headers: &[(&str, &str)]) -> FailureClass {
-    p.classify_response(&get_verdict(&p), &res(status, headers))
+    p.classify_response(&get_verdict(p), &res(status, headers))
         .class()
 }
 
