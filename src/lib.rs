@@ -67,6 +67,7 @@ mod error;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest;
+pub mod server;
 pub mod service;
 
 pub use classify::{

@@ -15,12 +15,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tower::{BoxError, ServiceExt};
+use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+
+type Body = BoxBody<Bytes, BoxError>;
 
 /// What happens to an operation's first attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,6 +105,7 @@ pub struct FaultServer {
     addr: SocketAddr,
     state: Arc<State>,
     task: JoinHandle<()>,
+    keys: Option<IdempotencyLayer<MemoryStore>>,
 }
 
 impl Drop for FaultServer {
@@ -122,7 +127,7 @@ impl FaultServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
-        Self::serve(listener, Arc::default())
+        Self::serve(listener, None)
     }
 
     /// Starts listening on `addr` (one that was refused until now).
@@ -130,27 +135,50 @@ impl FaultServer {
         let listener = TcpListener::bind(addr)
             .await
             .expect("bind the reserved port");
-        Self::serve(listener, Arc::default())
+        Self::serve(listener, None)
     }
 
-    fn serve(listener: TcpListener, state: Arc<State>) -> FaultServer {
+    /// A server that honours idempotency keys: the faults sit between the network and an
+    /// `IdempotencyLayer` over the handler, so a response is lost or delayed after the
+    /// handler ran and the layer stored it.
+    pub async fn start_with_keys(keys: IdempotencyLayer<MemoryStore>) -> FaultServer {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        Self::serve(listener, Some(keys))
+    }
+
+    fn serve(listener: TcpListener, keys: Option<IdempotencyLayer<MemoryStore>>) -> FaultServer {
         let addr = listener.local_addr().expect("addr");
+        let state: Arc<State> = Arc::default();
         let shared = state.clone();
+        let layer = keys.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
                 let state = shared.clone();
+                let layer = layer.clone();
                 tokio::spawn(async move {
-                    let svc = service_fn(move |req| handle(state.clone(), req));
+                    let svc = service_fn(move |req| handle(state.clone(), layer.clone(), req));
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), svc)
                         .await;
                 });
             }
         });
-        FaultServer { addr, state, task }
+        FaultServer {
+            addr,
+            state,
+            task,
+            keys,
+        }
+    }
+
+    /// The idempotency layer of a server started with keys.
+    pub fn keys(&self) -> Option<&IdempotencyLayer<MemoryStore>> {
+        self.keys.as_ref()
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -192,76 +220,100 @@ impl FaultServer {
     }
 }
 
-async fn handle(
-    state: Arc<State>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, io::Error> {
-    let path = req.uri().path();
-    let op = path.strip_prefix("/ops/").unwrap_or(path).to_owned();
-    let fault = req
+fn op_of(path: &str) -> String {
+    path.strip_prefix("/ops/").unwrap_or(path).to_owned()
+}
+
+fn text(status: StatusCode, body: String) -> Response<Body> {
+    let mut res = Response::new(Full::new(Bytes::from(body)).map_err(|e| match e {}).boxed());
+    *res.status_mut() = status;
+    res
+}
+
+/// The handler: applies a write (counted per op) and answers 200. `x-handler-delay-ms` makes
+/// it take that long after applying.
+async fn apply<B>(state: Arc<State>, req: Request<B>) -> Result<Response<Body>, io::Error>
+where
+    B: http_body::Body<Data = Bytes>,
+{
+    let op = op_of(req.uri().path());
+    let delay = req
         .headers()
-        .get("x-fault")
-        .and_then(|v| v.to_str().ok())
-        .map_or(Fault::None, Fault::from_name);
-    let is_write = req.method() != Method::GET;
+        .get("x-handler-delay-ms")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .map(Duration::from_millis);
     let (parts, body) = req.into_parts();
     let body = body
         .collect()
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    {
+        let mut ops = state.ops.lock().unwrap();
+        let s = ops.entry(op.clone()).or_default();
+        s.body_len = body.len();
+        if parts.method != Method::GET {
+            s.applied += 1;
+        }
+    }
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    let mut res = text(StatusCode::OK, format!("{} {}", parts.method, op));
+    if let Some(id) = parts.headers.get("x-request-id") {
+        res.headers_mut().insert("x-request-id", id.clone());
+    }
+    Ok(res)
+}
+
+async fn handle(
+    state: Arc<State>,
+    keys: Option<IdempotencyLayer<MemoryStore>>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, io::Error> {
+    let op = op_of(req.uri().path());
+    let fault = req
+        .headers()
+        .get("x-fault")
+        .and_then(|v| v.to_str().ok())
+        .map_or(Fault::None, Fault::from_name);
     let first = {
         let mut ops = state.ops.lock().unwrap();
         let s = ops.entry(op.clone()).or_default();
         s.attempts += 1;
-        s.body_len = body.len();
         s.attempts == 1
     };
     let fault = if first { fault } else { Fault::None };
-    let apply = || {
-        if is_write {
-            state
-                .ops
-                .lock()
-                .unwrap()
-                .entry(op.clone())
-                .or_default()
-                .applied += 1;
-        }
-    };
-    let reply = |status: StatusCode| {
-        let mut res = Response::new(Full::new(Bytes::from(format!("{} {}", parts.method, op))));
-        *res.status_mut() = status;
-        if let Some(id) = parts.headers.get("x-request-id") {
-            res.headers_mut().insert("x-request-id", id.clone());
-        }
-        res
-    };
     match fault {
-        Fault::None => {
-            apply();
-            Ok(reply(StatusCode::OK))
-        }
-        Fault::DropAfterApply => {
-            apply();
-            // A service error makes hyper close the connection without a response.
-            Err(io::Error::other("drop the response"))
-        }
-        Fault::SlowAfterApply => {
-            apply();
-            tokio::time::sleep(SLOW).await;
-            Ok(reply(StatusCode::OK))
-        }
-        Fault::UnavailableAfterApply => {
-            apply();
-            Ok(reply(StatusCode::SERVICE_UNAVAILABLE))
-        }
         Fault::TooManyRequestsBeforeApply => {
-            let mut res = reply(StatusCode::TOO_MANY_REQUESTS);
+            let mut res = text(StatusCode::TOO_MANY_REQUESTS, String::new());
             res.headers_mut()
                 .insert("retry-after", "0".parse().unwrap());
+            return Ok(res);
+        }
+        Fault::InternalErrorBeforeApply => {
+            return Ok(text(StatusCode::INTERNAL_SERVER_ERROR, String::new()))
+        }
+        _ => {}
+    }
+    let res = match keys {
+        None => apply(state.clone(), req).await?,
+        Some(layer) => {
+            let handler = tower::service_fn(move |req: Request<Either<Full<Bytes>, Incoming>>| {
+                apply(state.clone(), req)
+            });
+            let res = tower::Layer::layer(&layer, handler).oneshot(req).await?;
+            res.map(|b| b.boxed())
+        }
+    };
+    match fault {
+        // A service error makes hyper close the connection without a response.
+        Fault::DropAfterApply => Err(io::Error::other("drop the response")),
+        Fault::SlowAfterApply => {
+            tokio::time::sleep(SLOW).await;
             Ok(res)
         }
-        Fault::InternalErrorBeforeApply => Ok(reply(StatusCode::INTERNAL_SERVER_ERROR)),
+        Fault::UnavailableAfterApply => Ok(text(StatusCode::SERVICE_UNAVAILABLE, String::new())),
+        _ => Ok(res),
     }
 }

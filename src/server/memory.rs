@@ -1,0 +1,286 @@
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
+
+/// The embedded [`IdempotencyStore`]: a map behind a mutex, bounded in entries and in bytes,
+/// with expiry.
+///
+/// Defaults: at most 4096 keys and 32 MiB of stored responses. A full store first evicts
+/// expired entries; if none has expired it refuses new keys (the layer answers 503, so nothing
+/// runs unguarded) and refuses to keep a response that does not fit (the layer passes it
+/// through and frees the key). Its memory stays bounded whatever clients send.
+///
+/// Keys live in one process: for a fleet of servers behind a load balancer, implement the
+/// trait over a shared store.
+#[derive(Debug)]
+pub struct MemoryStore {
+    state: Mutex<State>,
+    max_entries: usize,
+    max_bytes: usize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<Box<str>, Slot>,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    entry: Entry,
+    expires: Instant,
+    size: usize,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store with the defaults: 4096 keys, 32 MiB.
+    pub fn new() -> Self {
+        Self::with_limits(4096, 32 * 1024 * 1024)
+    }
+
+    /// A store of at most `max_entries` keys and `max_bytes` of stored responses (keys
+    /// included).
+    pub fn with_limits(max_entries: usize, max_bytes: usize) -> Self {
+        MemoryStore {
+            state: Mutex::default(),
+            max_entries,
+            max_bytes,
+        }
+    }
+
+    /// How many keys it holds, expired ones included until they are evicted.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether it holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bytes it accounts for.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves consistent data: every update is
+        // a single insert or remove.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl State {
+    fn remove(&mut self, key: &str) -> Option<Slot> {
+        let slot = self.entries.remove(key)?;
+        self.bytes -= slot.size;
+        Some(slot)
+    }
+
+    fn evict_expired(&mut self, now: Instant) {
+        let before = self.entries.len();
+        let mut freed = 0;
+        self.entries.retain(|_, slot| {
+            let keep = slot.expires > now;
+            if !keep {
+                freed += slot.size;
+            }
+            keep
+        });
+        self.bytes -= freed;
+        if self.entries.len() != before {
+            tracing::debug!(
+                evicted = before - self.entries.len(),
+                "idempotency store evicted expired keys"
+            );
+        }
+    }
+
+    fn live(&mut self, key: &str, now: Instant) -> Option<&Slot> {
+        if self.entries.get(key).is_some_and(|s| s.expires <= now) {
+            self.remove(key);
+        }
+        self.entries.get(key)
+    }
+}
+
+fn key_size(key: &str) -> usize {
+    key.len() + 64
+}
+
+impl IdempotencyStore for MemoryStore {
+    async fn begin(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        ttl: Duration,
+    ) -> Result<Begin, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        if let Some(slot) = state.live(key, now) {
+            return Ok(Begin::Existing(slot.entry.clone()));
+        }
+        let size = key_size(key);
+        if state.entries.len() >= self.max_entries || state.bytes + size > self.max_bytes {
+            state.evict_expired(now);
+            if state.entries.len() >= self.max_entries || state.bytes + size > self.max_bytes {
+                return Err(StoreError::full());
+            }
+        }
+        state.bytes += size;
+        state.entries.insert(
+            key.into(),
+            Slot {
+                entry: Entry::InFlight { fingerprint },
+                expires: now + ttl,
+                size,
+            },
+        );
+        Ok(Begin::Started)
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        fingerprint: Fingerprint,
+        response: StoredResponse,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        // The in-flight slot gives way to the record (or, if the record does not fit, to
+        // nothing: the key is freed rather than left half-stored).
+        state.remove(key);
+        let size = key_size(key) + response.size();
+        if state.bytes + size > self.max_bytes {
+            state.evict_expired(now);
+            if state.bytes + size > self.max_bytes {
+                return Err(StoreError::full());
+            }
+        }
+        state.bytes += size;
+        state.entries.insert(
+            key.into(),
+            Slot {
+                entry: Entry::Completed {
+                    fingerprint,
+                    response,
+                },
+                expires: now + ttl,
+                size,
+            },
+        );
+        Ok(())
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
+        let now = Instant::now();
+        Ok(self.lock().live(key, now).map(|s| s.entry.clone()))
+    }
+
+    async fn release(&self, key: &str) -> Result<(), StoreError> {
+        self.lock().remove(key);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http::{HeaderMap, StatusCode};
+
+    const TTL: Duration = Duration::from_secs(60);
+
+    fn fp(n: u64) -> Fingerprint {
+        Fingerprint::from_u64(n)
+    }
+
+    fn response(len: usize) -> StoredResponse {
+        StoredResponse::new(
+            StatusCode::OK,
+            HeaderMap::new(),
+            Bytes::from(vec![b'x'; len]),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn begin_complete_get_release() {
+        let s = MemoryStore::new();
+        assert_eq!(s.begin("k", fp(1), TTL).await.unwrap(), Begin::Started);
+        assert_eq!(
+            s.begin("k", fp(1), TTL).await.unwrap(),
+            Begin::Existing(Entry::InFlight { fingerprint: fp(1) })
+        );
+        s.complete("k", fp(1), response(3), TTL).await.unwrap();
+        let Some(Entry::Completed { response: r, .. }) = s.get("k").await.unwrap() else {
+            panic!("completed")
+        };
+        assert_eq!(r.body().as_ref(), b"xxx");
+        s.release("k").await.unwrap();
+        assert_eq!(s.get("k").await.unwrap(), None);
+        assert_eq!((s.len(), s.bytes()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn entries_expire() {
+        let s = MemoryStore::new();
+        s.begin("k", fp(1), Duration::from_secs(5)).await.unwrap();
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(s.get("k").await.unwrap(), None);
+        assert_eq!(s.begin("k", fp(2), TTL).await.unwrap(), Begin::Started);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_in_entries_then_evicts_expired() {
+        let s = MemoryStore::with_limits(2, usize::MAX);
+        s.begin("a", fp(1), Duration::from_secs(1)).await.unwrap();
+        s.begin("b", fp(1), TTL).await.unwrap();
+        assert!(s.begin("c", fp(1), TTL).await.unwrap_err().is_full());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(s.begin("c", fp(1), TTL).await.unwrap(), Begin::Started);
+        assert_eq!(s.len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_in_bytes() {
+        let s = MemoryStore::with_limits(100, 1000);
+        s.begin("k", fp(1), TTL).await.unwrap();
+        assert!(s
+            .complete("k", fp(1), response(2000), TTL)
+            .await
+            .unwrap_err()
+            .is_full());
+        assert_eq!(
+            s.get("k").await.unwrap(),
+            None,
+            "a response that does not fit frees the key"
+        );
+        assert_eq!(s.bytes(), 0);
+        s.begin("k", fp(1), TTL).await.unwrap();
+        s.complete("k", fp(1), response(100), TTL).await.unwrap();
+        assert!(s.bytes() <= 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_clients_cannot_grow_it() {
+        let s = MemoryStore::with_limits(64, 64 * 1024);
+        for i in 0..10_000 {
+            let _ = s.begin(&format!("key-{i}"), fp(i), TTL).await;
+        }
+        assert_eq!(s.len(), 64);
+        assert!(s.bytes() <= 64 * 1024);
+    }
+}
