@@ -109,7 +109,8 @@ impl Middleware for RetrySafetyMiddleware {
             replayable,
             outer_layer,
         );
-        if copy.is_some() {
+        // The outermost layer owns retries (see the tower layer).
+        if !outer_layer && !verdict.is_no_retry() {
             extensions.insert(LayerAttempt);
         }
         loop {

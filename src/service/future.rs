@@ -113,9 +113,11 @@ where
             parts: parts.clone(),
             body,
         });
-        if retry.is_some() {
-            // Marked on each attempt rather than in the copy: the copy's extensions stay as
-            // the caller left them, and cloning them costs nothing when they are empty.
+        // The outermost layer owns retries: it marks every attempt (a `NoRetry` request is
+        // recognised by inner layers anyway). Marked on each attempt rather than in the copy:
+        // the copy's extensions stay as the caller left them, and cloning them costs nothing
+        // when they are empty.
+        if !outer_layer && !verdict.is_no_retry() {
             parts.extensions.insert(LayerAttempt);
         }
         let number = attempts.next_attempt();

@@ -43,8 +43,8 @@ pub use future::ResponseFuture;
 pub use report::{AttemptRecord, RetryReport};
 pub use service::RetrySafety;
 
-/// Marks a request sent by a [`RetrySafety`] layer that may retry it, so that an inner layer
-/// of this crate leaves retrying to the outer one (RFC 9110: a client SHOULD NOT retry a failed
+/// Marks a request sent by a [`RetrySafety`] layer (or the reqwest adapter), so that an inner
+/// layer of this crate leaves retrying to the outermost one (RFC 9110: a client SHOULD NOT retry a failed
 /// automatic retry). A unit struct: inserting it allocates no box of its own.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerAttempt;
