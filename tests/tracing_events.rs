@@ -3,50 +3,13 @@
 
 mod support;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::Request;
+use support::logs::{block_on, capture};
 use support::script::{ok, status, Reset, Script};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::RetryPolicy;
-
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn capture(f: impl FnOnce()) -> String {
-    let buf = Buffer::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .without_time()
-        .with_writer(move || writer.clone())
-        .finish();
-    tracing::subscriber::with_default(subscriber, f);
-    let out = buf.0.lock().unwrap().clone();
-    String::from_utf8(out).unwrap()
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 fn policy() -> RetryPolicy {
     RetryPolicy::builder()
@@ -59,7 +22,7 @@ fn policy() -> RetryPolicy {
 
 #[test]
 fn a_retry_is_a_debug_event_with_fields() {
-    let logs = capture(|| {
+    let (logs, ()) = capture(|| {
         block_on(async {
             let req = Request::get("http://h/v1/items/7?token=sekrit")
                 .header("authorization", "Bearer sekrit")
@@ -92,7 +55,7 @@ fn a_retry_is_a_debug_event_with_fields() {
 
 #[test]
 fn a_suppressed_retry_is_a_warn_event_with_fields() {
-    let logs = capture(|| {
+    let (logs, ()) = capture(|| {
         block_on(async {
             let req = Request::post("http://h/v1/tools/execute?to=a@example.com")
                 .header("x-request-id", "req-1")

@@ -1,3 +1,4 @@
 #![allow(dead_code)]
 pub mod fault_server;
+pub mod logs;
 pub mod script;

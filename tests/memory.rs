@@ -1,0 +1,118 @@
+//! 100,000 requests through the layer (routes, budget, retries, reports, errors) retain no
+//! growing memory: live heap bytes are counted by a global allocator.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use tower::{Layer, Service, ServiceExt};
+use tower_retry_safety::{Idempotency, RetryPolicy};
+
+struct Live;
+static LIVE: AtomicI64 = AtomicI64::new(0);
+
+unsafe impl GlobalAlloc for Live {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Live = Live;
+
+/// Every third call answers 503, every seventh fails: retries, reports and errors all happen.
+#[derive(Clone)]
+struct Mixed(&'static AtomicU64);
+
+impl Service<Request<String>> for Mixed {
+    type Response = Response<String>;
+    type Error = std::io::Error;
+    type Future = Ready<Result<Response<String>, std::io::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        let n = self.0.fetch_add(1, Ordering::Relaxed);
+        ready(match n % 21 {
+            0 | 3 | 6 | 9 | 12 | 15 | 18 => {
+                let mut res = Response::new(String::new());
+                *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                Ok(res)
+            }
+            7 | 14 => Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+            _ => Ok(Response::new("ok".to_owned())),
+        })
+    }
+}
+
+static CALLS: AtomicU64 = AtomicU64::new(0);
+
+fn request(i: u64) -> Request<String> {
+    let method = if i % 2 == 0 {
+        Method::GET
+    } else {
+        Method::POST
+    };
+    Request::builder()
+        .method(method)
+        .uri(format!("http://h/v1/tools/t{}/execute?i={i}", i % 50))
+        .header("x-request-id", format!("req-{i}"))
+        .body("{}".to_owned())
+        .unwrap()
+}
+
+#[test]
+fn no_growing_memory_over_100_000_requests() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut b = RetryPolicy::builder()
+            .backoff(Duration::from_millis(1), Duration::from_millis(10))
+            .mint_idempotency_keys(true);
+        for r in 0..100 {
+            b = b.route(
+                Method::POST,
+                &format!("/v1/r{r}/{{id}}"),
+                Idempotency::Idempotent,
+            );
+        }
+        let svc = b.build().unwrap().layer(Mixed(&CALLS));
+        let run = |n: u64, start: u64| {
+            let svc = svc.clone();
+            async move {
+                for i in start..start + n {
+                    let _ = svc.clone().oneshot(request(i)).await;
+                }
+            }
+        };
+        run(5_000, 0).await; // warm up: budget slots, allocator caches
+        let before = LIVE.load(Ordering::Relaxed);
+        run(100_000, 5_000).await;
+        let after = LIVE.load(Ordering::Relaxed);
+        let growth = after - before;
+        println!(
+            "memory: live heap {before} bytes before, {after} bytes after 100000 requests \
+             (growth {growth} bytes, {} inner calls)",
+            CALLS.load(Ordering::Relaxed)
+        );
+        assert!(growth.abs() < 16 * 1024, "live heap grew by {growth} bytes");
+    });
+}
