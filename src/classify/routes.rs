@@ -20,6 +20,25 @@ const STANDARD: [Method; 9] = [
     Method::CONNECT,
 ];
 
+/// The most parameters a template may have. matchit panics past 26; far fewer is plenty.
+const MAX_PARAMETERS: usize = 16;
+
+/// Parameters in a template: `{` that does not start an escaped `{{`.
+fn parameter_count(template: &str) -> usize {
+    let mut count = 0;
+    let mut bytes = template.bytes().peekable();
+    while let Some(b) = bytes.next() {
+        if b == b'{' {
+            if bytes.peek() == Some(&b'{') {
+                bytes.next();
+            } else {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RouteTable {
     standard: [Option<matchit::Router<Idempotency>>; 9],
@@ -50,6 +69,13 @@ impl RouteTable {
                 &method,
                 template,
                 "a path template must not contain a query string: queries never take part in matching",
+            ));
+        }
+        if parameter_count(template) > MAX_PARAMETERS {
+            return Err(BuildError::route(
+                &method,
+                template,
+                format!("a path template may have at most {MAX_PARAMETERS} parameters"),
             ));
         }
         let router = match standard_slot(&method) {
@@ -162,6 +188,22 @@ mod tests {
             "{msg}"
         );
         assert_eq!(t.len(), 1);
+    }
+
+    /// Found by the `route_template` fuzz target: matchit panics on more than 26 parameters.
+    #[test]
+    fn too_many_parameters_is_an_error_not_a_panic() {
+        let template: String = (0..30).map(|i| format!("/{{p{i}}}")).collect();
+        let mut t = RouteTable::default();
+        let err = t
+            .insert(Method::GET, &template, Idempotency::Idempotent)
+            .unwrap_err();
+        assert!(err.to_string().contains("at most 16 parameters"), "{err}");
+        let sixteen: String = (0..16).map(|i| format!("/{{p{i}}}")).collect();
+        t.insert(Method::GET, &sixteen, Idempotency::Idempotent)
+            .unwrap();
+        // Escaped braces are not parameters.
+        assert_eq!(parameter_count("/a/{{literal}}/{id}"), 1);
     }
 
     #[test]
