@@ -282,46 +282,47 @@ async fn chaos_soak() {
     restarter.await.unwrap();
     stop(&server, &accept.lock().unwrap());
 
-    let ops = server.ops.lock().unwrap();
-    let applied_twice = ops.values().filter(|o| o.applied > 1).count();
-    assert_eq!(applied_twice, 0, "a write was applied twice");
-    // "Not sent" is never wrong: every attempt the server saw was classified as sent.
-    for (op, (attempts, not_sent, ambiguous)) in outcomes.lock().unwrap().iter() {
-        let seen = ops.get(op).map_or(0, |o| o.seen);
-        assert!(
-            seen <= attempts - not_sent,
-            "op {op}: server saw {seen}, client says {not_sent} of {attempts} were not sent"
-        );
-        // An error that says "not sent" must be right; "ambiguous" may be cautious (a
-        // connection cut by a restart before the handler ran looks the same as after).
-        if let Some(ambiguous) = ambiguous {
-            if seen > 0 {
-                assert!(
-                    *ambiguous,
-                    "op {op}: reached the server but reported not sent"
-                );
+    // The checks hold locks: keep them apart from the awaits below.
+    {
+        let ops = server.ops.lock().unwrap();
+        let applied_twice = ops.values().filter(|o| o.applied > 1).count();
+        assert_eq!(applied_twice, 0, "a write was applied twice");
+        // "Not sent" is never wrong: every attempt the server saw was classified as sent.
+        for (op, (attempts, not_sent, ambiguous)) in outcomes.lock().unwrap().iter() {
+            let seen = ops.get(op).map_or(0, |o| o.seen);
+            assert!(
+                seen <= attempts - not_sent,
+                "op {op}: server saw {seen}, client says {not_sent} of {attempts} were not sent"
+            );
+            // An error that says "not sent" must be right; "ambiguous" may be cautious (a
+            // connection cut by a restart before the handler ran looks the same as after).
+            if let Some(ambiguous) = ambiguous {
+                if seen > 0 {
+                    assert!(
+                        *ambiguous,
+                        "op {op}: reached the server but reported not sent"
+                    );
+                }
             }
         }
-    }
-    drop(ops);
 
-    let t = tally.lock().unwrap();
-    assert_eq!(t.writes + t.reads, OPS);
-    assert!(
-        restarts.load(Ordering::SeqCst) > 0,
-        "the server never restarted"
-    );
-    println!(
-        "chaos: ops {OPS}, writes {}, applied_twice={applied_twice}, reads {}, recovered {}, suppressed {}, attempts {} (restarts {}, read errors {})",
-        t.writes,
-        t.reads,
-        t.recovered,
-        t.suppressed,
-        t.attempts,
-        restarts.load(Ordering::SeqCst),
-        t.read_errors
-    );
-    drop(t);
+        let t = tally.lock().unwrap();
+        assert_eq!(t.writes + t.reads, OPS);
+        assert!(
+            restarts.load(Ordering::SeqCst) > 0,
+            "the server never restarted"
+        );
+        println!(
+            "chaos: ops {OPS}, writes {}, applied_twice={applied_twice}, reads {}, recovered {}, suppressed {}, attempts {} (restarts {}, read errors {})",
+            t.writes,
+            t.reads,
+            t.recovered,
+            t.suppressed,
+            t.attempts,
+            restarts.load(Ordering::SeqCst),
+            t.read_errors
+        );
+    }
     drop(svc);
 
     // Nothing left running: the client's connections close once it is dropped.

@@ -2,7 +2,6 @@
 //! growing memory: live heap bytes are counted by a global allocator.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
