@@ -163,7 +163,9 @@ impl Attempts {
 
     pub(crate) fn on_error(&mut self, err: &(dyn StdError + 'static)) -> Decision {
         let class = classify_error(err);
-        if class != FailureClass::NotSent {
+        // Not sent, or a request the client refused to build (final): neither reached the
+        // server.
+        if class == FailureClass::Ambiguous {
             self.maybe_applied = true;
         }
         self.decide(class.into(), None)
@@ -193,7 +195,7 @@ impl Attempts {
                 replayable: self.replayable,
             };
             let policy = &self.policy;
-            policy.decide_with(facts, policy.jitter_unit(), || policy.withdraw())
+            policy.decide_with(facts, || policy.jitter_unit(), || policy.withdraw())
         };
         match decision {
             Decision::Retry { after } => {

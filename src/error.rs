@@ -337,11 +337,11 @@ impl fmt::Display for Error {
             ),
             StopReason::NoRetryMarker => {
                 write!(f, "{method} {path} failed on its only attempt (it is marked NoRetry): the attempt {what}")?;
-                advice(f, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)
             }
             StopReason::BodyNotReplayable => {
                 write!(f, "{method} {path} was not retried: its body is a stream that cannot be replayed, and the attempt {what}")?;
-                advice(f, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)
             }
             reason => {
                 let why = match reason {
@@ -356,14 +356,22 @@ impl fmt::Display for Error {
                 };
                 let plural = if attempts == 1 { "" } else { "s" };
                 write!(f, "{method} {path} failed after {attempts} attempt{plural} ({why}): the last attempt {what}")?;
-                advice(f, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)
             }
         }
     }
 }
 
-fn advice(f: &mut fmt::Formatter<'_>, maybe_applied: bool, idempotent: bool) -> fmt::Result {
+fn advice(
+    f: &mut fmt::Formatter<'_>,
+    class: FailureClass,
+    maybe_applied: bool,
+    idempotent: bool,
+) -> fmt::Result {
     match (maybe_applied, idempotent) {
+        (false, _) if class == FailureClass::Final => {
+            f.write_str(". It was never sent; fix the request before sending it again.")
+        }
         (false, _) => f.write_str(". It was never applied, so it is safe to send again."),
         (true, true) => f.write_str(". Repeating it is harmless."),
         (true, false) => write!(f, ", so it may have been applied. {CHECK_FIRST}"),

@@ -313,3 +313,23 @@ async fn a_relative_uri_is_final_not_retried() {
     assert_eq!(err.attempts(), 1);
     assert_eq!(err.stop_reason(), StopReason::Final);
 }
+
+#[tokio::test]
+async fn a_request_the_client_cannot_send_is_not_ambiguous() {
+    let mut svc = ServiceBuilder::new()
+        .layer(policy().build().unwrap())
+        .service(client());
+    let err = send(
+        &mut svc,
+        request(Method::POST, "/ops/relative", Fault::None),
+    )
+    .await
+    .unwrap_err();
+    assert!(err.is_not_sent());
+    assert_eq!(
+        err.to_string(),
+        "POST /ops/relative failed after 1 attempt (the error is final): the last attempt failed \
+         with an error that retrying cannot fix. It was never sent; fix the request before \
+         sending it again."
+    );
+}

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::{HeaderValue, Method, Request, Response};
 use proptest::prelude::*;
+use support::logs::block_on;
 use support::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{FailureClass, Idempotency, NoRetry, RetryPolicy, RetryReport};
@@ -83,15 +84,6 @@ fn policy(max_retries: u32) -> RetryPolicy {
 /// Whether the server may have applied an attempt that ended this way.
 fn maybe_applied(o: &Outcome) -> bool {
     !matches!(o, Refused)
-}
-
-fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
 }
 
 proptest! {

@@ -118,7 +118,7 @@ impl RetryPolicy {
             time_left,
             replayable: true,
         };
-        self.decide_with(facts, self.jitter_unit(), || self.withdraw())
+        self.decide_with(facts, || self.jitter_unit(), || self.withdraw())
     }
 
     /// The draw for the backoff: random when the policy has jitter, 1.0 (the full delay)
@@ -141,12 +141,13 @@ impl RetryPolicy {
         }
     }
 
-    /// The pure decision. `withdraw` is called last, only when everything else allows a
-    /// retry, so that a refused retry never spends budget.
+    /// The pure decision. `jitter_unit` is drawn only when the backoff applies, and
+    /// `withdraw` is called last, only when everything else allows a retry, so that a refused
+    /// retry never spends budget and a success never reads the random source.
     pub(crate) fn decide_with(
         &self,
         facts: Facts<'_>,
-        jitter_unit: f64,
+        jitter_unit: impl FnOnce() -> f64,
         withdraw: impl FnOnce() -> bool,
     ) -> Decision {
         use StopReason::*;
@@ -176,7 +177,7 @@ impl RetryPolicy {
         let after = facts
             .outcome
             .retry_after()
-            .unwrap_or_else(|| self.inner.backoff.delay(facts.retries_done, jitter_unit));
+            .unwrap_or_else(|| self.inner.backoff.delay(facts.retries_done, jitter_unit()));
         if facts.time_left.is_some_and(|left| after >= left) {
             return Decision::Stop(Deadline);
         }
@@ -226,7 +227,7 @@ mod tests {
             time_left,
             replayable,
         };
-        policy().decide_with(facts, 1.0, || budget)
+        policy().decide_with(facts, || 1.0, || budget)
     }
 
     fn retry_after_ms(ms: u64) -> Decision {
@@ -397,10 +398,14 @@ mod tests {
             time_left: None,
             replayable: true,
         };
-        let d = policy().decide_with(facts, 1.0, || {
-            asked.set(true);
-            true
-        });
+        let d = policy().decide_with(
+            facts,
+            || 1.0,
+            || {
+                asked.set(true);
+                true
+            },
+        );
         assert_eq!(d, Decision::Stop(StopReason::SuppressedNotIdempotent));
         assert!(!asked.get());
     }
@@ -451,7 +456,7 @@ mod tests {
             replayable: true,
         };
         assert_eq!(
-            policy().decide_with(facts, 0.0, || true),
+            policy().decide_with(facts, || 0.0, || true),
             retry_after_ms(100)
         );
     }
