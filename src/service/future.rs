@@ -75,7 +75,7 @@ where
     B: ReplayBody,
 {
     /// Sends the first attempt through `service`, which must be ready.
-    pub(crate) fn start(mut service: S, policy: &RetryPolicy, req: Request<B>) -> Self {
+    pub(crate) fn start(service: &mut S, policy: &RetryPolicy, req: Request<B>) -> Self {
         let outer_layer = req.extensions().get::<LayerAttempt>().is_some();
         let (mut parts, body) = req.into_parts();
         let verdict = policy.classify_parts(

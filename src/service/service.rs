@@ -65,10 +65,9 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // The first attempt uses the service that `poll_ready` readied; retries use a clone,
-        // readied again before each use (see `ResponseFuture`).
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::start(ready, &self.policy, req)
+        // The first attempt goes through the service that `poll_ready` readied; retries go
+        // through a clone, taken only for a request that may be retried and readied again
+        // before each use (see `ResponseFuture`).
+        ResponseFuture::start(&mut self.inner, &self.policy, req)
     }
 }
