@@ -20,7 +20,8 @@ use tower_retry_safety::{
     FailureClass, Idempotency, NoRetry, RetryPolicy, RetryReport, StopReason,
 };
 
-const PER_ATTEMPT: Duration = Duration::from_millis(250);
+// Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
+const PER_ATTEMPT: Duration = Duration::from_millis(400);
 
 fn policy() -> tower_retry_safety::RetryPolicyBuilder {
     RetryPolicy::builder()

@@ -16,7 +16,8 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
-const PER_ATTEMPT: Duration = Duration::from_millis(250);
+// Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
+const PER_ATTEMPT: Duration = Duration::from_millis(400);
 const OPS_PER_FAULT: usize = 10;
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
