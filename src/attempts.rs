@@ -5,14 +5,14 @@
 use std::error::Error as StdError;
 use std::time::SystemTime;
 
-use http::{HeaderMap, Method, StatusCode, Uri};
+use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
 use crate::classify::{classify_error, Classification, FailureClass, RequestVerdict};
 use crate::error::{Error, Symptom};
 use crate::policy::{Decision, Facts, RetryPolicy, StopReason};
 use crate::service::report::{AttemptRecord, Records};
-use crate::service::RetryReport;
+use crate::service::{LayerAttempt, RetryReport};
 use crate::BoxError;
 
 /// Longest request id echoed in reports, errors and logs.
@@ -81,6 +81,49 @@ fn printable(headers: &HeaderMap, name: &http::HeaderName, max: usize) -> Option
     Some(cap(value, max).into())
 }
 
+/// What the front ends decide about a request before its first attempt, in one place so the
+/// tower layer and the reqwest adapter cannot drift apart.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Plan {
+    verdict: RequestVerdict,
+    /// An outer layer of this crate sent this attempt and decides about retries.
+    outer_layer: bool,
+}
+
+impl Plan {
+    pub(crate) fn new(
+        policy: &RetryPolicy,
+        method: &Method,
+        path: &str,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+    ) -> Self {
+        Plan {
+            verdict: policy.classify_parts(method, path, headers, extensions),
+            outer_layer: extensions.get::<LayerAttempt>().is_some(),
+        }
+    }
+
+    /// Gives the request a minted idempotency key when the policy mints them; the outer
+    /// layer already did for an attempt it sent.
+    pub(crate) fn mint_key(&mut self, policy: &RetryPolicy, headers: &mut HeaderMap) {
+        if !self.outer_layer {
+            self.verdict = policy.mint_key(headers, self.verdict);
+        }
+    }
+
+    /// Whether this layer could ever send the request again, so a copy is worth keeping.
+    pub(crate) fn may_retry(&self, policy: &RetryPolicy) -> bool {
+        !self.outer_layer && !self.verdict.is_no_retry() && policy.inner.max_retries > 0
+    }
+
+    /// Whether to mark the attempts: the outermost layer owns retries, whatever its
+    /// `max_retries` (a `NoRetry` request is recognised by inner layers anyway).
+    pub(crate) fn marks_attempts(&self) -> bool {
+        !self.outer_layer && !self.verdict.is_no_retry()
+    }
+}
+
 pub(crate) struct Attempts {
     policy: RetryPolicy,
     verdict: RequestVerdict,
@@ -102,15 +145,21 @@ pub(crate) struct Attempts {
 
 impl Attempts {
     /// Starts the bookkeeping for one request and deposits it in the retry budget (unless an
-    /// outer layer already did).
+    /// outer layer already did). `copied` says whether the front end kept a copy to resend.
     pub(crate) fn start(
         policy: &RetryPolicy,
-        verdict: RequestVerdict,
+        plan: &Plan,
         target: Target,
         headers: &HeaderMap,
-        replayable: bool,
-        outer_layer: bool,
+        copied: bool,
     ) -> Self {
+        let Plan {
+            verdict,
+            outer_layer,
+        } = *plan;
+        // Without a copy, retries are refused as "body not replayable" — unless the request
+        // could never be retried anyway, in which case the decision names the real reason.
+        let replayable = copied || !plan.may_retry(policy);
         if !outer_layer {
             policy.deposit();
         }
@@ -137,16 +186,16 @@ impl Attempts {
         }
     }
 
-    /// Marks the start of the next attempt and returns its number (1 for the first).
-    pub(crate) fn next_attempt(&mut self) -> u32 {
-        if self.records.len() > 0 {
+    /// Marks the start of the next attempt, and numbers it in the request's headers when the
+    /// policy has an attempt header.
+    pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) {
+        let number = self.records.len() + 1;
+        if number > 1 {
             self.last_attempt_at = SystemTime::now();
         }
-        self.records.len() + 1
-    }
-
-    pub(crate) fn policy(&self) -> &RetryPolicy {
-        &self.policy
+        if let Some(name) = &self.policy.inner.attempt_header {
+            headers.insert(name.clone(), HeaderValue::from(number));
+        }
     }
 
     pub(crate) fn on_response(&mut self, status: StatusCode, headers: &HeaderMap) -> Decision {

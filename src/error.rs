@@ -7,6 +7,7 @@ use std::time::SystemTime;
 use http::Method;
 
 use crate::attempts::Target;
+use crate::classify::failure::chain;
 use crate::classify::{FailureClass, Idempotency};
 use crate::policy::StopReason;
 use crate::service::RetryReport;
@@ -86,43 +87,40 @@ pub(crate) enum Symptom {
 
 impl Symptom {
     pub(crate) fn of(err: &(dyn StdError + 'static)) -> Symptom {
-        let mut next = Some(err);
-        let mut depth = 0;
-        while let Some(err) = next {
-            if err.is::<tower::timeout::error::Elapsed>() {
-                return Symptom::Timeout;
-            }
-            if let Some(e) = err.downcast_ref::<hyper::Error>() {
-                if e.is_timeout() {
-                    return Symptom::Timeout;
-                }
-                if e.is_incomplete_message() {
-                    return Symptom::ConnectionLost;
-                }
-            }
-            #[cfg(feature = "reqwest-middleware")]
-            if let Some(e) = err.downcast_ref::<reqwest::Error>() {
-                if e.is_timeout() {
-                    return Symptom::Timeout;
-                }
-            }
-            if let Some(e) = err.downcast_ref::<std::io::Error>() {
-                use std::io::ErrorKind::*;
-                match e.kind() {
-                    TimedOut => return Symptom::Timeout,
-                    ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
-                        return Symptom::ConnectionLost
-                    }
-                    _ => {}
-                }
-            }
-            depth += 1;
-            if depth > 32 {
-                break;
-            }
-            next = err.source();
+        chain(err)
+            .find_map(Symptom::of_one)
+            .unwrap_or(Symptom::Other)
+    }
+
+    fn of_one(err: &(dyn StdError + 'static)) -> Option<Symptom> {
+        if err.is::<tower::timeout::error::Elapsed>() {
+            return Some(Symptom::Timeout);
         }
-        Symptom::Other
+        if let Some(e) = err.downcast_ref::<hyper::Error>() {
+            if e.is_timeout() {
+                return Some(Symptom::Timeout);
+            }
+            if e.is_incomplete_message() {
+                return Some(Symptom::ConnectionLost);
+            }
+        }
+        #[cfg(feature = "reqwest-middleware")]
+        if let Some(e) = err.downcast_ref::<reqwest::Error>() {
+            if e.is_timeout() {
+                return Some(Symptom::Timeout);
+            }
+        }
+        if let Some(e) = err.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            match e.kind() {
+                TimedOut => return Some(Symptom::Timeout),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof => {
+                    return Some(Symptom::ConnectionLost)
+                }
+                _ => {}
+            }
+        }
+        None
     }
 }
 

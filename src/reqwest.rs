@@ -1,10 +1,10 @@
 //! The reqwest-middleware adapter: the same [`RetryPolicy`] in any reqwest-middleware stack.
 
-use http::{Extensions, HeaderValue};
+use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::attempts::{Attempts, Target};
+use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
 use crate::service::LayerAttempt;
 use crate::{BoxError, Error, RetryPolicy};
@@ -88,37 +88,27 @@ impl Middleware for RetrySafetyMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let policy = &self.policy;
-        let outer_layer = extensions.get::<LayerAttempt>().is_some();
         let mut req = req;
-        let verdict =
-            policy.classify_parts(req.method(), req.url().path(), req.headers(), extensions);
-        let verdict = if outer_layer {
-            verdict
-        } else {
-            policy.mint_key(req.headers_mut(), verdict)
-        };
-        let may_retry = !outer_layer && !verdict.is_no_retry() && policy.inner.max_retries > 0;
-        let copy = if may_retry { req.try_clone() } else { None };
-        let target = Target::from_path(req.method().clone(), req.url().path());
-        let replayable = copy.is_some() || !may_retry;
-        let mut attempts = Attempts::start(
+        let mut plan = Plan::new(
             policy,
-            verdict,
-            target,
+            req.method(),
+            req.url().path(),
             req.headers(),
-            replayable,
-            outer_layer,
+            extensions,
         );
-        // The outermost layer owns retries (see the tower layer).
-        if !outer_layer && !verdict.is_no_retry() {
+        plan.mint_key(policy, req.headers_mut());
+        let copy = if plan.may_retry(policy) {
+            req.try_clone()
+        } else {
+            None
+        };
+        let target = Target::from_path(req.method().clone(), req.url().path());
+        let mut attempts = Attempts::start(policy, &plan, target, req.headers(), copy.is_some());
+        if plan.marks_attempts() {
             extensions.insert(LayerAttempt);
         }
         loop {
-            let number = attempts.next_attempt();
-            if let Some(name) = &policy.inner.attempt_header {
-                req.headers_mut()
-                    .insert(name.clone(), HeaderValue::from(number));
-            }
+            attempts.next_attempt(req.headers_mut());
             let result = next.clone().run(req, extensions).await;
             let decision = match &result {
                 Ok(res) => attempts.on_response(res.status(), res.headers()),

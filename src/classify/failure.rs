@@ -110,20 +110,17 @@ impl From<FailureClass> for Classification {
 /// assert_eq!(classify_error(&elapsed), FailureClass::Ambiguous);
 /// ```
 pub fn classify_error(err: &(dyn StdError + 'static)) -> FailureClass {
-    let mut next = Some(err);
-    // Chains are short; the bound only guards against a cyclic `source()`.
-    let mut depth = 0;
-    while let Some(err) = next {
-        if let Some(class) = classify_one(err) {
-            return class;
-        }
-        depth += 1;
-        if depth > 32 {
-            break;
-        }
-        next = err.source();
-    }
-    FailureClass::Ambiguous
+    chain(err)
+        .find_map(classify_one)
+        .unwrap_or(FailureClass::Ambiguous)
+}
+
+/// `err` and its `source()`s, outermost first. Chains are short; the bound only guards
+/// against a cyclic `source()`.
+pub(crate) fn chain<'a>(
+    err: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(Some(err), |&e| e.source()).take(32)
 }
 
 /// What one error in the chain tells, if anything. `None` means: look at its source.

@@ -10,7 +10,7 @@
 //!
 //! Both are public so that SDKs with their own retry loop can reuse them.
 
-mod failure;
+pub(crate) mod failure;
 pub(crate) mod idempotency_key;
 mod request;
 pub(crate) mod response;

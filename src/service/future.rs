@@ -3,13 +3,13 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use http::request::Parts;
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::{LayerAttempt, ReplayBody};
-use crate::attempts::{Attempts, Target};
+use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
 use crate::{BoxError, Error, RetryPolicy};
 
@@ -76,66 +76,40 @@ where
 {
     /// Sends the first attempt through `service`, which must be ready.
     pub(crate) fn start(service: &mut S, policy: &RetryPolicy, req: Request<B>) -> Self {
-        let outer_layer = req.extensions().get::<LayerAttempt>().is_some();
         let (mut parts, body) = req.into_parts();
-        let verdict = policy.classify_parts(
+        let mut plan = Plan::new(
+            policy,
             &parts.method,
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,
         );
-        let verdict = if outer_layer {
-            verdict
-        } else {
-            policy.mint_key(&mut parts.headers, verdict)
-        };
+        plan.mint_key(policy, &mut parts.headers);
         // Copy the request only if it could ever be sent again.
-        let may_retry = !outer_layer && !verdict.is_no_retry() && policy.inner.max_retries > 0;
-        let copy = if may_retry {
+        let copy = if plan.may_retry(policy) {
             body.try_clone_body()
         } else {
             None
         };
         let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
-        // Without a copy, retries are refused as "body not replayable" — unless the request
-        // could never be retried anyway, in which case the decision names the real reason.
-        let replayable = copy.is_some() || !may_retry;
-        let mut attempts = Attempts::start(
-            policy,
-            verdict,
-            target,
-            &parts.headers,
-            replayable,
-            outer_layer,
-        );
+        let mut attempts = Attempts::start(policy, &plan, target, &parts.headers, copy.is_some());
         let retry = copy.map(|body| Replay {
             service: service.clone(),
             parts: parts.clone(),
             body,
         });
-        // The outermost layer owns retries: it marks every attempt (a `NoRetry` request is
-        // recognised by inner layers anyway). Marked on each attempt rather than in the copy:
-        // the copy's extensions stay as the caller left them, and cloning them costs nothing
-        // when they are empty.
-        if !outer_layer && !verdict.is_no_retry() {
+        // Marked on each attempt rather than in the copy: the copy's extensions stay as the
+        // caller left them, and cloning them costs nothing when they are empty.
+        if plan.marks_attempts() {
             parts.extensions.insert(LayerAttempt);
         }
-        let number = attempts.next_attempt();
-        set_attempt_header(attempts.policy(), &mut parts, number);
+        attempts.next_attempt(&mut parts.headers);
         let future = service.call(Request::from_parts(parts, body));
         ResponseFuture {
             state: State::Called { future },
             retry,
             attempts: Some(attempts),
         }
-    }
-}
-
-fn set_attempt_header(policy: &RetryPolicy, parts: &mut Parts, number: u32) {
-    if let Some(name) = &policy.inner.attempt_header {
-        parts
-            .headers
-            .insert(name.clone(), HeaderValue::from(number));
     }
 }
 
@@ -211,8 +185,7 @@ where
                     };
                     let mut parts = replay.parts.clone();
                     parts.extensions.insert(LayerAttempt);
-                    let number = attempts.next_attempt();
-                    set_attempt_header(attempts.policy(), &mut parts, number);
+                    attempts.next_attempt(&mut parts.headers);
                     let future = replay.service.call(Request::from_parts(parts, body));
                     this.state.set(State::Called { future });
                 }
