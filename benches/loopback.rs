@@ -1,5 +1,6 @@
 //! Cost per request over a real connection: a hyper server on 127.0.0.1, requests over
-//! keep-alive. hyper-util's client bare and with this layer; with the `reqwest-middleware`
+//! keep-alive. hyper-util's client bare, with `tower::retry` keeping a copy (the least any
+//! retry layer does) and with this layer; with the `reqwest-middleware`
 //! feature, reqwest with `RetrySafetyMiddleware` and with reqwest-retry's
 //! `RetryTransientMiddleware`. Interleaved batches, medians, ratios.
 //!
@@ -47,6 +48,30 @@ fn request(url: &str) -> Request<Full<Bytes>> {
         .expect("valid request")
 }
 
+/// The least a tower::retry policy does: keep a copy, never retry (as in `benches/overhead.rs`).
+#[derive(Clone)]
+struct CloneNeverRetry;
+
+impl<Res, E> tower::retry::Policy<Request<Full<Bytes>>, Res, E> for CloneNeverRetry {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _: &mut Request<Full<Bytes>>,
+        _: &mut Result<Res, E>,
+    ) -> Option<Self::Future> {
+        None
+    }
+
+    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut copy = Request::new(req.body().clone());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.headers_mut() = req.headers().clone();
+        Some(copy)
+    }
+}
+
 async fn tower_one<S, E>(svc: &mut S, url: &str)
 where
     S: Service<Request<Full<Bytes>>, Response = Response<Incoming>, Error = E>,
@@ -82,6 +107,7 @@ async fn main() {
     let url = server().await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut bare = client.clone();
+    let mut tower_retry = tower::retry::Retry::new(CloneNeverRetry, client.clone());
     let mut layered = tower::Layer::layer(
         &RetryPolicy::builder().build().expect("default policy"),
         client,
@@ -117,6 +143,7 @@ async fn main() {
     for _ in 0..2_000 {
         tower_one(&mut bare, &url).await;
         tower_one(&mut layered, &url).await;
+        tower_one(&mut tower_retry, &url).await;
         #[cfg(feature = "reqwest-middleware")]
         {
             reqwest_one(&ours, &url).await;
@@ -124,11 +151,12 @@ async fn main() {
         }
     }
 
-    let (mut a, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![]);
+    let (mut a, mut b, mut c, mut d, mut e) = (vec![], vec![], vec![], vec![], vec![]);
     let deadline = Instant::now() + Duration::from_secs(90);
     for _ in 0..101 {
         batch!(a, 200, tower_one(&mut bare, &url).await);
         batch!(b, 200, tower_one(&mut layered, &url).await);
+        batch!(e, 200, tower_one(&mut tower_retry, &url).await);
         #[cfg(feature = "reqwest-middleware")]
         {
             batch!(c, 200, reqwest_one(&ours, &url).await);
@@ -141,9 +169,19 @@ async fn main() {
     let (bare_ns, layer_ns) = (median(&mut a), median(&mut b));
     println!("loopback_bare  median {:>9.0} ns/request", bare_ns);
     println!("loopback_layer median {:>9.0} ns/request", layer_ns);
+    let tower_ns = median(&mut e);
+    println!("loopback_tower_retry median {:>9.0} ns/request", tower_ns);
     println!(
         "ratio loopback_layer/loopback_bare {:.3}",
         layer_ns / bare_ns
+    );
+    println!(
+        "ratio loopback_tower_retry/loopback_bare {:.3}",
+        tower_ns / bare_ns
+    );
+    println!(
+        "ratio loopback_layer/loopback_tower_retry {:.3}",
+        layer_ns / tower_ns
     );
     if !c.is_empty() {
         let (ours_ns, ref_ns) = (median(&mut c), median(&mut d));

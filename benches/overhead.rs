@@ -9,15 +9,17 @@ use std::convert::Infallible;
 use std::future::{ready, Ready};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Full;
+use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::{Policy, Retry};
 use tower::{Service, ServiceExt};
-use tower_retry_safety::RetryPolicy;
+use tower_retry_safety::{NoRetry, RetryPolicy, RetryReport};
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -81,28 +83,108 @@ impl Policy<Req, Res, Infallible> for CloneNeverRetry {
     }
 }
 
-fn request(method: Method) -> Req {
-    Request::builder()
+/// The least any layer meeting this crate's contract must add to `tower::retry`'s clone: the
+/// attempt marker in the request's extensions (issue 3), a report-sized value in the
+/// response's extensions (DESIGN §4), a deposit in tower's `TpsBudget` with the default
+/// settings, and the clock read behind the first attempt's time. No classification, no
+/// decision: a lower bound, not an alternative.
+#[derive(Clone)]
+struct Floor<S> {
+    inner: S,
+    budget: Arc<TpsBudget>,
+}
+
+#[derive(Clone)]
+struct FloorMarker;
+
+#[derive(Clone)]
+#[allow(dead_code)] // only its size matters
+struct FloorReport([u8; std::mem::size_of::<RetryReport>()]);
+
+impl<S> Service<Req> for Floor<S>
+where
+    S: Service<Req, Response = Res>,
+{
+    type Response = Res;
+    type Error = S::Error;
+    type Future = FloorFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Req) -> Self::Future {
+        self.budget.deposit();
+        let started = SystemTime::now();
+        let copy = CloneNeverRetry.clone_request(&req);
+        req.extensions_mut().insert(FloorMarker);
+        FloorFuture {
+            future: self.inner.call(req),
+            copy,
+            started,
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    struct FloorFuture<F> {
+        #[pin]
+        future: F,
+        copy: Option<Req>,
+        started: SystemTime,
+    }
+}
+
+impl<F, E> std::future::Future for FloorFuture<F>
+where
+    F: std::future::Future<Output = Result<Res, E>>,
+{
+    type Output = Result<Res, E>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut res = std::task::ready!(this.future.poll(cx))?;
+        black_box(this.started);
+        this.copy.take();
+        res.extensions_mut()
+            .insert(FloorReport([0; std::mem::size_of::<RetryReport>()]));
+        Poll::Ready(Ok(res))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Get,
+    Post,
+    /// A POST marked `NoRetry`: it can never be retried.
+    NeverRetried,
+}
+
+fn request(kind: Kind) -> Req {
+    let method = match kind {
+        Kind::Get => Method::GET,
+        Kind::Post | Kind::NeverRetried => Method::POST,
+    };
+    let mut req = Request::builder()
         .method(method)
         .uri("https://api.example.com/v1/tools/GMAIL_SEND_EMAIL/execute")
         .header("content-type", "application/json")
         .header("user-agent", "sdk/1.0")
         .body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))
-        .expect("valid request")
+        .expect("valid request");
+    if let Kind::NeverRetried = kind {
+        req.extensions_mut().insert(NoRetry);
+    }
+    req
 }
 
 /// Sends one request through `svc` and drops the response.
-async fn one<S>(svc: &mut S, method: Method)
+async fn one<S>(svc: &mut S, kind: Kind)
 where
     S: Service<Req, Response = Res>,
     S::Error: std::fmt::Debug,
 {
-    let res = svc
-        .ready()
-        .await
-        .expect("ready")
-        .call(request(method))
-        .await;
+    let res = svc.ready().await.expect("ready").call(request(kind)).await;
     black_box(res.expect("ok"));
 }
 
@@ -122,10 +204,10 @@ fn size_of_future<S: Service<R>, R>(_: &S) -> usize {
 }
 
 macro_rules! measure {
-    ($variant:expr, $batch:expr, $svc:expr, $method:expr) => {{
+    ($variant:expr, $batch:expr, $svc:expr, $kind:expr) => {{
         let start = Instant::now();
         for _ in 0..$batch {
-            one(&mut $svc, $method).await;
+            one(&mut $svc, $kind).await;
         }
         $variant
             .samples
@@ -134,11 +216,11 @@ macro_rules! measure {
 }
 
 macro_rules! count_allocs {
-    ($svc:expr, $method:expr) => {{
+    ($svc:expr, $kind:expr) => {{
         const N: u64 = 10_000;
         let before = ALLOCS.load(Ordering::Relaxed);
         for _ in 0..N {
-            one(&mut $svc, $method).await;
+            one(&mut $svc, $kind).await;
         }
         (ALLOCS.load(Ordering::Relaxed) - before) as f64 / N as f64
     }};
@@ -155,6 +237,10 @@ async fn main() {
     // budget's clock reads take a lock here that production builds do not take.
     let no_budget = RetryPolicy::builder().no_budget().build().expect("policy");
     let mut layer_no_budget = tower::Layer::layer(&no_budget, Instant200);
+    let mut floor = Floor {
+        inner: Instant200,
+        budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
+    };
 
     let mut v = [
         Variant {
@@ -182,30 +268,40 @@ async fn main() {
             samples: vec![],
             allocs: 0.0,
         },
+        Variant {
+            name: "floor",
+            samples: vec![],
+            allocs: 0.0,
+        },
     ];
 
     // Warm up, then count allocations per request (request construction included, alike
     // for all; the bare figure is that baseline).
     for _ in 0..50_000 {
-        one(&mut bare, Method::GET).await;
-        one(&mut tower_retry, Method::GET).await;
-        one(&mut layer, Method::GET).await;
+        one(&mut bare, Kind::Get).await;
+        one(&mut tower_retry, Kind::Get).await;
+        one(&mut layer, Kind::Get).await;
     }
-    v[0].allocs = count_allocs!(bare, Method::GET);
-    v[1].allocs = count_allocs!(tower_retry, Method::GET);
-    v[2].allocs = count_allocs!(layer, Method::GET);
-    v[3].allocs = count_allocs!(layer, Method::POST);
-    v[4].allocs = count_allocs!(layer_no_budget, Method::GET);
+    v[0].allocs = count_allocs!(bare, Kind::Get);
+    v[1].allocs = count_allocs!(tower_retry, Kind::Get);
+    v[2].allocs = count_allocs!(layer, Kind::Get);
+    v[3].allocs = count_allocs!(layer, Kind::Post);
+    v[4].allocs = count_allocs!(layer_no_budget, Kind::Get);
+    v[5].allocs = count_allocs!(floor, Kind::Get);
+    // The marker is the caller's allocation: compare with the same request sent bare.
+    let never_retried_bare = count_allocs!(bare, Kind::NeverRetried);
+    let never_retried = count_allocs!(layer, Kind::NeverRetried);
 
     let rounds = 301;
     let batch = 2_000;
     let deadline = Instant::now() + Duration::from_secs(60);
     for _ in 0..rounds {
-        measure!(v[0], batch, bare, Method::GET);
-        measure!(v[1], batch, tower_retry, Method::GET);
-        measure!(v[2], batch, layer, Method::GET);
-        measure!(v[3], batch, layer, Method::POST);
-        measure!(v[4], batch, layer_no_budget, Method::GET);
+        measure!(v[0], batch, bare, Kind::Get);
+        measure!(v[1], batch, tower_retry, Kind::Get);
+        measure!(v[2], batch, layer, Kind::Get);
+        measure!(v[3], batch, layer, Kind::Post);
+        measure!(v[4], batch, layer_no_budget, Kind::Get);
+        measure!(v[5], batch, floor, Kind::Get);
         if Instant::now() > deadline {
             break;
         }
@@ -220,12 +316,23 @@ async fn main() {
     println!("allocs layer_get {:.2}", v[2].allocs - v[0].allocs);
     println!("allocs layer_post {:.2}", v[3].allocs - v[0].allocs);
     println!("allocs tower_retry {:.2}", v[1].allocs - v[0].allocs);
+    println!("allocs floor {:.2}", v[5].allocs - v[0].allocs);
+    println!(
+        "allocs layer_never_retried {:.2}",
+        never_retried - never_retried_bare
+    );
     println!("ratio layer_get/tower_retry {:.3}", med[2] / med[1]);
     println!(
         "ratio layer_get_no_budget/tower_retry {:.3}",
         med[4] / med[1]
     );
     println!("ratio layer_post/tower_retry {:.3}", med[3] / med[1]);
+    println!("ratio floor/tower_retry {:.3}", med[5] / med[1]);
+    println!(
+        "ratio layer_get/floor {:.3} (+{:.0} ns per request)",
+        med[2] / med[5],
+        med[2] - med[5]
+    );
     println!(
         "ratio layer_get/bare {:.3} (+{:.0} ns per request)",
         med[2] / med[0],

@@ -50,6 +50,14 @@ impl Target {
         }
     }
 
+    /// The request's URI, when the target was made from one.
+    pub(crate) fn uri(&self) -> Option<&Uri> {
+        match &self.path {
+            TargetPath::Uri(uri) => Some(uri),
+            TargetPath::Text(_) => None,
+        }
+    }
+
     /// The path without query, capped in length.
     pub(crate) fn path(&self) -> &str {
         match &self.path {
@@ -83,11 +91,13 @@ fn printable(headers: &HeaderMap, name: &http::HeaderName, max: usize) -> Option
 
 /// What the front ends decide about a request before its first attempt, in one place so the
 /// tower layer and the reqwest adapter cannot drift apart.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(crate) struct Plan {
     verdict: RequestVerdict,
     /// An outer layer of this crate sent this attempt and decides about retries.
     outer_layer: bool,
+    /// The request's well-formed idempotency key, read once for the verdict and the report.
+    key: Option<Box<str>>,
 }
 
 impl Plan {
@@ -98,17 +108,23 @@ impl Plan {
         headers: &HeaderMap,
         extensions: &Extensions,
     ) -> Self {
+        let key = policy.idempotency_key(headers);
         Plan {
-            verdict: policy.classify_parts(method, path, headers, extensions),
+            verdict: policy.classify_parts(method, path, key.is_some(), extensions),
             outer_layer: extensions.get::<LayerAttempt>().is_some(),
+            key: key.map(Into::into),
         }
     }
 
     /// Gives the request a minted idempotency key when the policy mints them; the outer
     /// layer already did for an attempt it sent.
     pub(crate) fn mint_key(&mut self, policy: &RetryPolicy, headers: &mut HeaderMap) {
-        if !self.outer_layer {
-            self.verdict = policy.mint_key(headers, self.verdict);
+        if self.outer_layer {
+            return;
+        }
+        if let Some(key) = policy.mint_key(headers, self.verdict) {
+            self.verdict = self.verdict.with_key(true);
+            self.key = Some(key);
         }
     }
 
@@ -148,18 +164,19 @@ impl Attempts {
     /// outer layer already did). `copied` says whether the front end kept a copy to resend.
     pub(crate) fn start(
         policy: &RetryPolicy,
-        plan: &Plan,
+        plan: Plan,
         target: Target,
         headers: &HeaderMap,
         copied: bool,
     ) -> Self {
-        let Plan {
-            verdict,
-            outer_layer,
-        } = *plan;
         // Without a copy, retries are refused as "body not replayable" — unless the request
         // could never be retried anyway, in which case the decision names the real reason.
         let replayable = copied || !plan.may_retry(policy);
+        let Plan {
+            verdict,
+            outer_layer,
+            key: idempotency_key,
+        } = plan;
         if !outer_layer {
             policy.deposit();
         }
@@ -168,7 +185,6 @@ impl Attempts {
             .request_id_header
             .as_ref()
             .and_then(|name| printable(headers, name, MAX_REQUEST_ID_LEN));
-        let idempotency_key = policy.idempotency_key(headers).map(Into::into);
         let now = SystemTime::now();
         Attempts {
             policy: policy.clone(),
@@ -184,6 +200,11 @@ impl Attempts {
             request_id,
             idempotency_key,
         }
+    }
+
+    /// The request's target: kept once, here, for messages and for resending the request.
+    pub(crate) fn target(&self) -> &Target {
+        &self.target
     }
 
     /// Marks the start of the next attempt, and numbers it in the request's headers when the

@@ -103,8 +103,9 @@ impl Middleware for RetrySafetyMiddleware {
             None
         };
         let target = Target::from_path(req.method().clone(), req.url().path());
-        let mut attempts = Attempts::start(policy, &plan, target, req.headers(), copy.is_some());
-        if plan.marks_attempts() {
+        let marks_attempts = plan.marks_attempts();
+        let mut attempts = Attempts::start(policy, plan, target, req.headers(), copy.is_some());
+        if marks_attempts {
             extensions.insert(LayerAttempt);
         }
         loop {

@@ -15,6 +15,10 @@ pub(crate) fn classify(
     headers: &HeaderMap,
     now: impl FnOnce() -> SystemTime,
 ) -> Classification {
+    // The retry set holds no 2xx and the server's hint is ignored on one: no header to read.
+    if status.is_success() {
+        return FailureClass::Final.into();
+    }
     let hint = policy
         .should_retry_header
         .as_ref()

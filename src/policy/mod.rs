@@ -100,25 +100,27 @@ impl RetryPolicy {
         self.classify_parts(
             req.method(),
             req.uri().path(),
-            req.headers(),
+            // Read only when it can matter: the verdict ignores keys the policy does not honour.
+            self.inner.honor_idempotency_key && self.idempotency_key(req.headers()).is_some(),
             req.extensions(),
         )
     }
 
     /// [`classify`](Self::classify) for clients whose requests are not `http::Request`s.
-    /// `path` excludes the query string.
+    /// `path` excludes the query string; `has_key` says whether the request carries a
+    /// well-formed idempotency key (the caller reads the header once and keeps the key).
     pub(crate) fn classify_parts(
         &self,
         method: &Method,
         path: &str,
-        headers: &HeaderMap,
+        has_key: bool,
         extensions: &Extensions,
     ) -> RequestVerdict {
         if extensions.get::<NoRetry>().is_some() {
             return RequestVerdict::NO_RETRY;
         }
         let inner = &*self.inner;
-        let keyed = inner.honor_idempotency_key && self.idempotency_key(headers).is_some();
+        let keyed = inner.honor_idempotency_key && has_key;
         if let Some(marker) = extensions.get::<Idempotency>() {
             return RequestVerdict::new(*marker, VerdictSource::Marker).with_key(keyed);
         }
@@ -133,33 +135,31 @@ impl RetryPolicy {
     }
 
     /// Gives a non-idempotent request without a key a fresh one, when the policy mints keys,
-    /// and returns the verdict with the key. Called once per request, before the first
-    /// attempt; retries reuse the request's headers, so they carry the same key.
+    /// and returns the key it minted. Called once per request, before the first attempt;
+    /// retries reuse the request's headers, so they carry the same key.
     pub(crate) fn mint_key(
         &self,
         headers: &mut HeaderMap,
         verdict: RequestVerdict,
-    ) -> RequestVerdict {
+    ) -> Option<Box<str>> {
         let inner = &*self.inner;
         if !inner.mint_idempotency_keys
             || verdict.idempotency() == Idempotency::Idempotent
             || headers.contains_key(&inner.idempotency_key_header)
         {
-            return verdict;
+            return None;
         }
         const LEN: usize = uuid::fmt::Hyphenated::LENGTH;
         let mut text = [b'"'; LEN + 2];
         uuid::Uuid::new_v4()
             .hyphenated()
             .encode_lower(&mut text[1..=LEN]);
-        match HeaderValue::from_bytes(&text) {
-            Ok(value) => {
-                headers.insert(inner.idempotency_key_header.clone(), value);
-                verdict.with_key(true)
-            }
-            // Unreachable for hex and hyphens; without a key the request stays unkeyed.
-            Err(_) => verdict,
-        }
+        // Hex, hyphens and quotes: always a valid header value and UTF-8. The key is kept
+        // as the report shows any key: the sf-string's content, without its quotes.
+        let value = HeaderValue::from_bytes(&text).ok()?;
+        let key = std::str::from_utf8(&text[1..=LEN]).ok()?.into();
+        headers.insert(inner.idempotency_key_header.clone(), value);
+        Some(key)
     }
 
     /// The request's idempotency key, if it carries a well-formed one (whether or not the

@@ -44,11 +44,22 @@ pin_project! {
     }
 }
 
-/// What a retry needs: a service of its own and a copy of the request.
+/// What a retry needs: a service of its own and a copy of the request. The copy has no URI:
+/// the attempts' target keeps the one copy of it.
 struct Replay<S, B> {
     service: S,
     parts: Parts,
     body: B,
+}
+
+/// The request's parts but its URI, which stays the default (`/`, no allocation).
+fn parts_without_uri(parts: &Parts) -> Parts {
+    let (mut copy, ()) = Request::new(()).into_parts();
+    copy.method = parts.method.clone();
+    copy.version = parts.version;
+    copy.headers = parts.headers.clone();
+    copy.extensions = parts.extensions.clone();
+    copy
 }
 
 impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
@@ -91,16 +102,17 @@ where
         } else {
             None
         };
+        let marks_attempts = plan.marks_attempts();
         let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
-        let mut attempts = Attempts::start(policy, &plan, target, &parts.headers, copy.is_some());
+        let mut attempts = Attempts::start(policy, plan, target, &parts.headers, copy.is_some());
         let retry = copy.map(|body| Replay {
             service: service.clone(),
-            parts: parts.clone(),
+            parts: parts_without_uri(&parts),
             body,
         });
         // Marked on each attempt rather than in the copy: the copy's extensions stay as the
         // caller left them, and cloning them costs nothing when they are empty.
-        if plan.marks_attempts() {
+        if marks_attempts {
             parts.extensions.insert(LayerAttempt);
         }
         attempts.next_attempt(&mut parts.headers);
@@ -184,6 +196,11 @@ where
                         ));
                     };
                     let mut parts = replay.parts.clone();
+                    parts.uri = attempts
+                        .target()
+                        .uri()
+                        .expect("the layer's target is made from the request's URI")
+                        .clone();
                     parts.extensions.insert(LayerAttempt);
                     attempts.next_attempt(&mut parts.headers);
                     let future = replay.service.call(Request::from_parts(parts, body));
