@@ -1,12 +1,18 @@
-//! `classify`, `classify_response` and `decide` allocate nothing: counted with a global
-//! allocator that tallies this thread's allocations.
+//! `classify`, `classify_response` and `decide` allocate nothing, and the layer allocates only
+//! what its contract needs: counted with a global allocator that tallies this thread's
+//! allocations.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::Duration;
 
+use std::convert::Infallible;
+use std::future::{ready, Ready};
+
+use futures_util::FutureExt;
 use http::{Method, Request, Response};
-use tower_retry_safety::{FailureClass, Idempotency, RetryPolicy};
+use tower::{Layer, Service, ServiceExt};
+use tower_retry_safety::{FailureClass, Idempotency, NoRetry, RetryPolicy, RetryReport};
 
 struct Counting;
 
@@ -95,4 +101,110 @@ fn the_counter_counts() {
         std::hint::black_box(vec![1u8; 16]);
     });
     assert_eq!(n, 1);
+}
+
+/// Answers at once, with or without an extension already in the response (hyper-util's
+/// client puts its connection info there).
+#[derive(Clone)]
+struct Instant200 {
+    with_extension: bool,
+}
+
+#[derive(Clone)]
+struct ConnectionInfo;
+
+impl Service<Request<String>> for Instant200 {
+    type Response = Response<()>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<()>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<String>) -> Self::Future {
+        let mut res = Response::new(());
+        if self.with_extension {
+            res.extensions_mut().insert(ConnectionInfo);
+        }
+        ready(Ok(res))
+    }
+}
+
+fn request(method: Method, never_retried: bool) -> Request<String> {
+    let mut req = Request::builder()
+        .method(method)
+        .uri("https://api.example.com/v1/messages")
+        .header("content-type", "application/json")
+        .header("user-agent", "sdk/1.0")
+        .body(String::new())
+        .unwrap();
+    if never_retried {
+        req.extensions_mut().insert(NoRetry);
+    }
+    req
+}
+
+/// Allocations made while `svc` answers `req` (both built beforehand), and the response.
+fn allocations_of_call<S>(svc: &mut S, req: Request<String>) -> (u64, Option<Response<()>>)
+where
+    S: Service<Request<String>, Response = Response<()>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut res = None;
+    let n = allocations(|| {
+        let svc = svc.ready().now_or_never().unwrap().unwrap();
+        res = svc.call(req).now_or_never().map(|r| r.unwrap());
+    });
+    (n, res)
+}
+
+/// Allocations of the copy a retry needs: the headers (a `String` body copies nothing when
+/// empty; the URI's bytes are shared).
+fn copy_allocations() -> u64 {
+    let req = request(Method::GET, false);
+    allocations(|| {
+        std::hint::black_box(req.headers().clone());
+    })
+}
+
+#[test]
+fn the_layer_allocates_the_copy_the_marker_and_the_report_and_nothing_else() {
+    let policy = RetryPolicy::builder().build().unwrap();
+    let copy = copy_allocations();
+    assert!(copy > 0, "the headers' copy allocates");
+    for with_extension in [false, true] {
+        let inner = Instant200 { with_extension };
+        let mut bare = inner.clone();
+        let mut layered = policy.layer(inner);
+        // The report: a boxed value, plus the map and its table when the response had no
+        // extensions yet.
+        let report = if with_extension { 1 } else { 3 };
+        // The attempt marker: the request's extension map and its table (the marker itself is
+        // zero-sized).
+        let marker = 2;
+        for method in [Method::GET, Method::POST] {
+            let (base, _) = allocations_of_call(&mut bare, request(method.clone(), false));
+            let (n, res) = allocations_of_call(&mut layered, request(method.clone(), false));
+            let res = res.expect("an instant service answers on the first poll");
+            assert_eq!(res.extensions().get::<RetryReport>().unwrap().attempts(), 1);
+            assert_eq!(
+                n - base,
+                copy + marker + report,
+                "{method} (response extensions: {with_extension})"
+            );
+        }
+        // A request that can never be retried: no copy, no service clone, no marker.
+        let (base, _) = allocations_of_call(&mut bare, request(Method::POST, true));
+        let (n, res) = allocations_of_call(&mut layered, request(Method::POST, true));
+        assert!(res.unwrap().extensions().get::<RetryReport>().is_some());
+        assert_eq!(
+            n - base,
+            report,
+            "never retried (response extensions: {with_extension})"
+        );
+    }
 }
