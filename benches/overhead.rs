@@ -67,10 +67,10 @@ impl Service<Req> for Instant200 {
 #[derive(Clone)]
 struct CloneNeverRetry;
 
-impl Policy<Req, Res, Infallible> for CloneNeverRetry {
+impl<R, E> Policy<Req, R, E> for CloneNeverRetry {
     type Future = Ready<()>;
 
-    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, Infallible>) -> Option<Ready<()>> {
+    fn retry(&mut self, _: &mut Req, _: &mut Result<R, E>) -> Option<Ready<()>> {
         None
     }
 
@@ -116,7 +116,7 @@ where
     fn call(&mut self, mut req: Req) -> Self::Future {
         self.budget.deposit();
         let started = SystemTime::now();
-        let copy = CloneNeverRetry.clone_request(&req);
+        let copy = Policy::<Req, Res, Infallible>::clone_request(&mut CloneNeverRetry, &req);
         req.extensions_mut().insert(FloorMarker);
         FloorFuture {
             future: self.inner.call(req),
@@ -342,5 +342,21 @@ async fn main() {
         "size_of ResponseFuture (layer over an instant service) {} bytes; tower::retry future {} bytes",
         size_of_future::<_, Req>(&layer),
         size_of_future::<_, Req>(&tower_retry)
+    );
+    // A typical stack: the layer, a per-attempt timeout, hyper-util's client.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let typical = tower::ServiceBuilder::new()
+        .layer(policy.clone())
+        .timeout(Duration::from_secs(10))
+        .service(client.clone());
+    let typical_tower = tower::ServiceBuilder::new()
+        .layer(tower::retry::RetryLayer::new(CloneNeverRetry))
+        .timeout(Duration::from_secs(10))
+        .service(client);
+    println!(
+        "size_of ResponseFuture (layer, timeout, hyper-util client) {} bytes; tower::retry in its place {} bytes",
+        size_of_future::<_, Req>(&typical),
+        size_of_future::<_, Req>(&typical_tower)
     );
 }
