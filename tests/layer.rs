@@ -380,6 +380,45 @@ async fn replayable_bodies_replay() {
     check!(());
 }
 
+#[tokio::test(start_paused = true)]
+async fn every_attempt_is_the_same_request() {
+    // Not-sent failures: a POST is retried, so three attempts of one request.
+    let script = Script::new([Refused, Refused, ok()]);
+    let mut req = Request::post("https://api.test/v1/messages?draft=false&to=a")
+        .version(http::Version::HTTP_2)
+        .header("content-type", "application/json")
+        .header("x-trace", "t-1")
+        .body(String::from("{}"))
+        .unwrap();
+    req.extensions_mut().insert(support::script::Tag("caller"));
+    let res = builder()
+        .attempt_header(Some(http::HeaderName::from_static("x-attempt")))
+        .build()
+        .unwrap()
+        .layer(script.clone())
+        .oneshot(req)
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let calls = script.calls();
+    assert_eq!(calls.len(), 3);
+    for (n, call) in calls.iter().enumerate() {
+        assert_eq!(call.method, http::Method::POST, "attempt {}", n + 1);
+        assert_eq!(
+            call.uri.to_string(),
+            "https://api.test/v1/messages?draft=false&to=a",
+            "attempt {}",
+            n + 1
+        );
+        assert_eq!(call.version, http::Version::HTTP_2);
+        assert_eq!(call.headers["content-type"], "application/json");
+        assert_eq!(call.headers["x-trace"], "t-1");
+        assert_eq!(call.headers["x-attempt"], (n + 1).to_string().as_str());
+        assert_eq!(call.headers.len(), 3, "{:?}", call.headers);
+        assert_eq!(call.tag, Some(support::script::Tag("caller")));
+    }
+}
+
 // --- stacked layers never compound ---
 
 #[tokio::test(start_paused = true)]

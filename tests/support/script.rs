@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 
@@ -32,8 +32,16 @@ pub fn status(code: u16) -> Outcome {
 #[derive(Clone, Debug)]
 pub struct Call {
     pub at: Duration,
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
     pub headers: HeaderMap,
+    pub tag: Option<Tag>,
 }
+
+/// A caller's extension, to see that every attempt carries the caller's extensions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tag(pub &'static str);
 
 #[derive(Default)]
 struct Shared {
@@ -114,7 +122,11 @@ impl<B> Service<Request<B>> for Script {
         let mut shared = self.shared.lock().unwrap();
         shared.calls.push(Call {
             at: self.start.elapsed(),
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
             headers: req.headers().clone(),
+            tag: req.extensions().get::<Tag>().cloned(),
         });
         let outcome = shared.outcomes.pop_front().unwrap_or_else(ok);
         std::future::ready(match outcome {
