@@ -313,12 +313,12 @@ async fn main() {
             x.name, m, x.allocs
         );
     }
-    println!("allocs layer_get {:.2}", v[2].allocs - v[0].allocs);
-    println!("allocs layer_post {:.2}", v[3].allocs - v[0].allocs);
-    println!("allocs tower_retry {:.2}", v[1].allocs - v[0].allocs);
-    println!("allocs floor {:.2}", v[5].allocs - v[0].allocs);
+    println!("allocs layer_get {}", v[2].allocs - v[0].allocs);
+    println!("allocs layer_post {}", v[3].allocs - v[0].allocs);
+    println!("allocs tower_retry {}", v[1].allocs - v[0].allocs);
+    println!("allocs floor {}", v[5].allocs - v[0].allocs);
     println!(
-        "allocs layer_never_retried {:.2}",
+        "allocs layer_never_retried {}",
         never_retried - never_retried_bare
     );
     println!("ratio layer_get/tower_retry {:.3}", med[2] / med[1]);
