@@ -3,6 +3,11 @@
 //! Measured interleaved in one run; prints medians, ratios and allocations per request.
 //!
 //! Run: `cargo bench --bench overhead`
+//!
+//! Instructions per request, free of timing noise: `OVERHEAD_ONLY=<variant>:<n>` sends `n` GETs
+//! through one variant (`bare`, `tower_retry`, `floor`, `layer`) and nothing else, so under
+//! `valgrind --tool=callgrind` the difference between `n` and `0` divided by `n` is the count
+//! (`scripts/instructions.sh` does this for every variant).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::convert::Infallible;
@@ -241,6 +246,21 @@ async fn main() {
         inner: Instant200,
         budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
     };
+
+    if let Ok(only) = std::env::var("OVERHEAD_ONLY") {
+        let (variant, n) = only.split_once(':').expect("OVERHEAD_ONLY=<variant>:<n>");
+        let n: u64 = n.parse().expect("a request count");
+        for _ in 0..n {
+            match variant {
+                "bare" => one(&mut bare, Kind::Get).await,
+                "tower_retry" => one(&mut tower_retry, Kind::Get).await,
+                "floor" => one(&mut floor, Kind::Get).await,
+                "layer" => one(&mut layer, Kind::Get).await,
+                other => panic!("unknown variant {other}"),
+            }
+        }
+        return;
+    }
 
     let mut v = [
         Variant {

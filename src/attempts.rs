@@ -5,10 +5,12 @@
 use std::error::Error as StdError;
 use std::time::SystemTime;
 
-use http::{Extensions, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use tokio::time::Instant;
 
-use crate::classify::{classify_error, Classification, FailureClass, RequestVerdict};
+use crate::classify::{
+    classify_error, idempotency_key, Classification, FailureClass, RequestVerdict,
+};
 use crate::error::{Error, Symptom};
 use crate::policy::{Decision, Facts, RetryPolicy, StopReason};
 use crate::service::report::{AttemptRecord, Records};
@@ -35,6 +37,7 @@ enum TargetPath {
 }
 
 impl Target {
+    #[inline]
     pub(crate) fn from_uri(method: Method, uri: Uri) -> Self {
         Target {
             method,
@@ -80,13 +83,37 @@ pub(crate) fn cap(s: &str, max: usize) -> &str {
 }
 
 /// A header value fit to echo: printable ASCII, capped.
-fn printable(headers: &HeaderMap, name: &http::HeaderName, max: usize) -> Option<Box<str>> {
-    let value = headers.get(name)?.to_str().ok()?;
+fn printable(value: Option<&HeaderValue>, max: usize) -> Option<Box<str>> {
+    let value = value?.to_str().ok()?;
     let value = value.trim();
     if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
         return None;
     }
     Some(cap(value, max).into())
+}
+
+/// The first values of two headers. A request carries few headers, so one pass comparing
+/// names costs less than two hashed lookups (each hashes the name byte by byte); past a
+/// handful of names the hashed lookups win.
+fn two_headers<'h>(
+    headers: &'h HeaderMap,
+    a: &HeaderName,
+    b: Option<&HeaderName>,
+) -> (Option<&'h HeaderValue>, Option<&'h HeaderValue>) {
+    const SCAN_UP_TO: usize = 8;
+    if headers.keys_len() > SCAN_UP_TO {
+        return (headers.get(a), b.and_then(|b| headers.get(b)));
+    }
+    let (mut found_a, mut found_b) = (None, None);
+    for (name, value) in headers {
+        if found_a.is_none() && name == a {
+            found_a = Some(value);
+        }
+        if found_b.is_none() && b == Some(name) {
+            found_b = Some(value);
+        }
+    }
+    (found_a, found_b)
 }
 
 /// What the front ends decide about a request before its first attempt, in one place so the
@@ -98,6 +125,8 @@ pub(crate) struct Plan {
     outer_layer: bool,
     /// The request's well-formed idempotency key, read once for the verdict and the report.
     key: Option<Box<str>>,
+    /// The request id from the request's headers, read in the same pass as the key.
+    request_id: Option<Box<str>>,
 }
 
 impl Plan {
@@ -108,18 +137,26 @@ impl Plan {
         headers: &HeaderMap,
         extensions: &Extensions,
     ) -> Self {
-        let key = policy.idempotency_key(headers);
+        let inner = &policy.inner;
+        let (key, request_id) = two_headers(
+            headers,
+            &inner.idempotency_key_header,
+            inner.request_id_header.as_ref(),
+        );
+        let key = key.and_then(idempotency_key::parse);
         Plan {
             verdict: policy.classify_parts(method, path, key.is_some(), extensions),
             outer_layer: extensions.get::<LayerAttempt>().is_some(),
             key: key.map(Into::into),
+            request_id: printable(request_id, MAX_REQUEST_ID_LEN),
         }
     }
 
     /// Gives the request a minted idempotency key when the policy mints them; the outer
     /// layer already did for an attempt it sent.
+    #[inline]
     pub(crate) fn mint_key(&mut self, policy: &RetryPolicy, headers: &mut HeaderMap) {
-        if self.outer_layer {
+        if self.outer_layer || !policy.inner.mint_idempotency_keys {
             return;
         }
         if let Some(key) = policy.mint_key(headers, self.verdict) {
@@ -129,12 +166,14 @@ impl Plan {
     }
 
     /// Whether this layer could ever send the request again, so a copy is worth keeping.
+    #[inline]
     pub(crate) fn may_retry(&self, policy: &RetryPolicy) -> bool {
         !self.outer_layer && !self.verdict.is_no_retry() && policy.inner.max_retries > 0
     }
 
     /// Whether to mark the attempts: the outermost layer owns retries, whatever its
     /// `max_retries` (a `NoRetry` request is recognised by inner layers anyway).
+    #[inline]
     pub(crate) fn marks_attempts(&self) -> bool {
         !self.outer_layer && !self.verdict.is_no_retry()
     }
@@ -162,13 +201,7 @@ pub(crate) struct Attempts {
 impl Attempts {
     /// Starts the bookkeeping for one request and deposits it in the retry budget (unless an
     /// outer layer already did). `copied` says whether the front end kept a copy to resend.
-    pub(crate) fn start(
-        policy: &RetryPolicy,
-        plan: Plan,
-        target: Target,
-        headers: &HeaderMap,
-        copied: bool,
-    ) -> Self {
+    pub(crate) fn start(policy: &RetryPolicy, plan: Plan, target: Target, copied: bool) -> Self {
         // Without a copy, retries are refused as "body not replayable" — unless the request
         // could never be retried anyway, in which case the decision names the real reason.
         let replayable = copied || !plan.may_retry(policy);
@@ -176,15 +209,12 @@ impl Attempts {
             verdict,
             outer_layer,
             key: idempotency_key,
+            request_id,
         } = plan;
         if !outer_layer {
             policy.deposit();
         }
         let inner = &policy.inner;
-        let request_id = inner
-            .request_id_header
-            .as_ref()
-            .and_then(|name| printable(headers, name, MAX_REQUEST_ID_LEN));
         let now = SystemTime::now();
         Attempts {
             policy: policy.clone(),
@@ -209,6 +239,7 @@ impl Attempts {
 
     /// Marks the start of the next attempt, and numbers it in the request's headers when the
     /// policy has an attempt header.
+    #[inline]
     pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) {
         let number = self.records.len() + 1;
         if number > 1 {
@@ -222,7 +253,7 @@ impl Attempts {
     pub(crate) fn on_response(&mut self, status: StatusCode, headers: &HeaderMap) -> Decision {
         if self.request_id.is_none() {
             if let Some(name) = &self.policy.inner.request_id_header {
-                self.request_id = printable(headers, name, MAX_REQUEST_ID_LEN);
+                self.request_id = printable(headers.get(name), MAX_REQUEST_ID_LEN);
             }
         }
         // A response means the request reached the server, whatever its status.
@@ -312,15 +343,21 @@ impl Attempts {
         decision
     }
 
-    pub(crate) fn into_report(self, stop: StopReason) -> RetryReport {
+    pub(crate) fn into_report(mut self, stop: StopReason) -> RetryReport {
+        self.take_report(stop)
+    }
+
+    /// The report, its parts taken out of `self`, which is spent afterwards.
+    #[inline]
+    pub(crate) fn take_report(&mut self, stop: StopReason) -> RetryReport {
         RetryReport {
             verdict: self.verdict,
-            records: self.records,
+            records: std::mem::take(&mut self.records),
             stop,
             first_attempt_at: self.first_attempt_at,
             last_attempt_at: self.last_attempt_at,
-            request_id: self.request_id,
-            idempotency_key: self.idempotency_key,
+            request_id: self.request_id.take(),
+            idempotency_key: self.idempotency_key.take(),
         }
     }
 
@@ -348,5 +385,36 @@ impl Attempts {
             symptom,
             source,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `two_headers` answers as two `HeaderMap::get`s would, by scan or by lookup.
+    #[test]
+    fn two_headers_finds_the_first_value_of_each_name_like_get() {
+        let key = HeaderName::from_static("idempotency-key");
+        let id = HeaderName::from_static("x-request-id");
+        for extra in [0, 2, 20] {
+            let mut headers = HeaderMap::new();
+            for i in 0..extra {
+                let name = HeaderName::from_bytes(format!("x-filler-{i}").as_bytes()).unwrap();
+                headers.insert(name, HeaderValue::from_static("f"));
+            }
+            headers.append(&id, HeaderValue::from_static("first"));
+            headers.append(&id, HeaderValue::from_static("second"));
+            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+            let scanned = two_headers(&headers, &key, Some(&id));
+            assert_eq!(scanned, (headers.get(&key), headers.get(&id)), "{extra}");
+            assert_eq!(scanned.1.unwrap(), "first");
+            assert_eq!(two_headers(&headers, &id, None), (headers.get(&id), None));
+            // The same name asked twice is found twice.
+            assert_eq!(
+                two_headers(&headers, &id, Some(&id)),
+                (headers.get(&id), headers.get(&id))
+            );
+        }
     }
 }

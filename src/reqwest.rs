@@ -104,7 +104,7 @@ impl Middleware for RetrySafetyMiddleware {
         };
         let target = Target::from_path(req.method().clone(), req.url().path());
         let marks_attempts = plan.marks_attempts();
-        let mut attempts = Attempts::start(policy, plan, target, req.headers(), copy.is_some());
+        let mut attempts = Attempts::start(policy, plan, target, copy.is_some());
         if marks_attempts {
             extensions.insert(LayerAttempt);
         }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Instructions per request for each variant of benches/overhead.rs, counted by callgrind:
+# (instructions for N requests − instructions for 0) / N. Deterministic, unlike wall time on a
+# shared machine. Needs valgrind.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-20000}
+bin=$(cargo bench --bench overhead --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "overhead" and m.get("executable"):
+        print(m["executable"])')
+count() {
+    OVERHEAD_ONLY="$1:$2" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" 2>&1 |
+        sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+declare -A per
+for variant in bare tower_retry floor layer; do
+    zero=$(count "$variant" 0)
+    many=$(count "$variant" "$n")
+    per[$variant]=$(((many - zero) / n))
+    echo "instructions $variant ${per[$variant]}"
+done
+ratio() { python3 -c "print('ratio $1/$2 instructions %.3f' % (${per[$1]} / ${per[$2]}))"; }
+ratio layer tower_retry
+ratio floor tower_retry
+ratio layer floor
