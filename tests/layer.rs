@@ -391,14 +391,8 @@ async fn every_attempt_is_the_same_request() {
         .body(String::from("{}"))
         .unwrap();
     req.extensions_mut().insert(support::script::Tag("caller"));
-    let res = builder()
-        .attempt_header(Some(http::HeaderName::from_static("x-attempt")))
-        .build()
-        .unwrap()
-        .layer(script.clone())
-        .oneshot(req)
-        .await
-        .unwrap();
+    let policy = builder().attempt_header(Some(http::HeaderName::from_static("x-attempt")));
+    let res = run(policy, &script, req).await.unwrap();
     assert_eq!(res.status(), 200);
     let calls = script.calls();
     assert_eq!(calls.len(), 3);
