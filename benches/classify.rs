@@ -8,6 +8,8 @@ use criterion::{criterion_group, Criterion};
 use http::{Method, Request};
 use tower_retry_safety::{Idempotency, RetryPolicy};
 
+mod common;
+
 fn policy(rules: usize) -> RetryPolicy {
     let mut b = RetryPolicy::builder();
     for i in 0..rules {
@@ -70,11 +72,7 @@ fn interleaved(rounds: usize, batch: u32, mut f: impl FnMut(), mut g: impl FnMut
         }
         b.push(t.elapsed().as_nanos() as f64 / f64::from(batch));
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|x, y| x.total_cmp(y));
-        v[v.len() / 2]
-    };
-    (median(&mut a), median(&mut b))
+    (common::median(&mut a), common::median(&mut b))
 }
 
 fn ratio() {

@@ -21,6 +21,9 @@ use tokio::net::TcpListener;
 use tower::{Service, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 
+mod common;
+use common::{median, CloneNeverRetry};
+
 async fn server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
@@ -48,30 +51,6 @@ fn request(url: &str) -> Request<Full<Bytes>> {
         .expect("valid request")
 }
 
-/// The least a tower::retry policy does: keep a copy, never retry (as in `benches/overhead.rs`).
-#[derive(Clone)]
-struct CloneNeverRetry;
-
-impl<Res, E> tower::retry::Policy<Request<Full<Bytes>>, Res, E> for CloneNeverRetry {
-    type Future = std::future::Ready<()>;
-
-    fn retry(
-        &mut self,
-        _: &mut Request<Full<Bytes>>,
-        _: &mut Result<Res, E>,
-    ) -> Option<Self::Future> {
-        None
-    }
-
-    fn clone_request(&mut self, req: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
-        let mut copy = Request::new(req.body().clone());
-        *copy.method_mut() = req.method().clone();
-        *copy.uri_mut() = req.uri().clone();
-        *copy.headers_mut() = req.headers().clone();
-        Some(copy)
-    }
-}
-
 async fn tower_one<S, E>(svc: &mut S, url: &str)
 where
     S: Service<Request<Full<Bytes>>, Response = Response<Incoming>, Error = E>,
@@ -85,11 +64,6 @@ where
         .await
         .expect("ok");
     black_box(res.into_body().collect().await.expect("body"));
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 macro_rules! batch {

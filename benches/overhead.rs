@@ -26,6 +26,9 @@ use tower::retry::{Policy, Retry};
 use tower::{Service, ServiceExt};
 use tower_retry_safety::{NoRetry, RetryPolicy, RetryReport};
 
+mod common;
+use common::{median, CloneNeverRetry, Req};
+
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
@@ -46,7 +49,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-type Req = Request<Full<Bytes>>;
 type Res = Response<Full<Bytes>>;
 
 /// Answers at once.
@@ -65,26 +67,6 @@ impl Service<Req> for Instant200 {
     fn call(&mut self, req: Req) -> Self::Future {
         black_box(&req);
         ready(Ok(Response::new(Full::new(Bytes::from_static(b"ok")))))
-    }
-}
-
-/// The least a tower::retry policy does: keep a copy, never retry.
-#[derive(Clone)]
-struct CloneNeverRetry;
-
-impl<R, E> Policy<Req, R, E> for CloneNeverRetry {
-    type Future = Ready<()>;
-
-    fn retry(&mut self, _: &mut Req, _: &mut Result<R, E>) -> Option<Ready<()>> {
-        None
-    }
-
-    fn clone_request(&mut self, req: &Req) -> Option<Req> {
-        let mut copy = Request::new(req.body().clone());
-        *copy.method_mut() = req.method().clone();
-        *copy.uri_mut() = req.uri().clone();
-        *copy.headers_mut() = req.headers().clone();
-        Some(copy)
     }
 }
 
@@ -197,11 +179,6 @@ struct Variant {
     name: &'static str,
     samples: Vec<f64>,
     allocs: f64,
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn size_of_future<S: Service<R>, R>(_: &S) -> usize {
