@@ -9,7 +9,7 @@ use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, U
 use tokio::time::Instant;
 
 use crate::classify::{
-    classify_error, idempotency_key, Classification, FailureClass, RequestVerdict,
+    classify_error, idempotency_key, Classification, FailureClass, Idempotency, RequestVerdict,
 };
 use crate::error::{Error, Symptom};
 use crate::policy::{Decision, Facts, RetryPolicy, StopReason};
@@ -125,6 +125,9 @@ pub(crate) struct Plan {
     outer_layer: bool,
     /// The request's well-formed idempotency key, read once for the verdict and the report.
     key: Option<Box<str>>,
+    /// Whether the request has an idempotency-key header at all, well-formed or not: a
+    /// caller's key is never replaced by a minted one.
+    has_key_header: bool,
     /// The request id from the request's headers, read in the same pass as the key.
     request_id: Option<Box<str>>,
 }
@@ -143,23 +146,29 @@ impl Plan {
             &inner.idempotency_key_header,
             inner.request_id_header.as_ref(),
         );
+        let has_key_header = key.is_some();
         let key = key.and_then(idempotency_key::parse);
         Plan {
             verdict: policy.classify_parts(method, path, key.is_some(), extensions),
             outer_layer: extensions.get::<LayerAttempt>().is_some(),
             key: key.map(Into::into),
+            has_key_header,
             request_id: printable(request_id, MAX_REQUEST_ID_LEN),
         }
     }
 
-    /// Gives the request a minted idempotency key when the policy mints them; the outer
-    /// layer already did for an attempt it sent.
+    /// Gives a non-idempotent request without a key a minted one when the policy mints
+    /// them; the outer layer already did for an attempt it sent.
     #[inline]
     pub(crate) fn mint_key(&mut self, policy: &RetryPolicy, headers: &mut HeaderMap) {
-        if self.outer_layer || !policy.inner.mint_idempotency_keys {
+        if self.outer_layer
+            || !policy.inner.mint_idempotency_keys
+            || self.verdict.idempotency() == Idempotency::Idempotent
+            || self.has_key_header
+        {
             return;
         }
-        if let Some(key) = policy.mint_key(headers, self.verdict) {
+        if let Some(key) = policy.mint_key(headers) {
             self.verdict = self.verdict.with_key(true);
             self.key = Some(key);
         }
@@ -210,6 +219,7 @@ impl Attempts {
             outer_layer,
             key: idempotency_key,
             request_id,
+            ..
         } = plan;
         if !outer_layer {
             policy.deposit();

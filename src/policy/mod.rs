@@ -134,21 +134,10 @@ impl RetryPolicy {
         RequestVerdict::new(Idempotency::of_method(method), VerdictSource::Method)
     }
 
-    /// Gives a non-idempotent request without a key a fresh one, when the policy mints keys,
-    /// and returns the key it minted. Called once per request, before the first attempt;
-    /// retries reuse the request's headers, so they carry the same key.
-    pub(crate) fn mint_key(
-        &self,
-        headers: &mut HeaderMap,
-        verdict: RequestVerdict,
-    ) -> Option<Box<str>> {
-        let inner = &*self.inner;
-        if !inner.mint_idempotency_keys
-            || verdict.idempotency() == Idempotency::Idempotent
-            || headers.contains_key(&inner.idempotency_key_header)
-        {
-            return None;
-        }
+    /// Puts a fresh idempotency key in `headers` and returns it. The caller decides whether
+    /// the request gets one (see `attempts::Plan::mint_key`): once per request, before the
+    /// first attempt; retries reuse the request's headers, so they carry the same key.
+    pub(crate) fn mint_key(&self, headers: &mut HeaderMap) -> Option<Box<str>> {
         const LEN: usize = uuid::fmt::Hyphenated::LENGTH;
         let mut text = [b'"'; LEN + 2];
         uuid::Uuid::new_v4()
@@ -158,7 +147,7 @@ impl RetryPolicy {
         // as the report shows any key: the sf-string's content, without its quotes.
         let value = HeaderValue::from_bytes(&text).ok()?;
         let key = std::str::from_utf8(&text[1..=LEN]).ok()?.into();
-        headers.insert(inner.idempotency_key_header.clone(), value);
+        headers.insert(self.inner.idempotency_key_header.clone(), value);
         Some(key)
     }
 
