@@ -183,7 +183,7 @@ async fn a_payload_mismatch_gets_422_and_is_final() {
 async fn a_malformed_key_gets_400_and_never_reaches_the_store() {
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
     let long = format!("\"{}\"", "k".repeat(300));
-    for bad in ["bare-token", "\"\"", "\"open", long.as_str()] {
+    for bad in ["bare token", "\"\"", "\"open", "a\\b", long.as_str()] {
         let req = Request::builder()
             .method(Method::POST)
             .uri(server.url("malformed"))

@@ -62,8 +62,9 @@ async fn every_status_is_stored_and_replayed_byte_for_byte() {
     assert_eq!(body_of(first).await, body_of(again).await);
 }
 
+/// The handler was called and failed: it may have applied, so its key is never run again.
 #[tokio::test]
-async fn an_inner_error_stores_nothing_and_frees_the_key() {
+async fn an_inner_error_keeps_an_unknown_outcome_for_the_key() {
     let layer = IdempotencyLayer::new(MemoryStore::new());
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
@@ -71,29 +72,56 @@ async fn an_inner_error_stores_nothing_and_frees_the_key() {
         let n = c.fetch_add(1, Ordering::SeqCst);
         async move {
             if n == 0 {
-                Err::<Response<Full<Bytes>>, BoxError>("backend down".into())
+                Err::<Response<Full<Bytes>>, BoxError>("backend down after the write".into())
             } else {
                 Ok(Response::new(Full::new(Bytes::from_static(b"ok"))))
             }
         }
     }));
     assert!(svc.clone().oneshot(keyed("e", "x")).await.is_err());
-    assert_eq!(layer.store().get("e").await.unwrap(), None);
     let res = svc.oneshot(keyed("e", "x")).await.unwrap();
-    assert_eq!(res.status(), 200);
-    assert!(res.headers().get("idempotent-replayed").is_none());
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never run twice");
+    assert_eq!(res.status(), 500);
+    assert_eq!(res.headers()["idempotent-replayed"], "true");
+    assert_eq!(res.headers()["x-should-retry"], "false");
+    let text = String::from_utf8_lossy(&body_of(res).await).into_owned();
+    assert!(text.contains("may have applied"), "{text}");
 }
 
 #[tokio::test]
-async fn a_response_over_the_limit_passes_through_unstored() {
+async fn a_response_over_the_limit_passes_through_and_its_head_is_kept() {
     let runs = Arc::new(AtomicU32::new(0));
     let layer = IdempotencyLayer::new(MemoryStore::new()).max_response_bytes(100);
-    let svc = layer.layer(handler(runs.clone(), 200, 1000));
+    let svc = layer.layer(handler(runs.clone(), 201, 1000));
     let res = svc.clone().oneshot(keyed("big", "x")).await.unwrap();
     assert_eq!(body_of(res).await.len(), 1000, "nothing lost");
-    assert_eq!(layer.store().get("big").await.unwrap(), None);
-    assert!(layer.store().is_empty());
+    let again = svc.clone().oneshot(keyed("big", "x")).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never run twice");
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.headers()["x-charge-id"], "ch_1");
+    assert_eq!(again.headers()["idempotent-replay-body"], "omitted");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert!(body_of(again).await.is_empty());
+}
+
+/// The store cannot hold even the response's head: the key stays in flight (409), never free.
+#[tokio::test]
+async fn a_store_that_refuses_the_record_keeps_the_key_in_flight() {
+    let runs = Arc::new(AtomicU32::new(0));
+    // Room for a claim (key + 64 bytes), not for any record.
+    let layer = IdempotencyLayer::new(MemoryStore::with_limits(10, 70));
+    let svc = layer.layer(handler(runs.clone(), 200, 10));
+    assert_eq!(
+        svc.clone().oneshot(keyed("k", "x")).await.unwrap().status(),
+        200
+    );
+    let again = svc.clone().oneshot(keyed("k", "x")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(matches!(
+        layer.store().get("k").await.unwrap(),
+        Some(Entry::InFlight { .. })
+    ));
 }
 
 #[tokio::test]
@@ -124,22 +152,84 @@ async fn required_keys_missing_keys_and_large_bodies() {
     assert!(layer.store().is_empty());
 }
 
-#[tokio::test]
-async fn a_dropped_request_frees_its_key() {
+/// The client went away mid-handler (hyper drops the request's future): the handler runs on,
+/// repeats get 409 meanwhile, then the stored response.
+#[tokio::test(start_paused = true)]
+async fn a_dropped_request_runs_to_completion_and_is_stored() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
     let layer = IdempotencyLayer::new(MemoryStore::new());
-    let svc = layer.layer(service_fn(|_req: In| async {
-        tokio::time::sleep(Duration::from_secs(30)).await;
-        Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+    let svc = layer.layer(service_fn(move |_req: In| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"sent"))))
+        }
     }));
-    let pending = tokio::time::timeout(Duration::from_millis(50), svc.oneshot(keyed("gone", "x")));
-    assert!(pending.await.is_err());
-    assert!(matches!(
-        layer.store().get("gone").await.unwrap(),
-        None | Some(Entry::InFlight { .. })
-    ));
-    // The release runs on the runtime right after the drop.
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    assert_eq!(layer.store().get("gone").await.unwrap(), None);
+    let pending = tokio::time::timeout(
+        Duration::from_millis(50),
+        svc.clone().oneshot(keyed("gone", "x")),
+    );
+    assert!(
+        pending.await.is_err(),
+        "the request was dropped mid-handler"
+    );
+    let meanwhile = svc.clone().oneshot(keyed("gone", "x")).await.unwrap();
+    assert_eq!(meanwhile.status(), StatusCode::CONFLICT);
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let after = svc.oneshot(keyed("gone", "x")).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(after.status(), 200);
+    assert_eq!(after.headers()["idempotent-replayed"], "true");
+    assert_eq!(body_of(after).await, "sent");
+}
+
+/// A handler that panics after it was called: an unknown outcome is kept, the panic goes on
+/// to hyper as without the layer.
+#[tokio::test]
+async fn a_panicking_handler_keeps_an_unknown_outcome() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let svc = layer.layer(service_fn(move |_req: In| {
+        let n = r.fetch_add(1, Ordering::SeqCst);
+        async move {
+            if n == 0 {
+                panic!("handler bug after the write");
+            }
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }
+    }));
+    let first = tokio::spawn(svc.clone().oneshot(keyed("p", "x"))).await;
+    assert!(first.unwrap_err().is_panic());
+    // The record is stored by a task of its own, right after the panic.
+    let mut again = svc.clone().oneshot(keyed("p", "x")).await.unwrap();
+    for _ in 0..100 {
+        if again.status() != StatusCode::CONFLICT {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        again = svc.clone().oneshot(keyed("p", "x")).await.unwrap();
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(again.status(), 500);
+    assert_eq!(again.headers()["x-should-retry"], "false");
+}
+
+/// Keys in both forms common clients send; `"k"` and `k` are one key.
+#[tokio::test]
+async fn bare_and_quoted_keys_are_accepted_and_are_one_key() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let svc = layer.layer(handler(runs.clone(), 200, 3));
+    let bare = Request::post("/v1/messages")
+        .header("idempotency-key", "abc-123")
+        .body(Full::new(Bytes::from_static(b"x")))
+        .unwrap();
+    assert_eq!(svc.clone().oneshot(bare).await.unwrap().status(), 200);
+    let quoted = svc.clone().oneshot(keyed("abc-123", "x")).await.unwrap();
+    assert_eq!(quoted.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -6,7 +6,8 @@ use http::HeaderValue;
 /// echoed in errors and stored by servers.
 pub(crate) const MAX_KEY_LEN: usize = 255;
 
-/// The key's content, if the value is a well-formed, non-empty key.
+/// The key's content, if the value is a well-formed, non-empty key. The client and the server
+/// layer accept the same forms, so a key one sends the other honours.
 ///
 /// The draft defines the value as a Structured Field string (RFC 8941 §3.3.3): a quoted string
 /// of printable ASCII with `\"` and `\\` escapes. Many APIs (Stripe among them) send a bare token
@@ -26,18 +27,6 @@ pub(crate) fn parse(value: &HeaderValue) -> Option<&str> {
         .bytes()
         .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\');
     bare_ok.then_some(text)
-}
-
-/// The key's content, only if the value is a Structured Field string (what the draft
-/// specifies; servers are strict where clients are lenient).
-pub(crate) fn parse_sf_string(value: &HeaderValue) -> Option<&str> {
-    let bytes = value.as_bytes();
-    if bytes.len() > MAX_KEY_LEN {
-        return None;
-    }
-    let text = std::str::from_utf8(bytes).ok()?;
-    let inner = text.strip_prefix('"')?.strip_suffix('"')?;
-    is_sf_string_content(inner).then_some(inner)
 }
 
 /// RFC 8941 sf-string content between the quotes: printable ASCII (0x20–0x7E), where `"` and
@@ -77,16 +66,6 @@ mod tests {
         assert_eq!(parse_str(b"\"abc-123\"").as_deref(), Some("abc-123"));
         assert_eq!(parse_str(b"\"a b\"").as_deref(), Some("a b"));
         assert_eq!(parse_str(br#""a\"b""#).as_deref(), Some(r#"a\"b"#));
-    }
-
-    #[test]
-    fn strict_form_refuses_bare_tokens() {
-        let v = HeaderValue::from_static("abc");
-        assert_eq!(parse_sf_string(&v), None);
-        let v = HeaderValue::from_static("\"abc\"");
-        assert_eq!(parse_sf_string(&v), Some("abc"));
-        let v = HeaderValue::from_static("\"\"");
-        assert_eq!(parse_sf_string(&v), None);
     }
 
     #[test]

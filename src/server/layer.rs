@@ -95,8 +95,9 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
         self.config(|c| c.max_request_bytes = limit)
     }
 
-    /// The largest response body stored. A larger response passes through unstored, its key
-    /// is freed, and a warn event says so.
+    /// The largest response body stored. A larger response passes through whole to its
+    /// client; repeats of its key get its status and headers with an empty body (the key is
+    /// never freed: its handler ran), and a warn event says so.
     ///
     /// Defaults to 64 KiB.
     pub fn max_response_bytes(self, limit: usize) -> Self {

@@ -11,8 +11,9 @@ use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoreError, Stor
 ///
 /// Defaults: at most 4096 keys and 32 MiB of stored responses. A full store first evicts
 /// expired entries; if none has expired it refuses new keys (the layer answers 503, so nothing
-/// runs unguarded) and refuses to keep a response that does not fit (the layer passes it
-/// through and frees the key). Its memory stays bounded whatever clients send.
+/// runs unguarded) and refuses to keep a response that does not fit (the layer then keeps the
+/// response's status and headers, or else leaves the key in flight until its TTL: a key whose
+/// handler ran is never freed). Its memory stays bounded whatever clients send.
 ///
 /// Keys live in one process: for a fleet of servers behind a load balancer, implement the
 /// trait over a shared store.
@@ -160,16 +161,18 @@ impl IdempotencyStore for MemoryStore {
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        // The in-flight slot gives way to the record (or, if the record does not fit, to
-        // nothing: the key is freed rather than left half-stored).
-        state.remove(key);
+        // The record replaces the in-flight slot only if it fits: a record that does not fit
+        // leaves the key in flight, never free (its request's handler ran).
         let size = key_size(key) + response.size();
-        if state.bytes + size > self.max_bytes {
+        let held = state.live(key, now).map_or(0, |slot| slot.size);
+        if state.bytes - held + size > self.max_bytes {
             state.evict_expired(now);
-            if state.bytes + size > self.max_bytes {
+            let held = state.entries.get(key).map_or(0, |slot| slot.size);
+            if state.bytes - held + size > self.max_bytes {
                 return Err(StoreError::full());
             }
         }
+        state.remove(key);
         state.bytes += size;
         state.entries.insert(
             key.into(),
@@ -265,11 +268,10 @@ mod tests {
             .is_full());
         assert_eq!(
             s.get("k").await.unwrap(),
-            None,
-            "a response that does not fit frees the key"
+            Some(Entry::InFlight { fingerprint: fp(1) }),
+            "a response that does not fit leaves the key in flight, never free"
         );
-        assert_eq!(s.bytes(), 0);
-        s.begin("k", fp(1), TTL).await.unwrap();
+        assert_eq!(s.bytes(), key_size("k"));
         s.complete("k", fp(1), response(100), TTL).await.unwrap();
         assert!(s.bytes() <= 1000);
     }

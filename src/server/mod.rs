@@ -9,15 +9,41 @@
 //! - a repeat after it completed gets the stored response, byte for byte, with an
 //!   `idempotent-replayed: true` header;
 //! - the same key with a different request (method, path or body differ) gets **422**;
-//! - a malformed key (not a Structured Field string, or longer than 255 bytes) gets **400** and
-//!   never reaches the store;
-//! - if the inner service fails (no response at all), nothing is stored and the key is freed.
+//! - a malformed key gets **400** and never reaches the store. Keys are what common clients
+//!   send: a Structured Field string (`"8e03978e-…"`, the IETF draft's form) or a bare token of
+//!   visible ASCII without quotes or backslashes (`8e03978e-…`, Stripe's form); non-empty, at
+//!   most 255 bytes. Both spell the same key: `"k-1"` and `k-1` are one key.
+//!
+//! # A key is freed only if its handler did not run
+//!
+//! A key is claimed before the handler is called; a request refused before that (a malformed
+//! key, a body over [the limit](IdempotencyLayer::max_request_bytes) or unreadable, a store
+//! that failed: **503**, nothing run) claims nothing. Once the handler has been called, the key
+//! is never freed, whatever happens:
+//!
+//! - **The client goes away** (its timeout, a disconnect; hyper then drops the request): the
+//!   handler runs on in a task of its own until it answers, and its response is stored for
+//!   the replay. Repeats meanwhile get 409.
+//! - **The handler fails** (the inner service returns an error — a server-side timeout, a
+//!   lost backend — or panics): it may have applied its effect before failing, so the outcome
+//!   is *unknown*, and a stand-in record says so: **500**, `x-should-retry: false` and a text
+//!   body. Every repeat gets it; the error itself reaches hyper as before. (Keeping the key in
+//!   flight instead would answer 409 until the TTL ends, a day by default.)
+//! - **The response cannot be stored whole** (over
+//!   [`max_response_bytes`](IdempotencyLayer::max_response_bytes), with trailers, or its body
+//!   fails while being read): the first client gets the whole response, streamed; repeats get
+//!   its status and headers with an empty body and `idempotent-replay-body: omitted`.
+//! - **The store refuses the record** (full, failing): the key stays in flight until its TTL.
+//!
+//! The call runs on the current tokio runtime (`tokio::spawn`), so the inner service and its
+//! future must be `Send + 'static`. Outside a tokio runtime it runs in the request's own future.
+//!
+//! # What is stored
 //!
 //! Responses of every status are stored, errors included: a 500 may come after the write was
 //! partly applied, and a client that repeats the key must learn the same outcome rather than
-//! run the write a second time. A response too large to store passes through, its key is
-//! freed and a `warn` event says so. Requests without a key pass through untouched, unless
-//! their method [requires one](IdempotencyLayer::require_key_for).
+//! run the write a second time. Requests without a key pass through untouched, unless their
+//! method [requires one](IdempotencyLayer::require_key_for).
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -48,6 +74,8 @@
 mod body;
 mod layer;
 mod memory;
+mod outcome;
+mod run;
 mod service;
 mod store;
 

@@ -10,9 +10,9 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use tower_service::Service;
 
 use super::layer::Config;
+use super::run::{self, Claimed};
 use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::ResponseBody;
-use crate::attempts::cap;
 use crate::classify::idempotency_key;
 use crate::BoxError;
 
@@ -45,7 +45,7 @@ type InnerBody<B> = Either<Full<Bytes>, B>;
 impl<S, St, B, ResBody> Service<Request<B>> for IdempotencyService<S, St>
 where
     S: Service<Request<InnerBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
+    S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: IdempotencyStore,
     B: Body<Data = Bytes> + Send + 'static,
@@ -92,11 +92,13 @@ async fn handle<S, St, B, ResBody>(
     req: Request<B>,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
-    S: Service<Request<InnerBody<B>>, Response = Response<ResBody>>,
+    S: Service<Request<InnerBody<B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: IdempotencyStore,
-    B: Body<Data = Bytes>,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes> + Unpin,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let Some(value) = req.headers().get(&config.key_header) else {
@@ -110,11 +112,12 @@ where
         let res = inner.call(req.map(Either::Right)).await?;
         return Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, body)));
     };
-    let Some(key) = idempotency_key::parse_sf_string(value) else {
+    let Some(key) = idempotency_key::parse(value) else {
         return Ok(reply(
             StatusCode::BAD_REQUEST,
-            "malformed Idempotency-Key: expected a non-empty quoted string (RFC 8941 sf-string) \
-             of printable ASCII, at most 255 bytes",
+            "malformed Idempotency-Key: expected a quoted string (RFC 8941 sf-string) of \
+             printable ASCII, or a bare token of visible ASCII without quotes or backslashes; \
+             non-empty, at most 255 bytes",
         ));
     };
     let key: Arc<str> = key.into();
@@ -162,59 +165,31 @@ where
         }
     }
 
-    let mut guard = Release {
-        store: store.clone(),
-        key: Some(key.clone()),
+    // From here on the handler runs and its outcome is kept, even if this request goes away.
+    let claimed = Claimed {
+        store,
+        config,
+        key,
+        fingerprint,
     };
-    let res = match inner
-        .call(Request::from_parts(parts, Either::Left(Full::new(body))))
-        .await
-    {
-        Ok(res) => res,
-        Err(err) => {
-            // No response at all: nothing to replay, so the key is free for a retry.
-            guard.release_now().await;
-            return Err(err);
-        }
-    };
-    let (parts, body) = res.into_parts();
-    match buffer(body, config.max_response_bytes).await {
-        Buffered::Whole(bytes) => {
-            let record = StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
-            match store.complete(&key, fingerprint, record, config.ttl).await {
-                Ok(()) => guard.disarm(),
-                Err(err) => {
-                    tracing::warn!(error = %err, key = cap(&key, 64), "response not stored for an idempotency key; the key is freed");
-                    guard.release_now().await;
-                }
-            }
-            Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
-        }
-        Buffered::Partial {
-            prefix,
-            trailers,
-            rest,
-            why,
-        } => {
-            tracing::warn!(
-                key = cap(&key, 64),
-                limit = config.max_response_bytes,
-                why,
-                "response passed through unstored for an idempotency key; the key is freed"
-            );
-            guard.release_now().await;
-            Ok(Response::from_parts(
-                parts,
-                ResponseBody::stream(prefix, trailers, rest),
-            ))
-        }
-    }
+    run::call(
+        inner,
+        claimed,
+        Request::from_parts(parts, Either::Left(Full::new(body))),
+    )
+    .await
 }
 
-fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
+/// A stored record as a response.
+pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBody<B>> {
     let mut res = Response::new(ResponseBody::full(stored.body().clone()));
     *res.status_mut() = stored.status();
     *res.headers_mut() = stored.headers().clone();
+    res
+}
+
+fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
+    let mut res = stored_response(&stored);
     res.headers_mut().insert(
         config.replay_header.clone(),
         HeaderValue::from_static("true"),
@@ -222,7 +197,7 @@ fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B
     res
 }
 
-enum Buffered<B> {
+pub(crate) enum Buffered<B> {
     Whole(Bytes),
     /// Not stored: too large, has trailers, or failed mid-way. Carries what was read.
     Partial {
@@ -233,7 +208,7 @@ enum Buffered<B> {
     },
 }
 
-async fn buffer<B>(mut body: B, limit: usize) -> Buffered<B>
+pub(crate) async fn buffer<B>(mut body: B, limit: usize) -> Buffered<B>
 where
     B: Body<Data = Bytes> + Unpin,
 {
@@ -270,46 +245,6 @@ where
                     why: "its body failed",
                 }
             }
-        }
-    }
-}
-
-/// Frees the key if the request ends without a stored response — including when the
-/// request's future is dropped (the client went away) before the handler finished.
-struct Release<St: IdempotencyStore> {
-    store: Arc<St>,
-    key: Option<Arc<str>>,
-}
-
-impl<St: IdempotencyStore> Release<St> {
-    fn disarm(&mut self) {
-        self.key = None;
-    }
-
-    async fn release_now(&mut self) {
-        if let Some(key) = self.key.take() {
-            if let Err(err) = self.store.release(&key).await {
-                tracing::warn!(error = %err, "could not free an idempotency key; it expires with its TTL");
-            }
-        }
-    }
-}
-
-impl<St: IdempotencyStore> Drop for Release<St> {
-    fn drop(&mut self) {
-        let Some(key) = self.key.take() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let store = self.store.clone();
-                runtime.spawn(async move {
-                    let _ = store.release(&key).await;
-                });
-            }
-            Err(_) => tracing::warn!(
-                "an idempotency key was left in flight outside a runtime; it expires with its TTL"
-            ),
         }
     }
 }

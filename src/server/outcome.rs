@@ -1,0 +1,53 @@
+//! The records the layer keeps when it cannot keep a handler's response whole. Once a handler
+//! has been called its key is never freed, so every ending has a record to replay.
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use super::store::StoredResponse;
+
+/// Set on a stored response whose body was not kept (too large, trailers, or it failed while
+/// being read): the status and headers are the handler's, the body is empty.
+pub(crate) const BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-replay-body");
+
+/// The hint our client (and Stainless-style SDKs) read: repeating this key only replays the
+/// same record, so there is nothing to gain from retrying it.
+const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
+const UNKNOWN: &str = "the first request with this Idempotency-Key was handed to its handler, \
+which ended without a response (it failed, timed out or panicked); it may have applied its \
+effect, so it is not run again for this key. Check the resource's state before sending the \
+request again with a new key.";
+
+/// The handler was called and ended without a response: whether it applied is unknown.
+pub(crate) fn unknown() -> StoredResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+    StoredResponse::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        headers,
+        Bytes::from_static(UNKNOWN.as_bytes()),
+    )
+}
+
+/// The handler answered, but its body cannot be kept: keep what it said (status, headers)
+/// and say that the body is missing.
+pub(crate) fn head_only(status: StatusCode, headers: &HeaderMap) -> StoredResponse {
+    let mut headers = headers.clone();
+    // They described the body that is not replayed.
+    for name in [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONTENT_ENCODING,
+        header::TRAILER,
+    ] {
+        headers.remove(name);
+    }
+    headers.insert(BODY_OMITTED, HeaderValue::from_static("omitted"));
+    headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+    StoredResponse::new(status, headers, Bytes::new())
+}
