@@ -145,12 +145,19 @@ impl Middleware for RetrySafetyMiddleware {
 
 /// The transport error without reqwest-middleware's transparent wrapper; an error of this
 /// crate from a middleware further in stays recognisable.
+///
+/// A `reqwest::Error` prints its URL, query string included (`Display`, `Debug`, and so every
+/// report of the chain that ours leads to): it is kept without it. An error of another
+/// middleware's own type is kept as it is; it is that middleware's to keep secrets out of.
 fn into_box(err: reqwest_middleware::Error) -> BoxError {
     match err {
-        reqwest_middleware::Error::Reqwest(e) => Box::new(e),
+        reqwest_middleware::Error::Reqwest(e) => Box::new(e.without_url()),
         reqwest_middleware::Error::Middleware(e) => match e.downcast::<Error>() {
             Ok(ours) => Box::new(ours),
-            Err(other) => other.into(),
+            Err(other) => match other.downcast::<reqwest::Error>() {
+                Ok(e) => Box::new(e.without_url()),
+                Err(other) => other.into(),
+            },
         },
     }
 }

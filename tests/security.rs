@@ -106,3 +106,110 @@ fn a_request_id_with_control_or_non_ascii_bytes_is_not_echoed() {
     let err = block_on(policy.layer(Script::new([Timeout])).oneshot(req)).unwrap_err();
     assert_eq!(err.request_id(), None);
 }
+
+/// Every `Display` and `Debug` along an error's `source()` chain.
+fn whole_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut all = String::new();
+    let mut next = Some(err);
+    while let Some(e) = next {
+        all.push_str(&format!("{e}\n{e:?}\n"));
+        next = e.source();
+    }
+    all
+}
+
+/// A server that reads a request and closes the connection without answering: an ambiguous
+/// failure from a real transport.
+async fn closing_server() -> std::net::SocketAddr {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            let _ = socket.read(&mut buf).await;
+        }
+    });
+    addr
+}
+
+/// Real hyper-util errors (refused, closed without a response) behind the layer, with a
+/// secret in the query: nothing along the chain prints it.
+#[tokio::test]
+async fn no_query_secret_along_real_hyper_util_error_chains() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let refused = support::fault_server::refused_addr().await;
+    let closing = closing_server().await;
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let svc = RetryPolicy::builder()
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .no_budget()
+        .build()
+        .unwrap()
+        .layer(client);
+    for (method, addr) in [("GET", refused), ("POST", closing), ("GET", closing)] {
+        let req = Request::builder()
+            .method(method)
+            .uri(format!("http://{addr}/v1/execute?api_key=QUERYSECRET"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let err = svc.clone().oneshot(req).await.unwrap_err();
+        let all = whole_chain(&err);
+        assert!(!all.contains("QUERYSECRET"), "{method} {addr}:\n{all}");
+        assert!(all.contains("/v1/execute"), "{all}");
+    }
+}
+
+/// Real reqwest errors through the adapter: the error, its chain and reqwest-middleware's own
+/// `Display` and `Debug` of it never print the query string.
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test]
+async fn no_query_secret_along_real_reqwest_error_chains() {
+    use tower_retry_safety::RetrySafetyMiddleware;
+
+    let refused = support::fault_server::refused_addr().await;
+    let closing = closing_server().await;
+    let policy = RetryPolicy::builder()
+        .backoff(Duration::from_millis(1), Duration::from_millis(5))
+        .no_budget()
+        .build()
+        .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetrySafetyMiddleware::new(policy))
+        .build();
+    let cases = [
+        (reqwest::Method::GET, refused, None),
+        (reqwest::Method::POST, closing, None),
+        // reqwest's own per-request timeout.
+        (
+            reqwest::Method::POST,
+            closing,
+            Some(Duration::from_millis(50)),
+        ),
+    ];
+    for (method, addr, timeout) in cases {
+        let mut req = client.request(
+            method.clone(),
+            format!("http://{addr}/v1/execute?api_key=QUERYSECRET"),
+        );
+        if let Some(timeout) = timeout {
+            req = req.timeout(timeout);
+        }
+        let err = req.send().await.unwrap_err();
+        let mut all = format!("{err}\n{err:?}\n{err:#}\n");
+        if let reqwest_middleware::Error::Middleware(inner) = &err {
+            let ours = inner
+                .downcast_ref::<tower_retry_safety::Error>()
+                .expect("our error");
+            all.push_str(&whole_chain(ours));
+        } else {
+            panic!("expected the adapter's error, got {err:?}");
+        }
+        assert!(!all.contains("QUERYSECRET"), "{method} {addr}:\n{all}");
+        assert!(all.contains("/v1/execute"), "{all}");
+    }
+}
