@@ -136,6 +136,7 @@ impl Plan {
     pub(crate) fn new(
         policy: &RetryPolicy,
         method: &Method,
+        host: Option<&str>,
         path: &str,
         headers: &HeaderMap,
         extensions: &Extensions,
@@ -149,7 +150,7 @@ impl Plan {
         let has_key_header = key.is_some();
         let key = key.and_then(idempotency_key::parse);
         Plan {
-            verdict: policy.classify_parts(method, path, key.is_some(), extensions),
+            verdict: policy.classify_parts(method, host, path, key.is_some(), extensions),
             outer_layer: extensions.get::<LayerAttempt>().is_some(),
             key: key.map(Into::into),
             has_key_header,

@@ -9,14 +9,15 @@
 //!
 //! - **Is a repeat harmless?** ([`RequestVerdict`]) — from a marker the caller put in the
 //!   request's extensions ([`NoRetry`], [`Idempotency`]), a route rule (method + path template),
-//!   an `Idempotency-Key` header when the target honours keys, or the method (RFC 9110).
+//!   an `Idempotency-Key` header where the target is trusted to honour keys (unscoped, or per
+//!   host: see [`RetryPolicyBuilder::honor_idempotency_key`]), or the method (RFC 9110).
 //! - **What do we know about the failed attempt?** ([`FailureClass`]) — it provably never reached
 //!   the server (*not sent*), it may have been applied (*ambiguous*), the server asked for a retry
 //!   (*retryable response*), or there is nothing to gain from repeating (*final*).
 //!
 //! | | not sent | ambiguous | retryable response | final |
 //! |---|---|---|---|---|
-//! | idempotent (or keyed) | retry | retry | retry, honouring Retry-After | return |
+//! | idempotent (or keyed, key trusted) | retry | retry | retry, honouring Retry-After | return |
 //! | non-idempotent | retry | **suppress** | **suppress** | return |
 //! | [`NoRetry`] | return | return | return | return |
 //!

@@ -728,16 +728,28 @@ async fn a_key_the_caller_set_is_never_replaced() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_keyed_write_marked_non_idempotent_is_still_retried() {
-    // The marker says "a write"; the key the target honours makes the repeat harmless.
-    let mut req = post();
-    req.extensions_mut().insert(Idempotency::NonIdempotent);
+async fn a_keyed_write_marked_non_idempotent_is_retried_only_where_its_host_is_trusted() {
+    let marked = || {
+        let mut req = post();
+        req.extensions_mut().insert(Idempotency::NonIdempotent);
+        req
+    };
+    // Unscoped trust (minting alone) yields to the marker: the endpoint may ignore keys.
     let script = Script::new([Timeout, ok()]);
-    let res = run(builder().mint_idempotency_keys(true), &script, req)
+    let err = run(builder().mint_idempotency_keys(true), &script, marked())
         .await
-        .unwrap();
+        .unwrap_err();
+    assert!(err.retry_suppressed());
+    assert_eq!(script.count(), 1);
+    // Trust scoped to the host outweighs it: the key makes the repeat harmless.
+    let script = Script::new([Timeout, ok()]);
+    let trusted = builder()
+        .mint_idempotency_keys(true)
+        .honor_idempotency_key_for_host("API.test");
+    let res = run(trusted, &script, marked()).await.unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(script.count(), 2);
+    assert_eq!(key_of(&script.calls()[0]), key_of(&script.calls()[1]));
 }
 
 #[tokio::test(start_paused = true)]

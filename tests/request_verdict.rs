@@ -160,8 +160,113 @@ fn route_outranks_key() {
         (v.idempotency(), v.source()),
         (NonIdempotent, VerdictSource::Route)
     );
-    // The key is still recorded: the request carries one the target honours.
-    assert!(v.is_keyed());
+    // Unscoped trust does not cover a route a rule calls a write: the key does not count.
+    assert!(!v.keys_honored());
+    assert!(!v.is_keyed());
+}
+
+/// Every combination of what decides (method, rule, marker), key (none, present) and trust
+/// (none, unscoped, the request's host, another host): whether a repeat is harmless.
+#[test]
+fn every_combination_of_marker_rule_key_and_trust() {
+    #[derive(Clone, Copy, Debug)]
+    enum Decider {
+        ByMethod,
+        WriteRule,
+        WriteMarker,
+        ReadRule,
+        ReadMarker,
+    }
+    #[derive(Clone, Copy, Debug)]
+    enum Trust {
+        None,
+        Unscoped,
+        ThisHost,
+        OtherHost,
+    }
+    use Decider::*;
+    const TRUSTS: [Trust; 4] = [
+        Trust::None,
+        Trust::Unscoped,
+        Trust::ThisHost,
+        Trust::OtherHost,
+    ];
+    // Harmless with a key, per trust in TRUSTS order. Without a key only reads are harmless.
+    let table: [(Decider, [bool; 4]); 5] = [
+        (ByMethod, [false, true, true, false]),
+        (WriteRule, [false, false, true, false]),
+        (WriteMarker, [false, false, true, false]),
+        (ReadRule, [true, true, true, true]),
+        (ReadMarker, [true, true, true, true]),
+    ];
+    for (decider, with_key) in table {
+        for (trust, expect_keyed) in TRUSTS.into_iter().zip(with_key) {
+            for has_key in [false, true] {
+                let mut b = RetryPolicy::builder()
+                    .route(Method::POST, "/v1/search", Idempotent)
+                    .route(Method::POST, "/v1/send", NonIdempotent);
+                b = match trust {
+                    Trust::None => b,
+                    Trust::Unscoped => b.honor_idempotency_key(true),
+                    Trust::ThisHost => b.honor_idempotency_key_for_host("api.test"),
+                    Trust::OtherHost => b.honor_idempotency_key_for_host("other.test"),
+                };
+                let path = match decider {
+                    WriteRule => "/v1/send",
+                    ReadRule => "/v1/search",
+                    _ => "/v1/other",
+                };
+                let mut r = req(Method::POST, &format!("http://api.test{path}"));
+                match decider {
+                    WriteMarker => {
+                        r.extensions_mut().insert(NonIdempotent);
+                    }
+                    ReadMarker => {
+                        r.extensions_mut().insert(Idempotent);
+                    }
+                    _ => {}
+                }
+                if has_key {
+                    r.headers_mut()
+                        .insert("idempotency-key", "\"k-1\"".parse().unwrap());
+                }
+                let v = b.build().unwrap().classify(&r);
+                let harmless = v.idempotency() == Idempotent || v.is_keyed();
+                let reads = matches!(decider, ReadRule | ReadMarker);
+                let expect = if has_key { expect_keyed } else { reads };
+                assert_eq!(harmless, expect, "{decider:?} {trust:?} key={has_key}");
+                if !has_key {
+                    assert!(!v.is_keyed());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hosts_that_cannot_be_trusted_are_refused_by_build() {
+    for bad in [
+        "",
+        "https://api.test",
+        "api.test/v1",
+        "api.test:443",
+        "api test",
+    ] {
+        let err = RetryPolicy::builder()
+            .honor_idempotency_key_for_host(bad)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.setting_name(),
+            "honor_idempotency_key_for_host",
+            "{bad}"
+        );
+        assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+    }
+    RetryPolicy::builder()
+        .honor_idempotency_key_for_host("[::1]")
+        .build()
+        .unwrap();
 }
 
 #[test]

@@ -93,6 +93,7 @@ pub struct RequestVerdict {
     idempotency: Idempotency,
     source: VerdictSource,
     no_retry: bool,
+    keys_honored: bool,
     keyed: bool,
 }
 
@@ -102,6 +103,7 @@ impl RequestVerdict {
         idempotency: Idempotency::NonIdempotent,
         source: VerdictSource::Marker,
         no_retry: true,
+        keys_honored: false,
         keyed: false,
     };
 
@@ -110,12 +112,21 @@ impl RequestVerdict {
             idempotency,
             source,
             no_retry: false,
+            keys_honored: false,
             keyed: false,
         }
     }
 
-    pub(crate) fn with_key(mut self, keyed: bool) -> Self {
-        self.keyed = keyed;
+    /// Whether the request's target is trusted to honour a key on this request.
+    pub(crate) fn with_key_trust(mut self, honored: bool) -> Self {
+        self.keys_honored = honored;
+        self
+    }
+
+    /// Whether the request carries a well-formed key (its own or a minted one); it counts
+    /// only where keys are trusted.
+    pub(crate) fn with_key(mut self, has_key: bool) -> Self {
+        self.keyed = has_key && self.keys_honored;
         self
     }
 
@@ -135,16 +146,23 @@ impl RequestVerdict {
         self.no_retry
     }
 
-    /// Whether the request carries a well-formed idempotency key that the policy honours.
-    /// Such a request is safe to repeat with the same key, whatever its idempotency: a rule or
-    /// marker that calls it a write decides the verdict's source, the key makes the repeat
-    /// harmless.
+    /// Whether the request carries a well-formed idempotency key that its target is trusted
+    /// to honour (see [`keys_honored`](Self::keys_honored)). Such a request is safe to repeat
+    /// with the same key, whatever its idempotency: a rule or marker that calls it a write
+    /// decides the verdict's source, the key makes the repeat harmless.
     pub fn is_keyed(&self) -> bool {
         self.keyed
     }
 
+    /// Whether the policy trusts this request's target to honour an idempotency key on it,
+    /// whether or not the request carries one: the trust the policy was given (unscoped, or
+    /// for the request's host) that applies to this request.
+    pub fn keys_honored(&self) -> bool {
+        self.keys_honored
+    }
+
     /// True when a retry after an ambiguous failure or a retryable response is allowed: the
-    /// request is idempotent, or carries a key the target honours (DESIGN.md §2.3, first row).
+    /// request is idempotent, or carries a key its target is trusted to honour.
     pub(crate) fn repeat_is_harmless(&self) -> bool {
         !self.no_retry && (self.idempotency == Idempotency::Idempotent || self.keyed)
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
 
+use super::key_trust::KeyTrust;
 use super::statuses::StatusSet;
 use super::{Inner, RetryPolicy};
 use crate::backoff::Backoff;
@@ -21,6 +22,7 @@ pub struct RetryPolicyBuilder {
     max_retries: u32,
     routes: Vec<(Method, String, Idempotency)>,
     honor_idempotency_key: bool,
+    key_hosts: Vec<String>,
     mint_idempotency_keys: bool,
     idempotency_key_header: HeaderName,
     backoff: Backoff,
@@ -76,6 +78,7 @@ impl RetryPolicyBuilder {
             max_retries: 2,
             routes: Vec::new(),
             honor_idempotency_key: false,
+            key_hosts: Vec::new(),
             mint_idempotency_keys: false,
             idempotency_key_header: HeaderName::from_static("idempotency-key"),
             backoff: Backoff {
@@ -110,8 +113,11 @@ impl RetryPolicyBuilder {
 
     /// A rule for `method` on paths matching `template`, in axum/matchit syntax:
     /// `/v1/tools/{slug}/execute`, `/v1/files/{*path}`. The query string never takes part in
-    /// matching. A rule outranks an idempotency key and the method, and is outranked by a
-    /// marker in the request's extensions.
+    /// matching. A rule outranks the method, and is outranked by a marker in the request's
+    /// extensions. A rule that calls a route [`NonIdempotent`](Idempotency::NonIdempotent)
+    /// also keeps a key on it from counting under unscoped trust
+    /// ([`honor_idempotency_key`](Self::honor_idempotency_key)); trust scoped to the host
+    /// ([`honor_idempotency_key_for_host`](Self::honor_idempotency_key_for_host)) still counts.
     ///
     /// Defaults to no rules. Lookup cost does not depend on the number of rules.
     pub fn route(mut self, method: Method, template: &str, idempotency: Idempotency) -> Self {
@@ -119,9 +125,24 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Whether the target honours idempotency keys: when true, a request that carries a
-    /// well-formed key header is safe to repeat (with the same key, which the layer never
-    /// changes).
+    /// Trust every target to honour idempotency keys: a request that carries a well-formed key
+    /// is safe to repeat with the same key (which the layer never changes), so a write with a
+    /// key is retried after an ambiguous failure and a retryable response.
+    ///
+    /// This trust is unscoped, so it yields to anything more specific: it does not cover a
+    /// request that a marker or a route rule calls
+    /// [`NonIdempotent`](Idempotency::NonIdempotent) (such a rule often marks an endpoint
+    /// that ignores keys). Trust one API's host with
+    /// [`honor_idempotency_key_for_host`](Self::honor_idempotency_key_for_host) instead when
+    /// a client talks to several.
+    ///
+    /// | a keyed request that… | unscoped trust | its host trusted | no trust |
+    /// |---|---|---|---|
+    /// | only its method calls a write (a plain `POST`) | retried | retried | not retried |
+    /// | a marker or rule calls `NonIdempotent` | **not** retried | retried | not retried |
+    ///
+    /// ("Retried" means: after an ambiguous failure or a retryable response; a request that
+    /// was provably not sent is retried in every case.)
     ///
     /// Defaults to false.
     pub fn honor_idempotency_key(mut self, honor: bool) -> Self {
@@ -129,12 +150,34 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Trust `host` to honour idempotency keys, on every port and path: a keyed request to it
+    /// is safe to repeat with the same key, even one that a marker or route rule calls
+    /// [`NonIdempotent`](Idempotency::NonIdempotent) (the host honours keys, so the key makes
+    /// the repeat harmless). Call it once per host; matched without regard to case against
+    /// the request URI's host. [`build`](Self::build) refuses an empty host, a scheme, a path
+    /// or a port.
+    ///
+    /// Naming a host scopes minted keys' trust too: see
+    /// [`mint_idempotency_keys`](Self::mint_idempotency_keys).
+    ///
+    /// Defaults to no hosts.
+    pub fn honor_idempotency_key_for_host(mut self, host: &str) -> Self {
+        self.key_hosts.push(host.to_owned());
+        self
+    }
+
     /// Give every non-idempotent request that has no idempotency key a fresh one before its
     /// first attempt, and the very same key on every retry: a Structured Field string of a
     /// random UUID v4 (122 random bits), per the IETF httpapi Idempotency-Key draft. A key the
-    /// caller set is never replaced. Minting says the target honours keys, so it turns on
-    /// [`honor_idempotency_key`](Self::honor_idempotency_key): a keyed write is retried after
-    /// an ambiguous failure, and a 409 (the original still in flight) is retried with backoff.
+    /// caller set is never replaced.
+    ///
+    /// Minting says the targets honour keys. With no host named by
+    /// [`honor_idempotency_key_for_host`](Self::honor_idempotency_key_for_host), it turns on
+    /// unscoped trust ([`honor_idempotency_key`](Self::honor_idempotency_key), with the limits
+    /// said there); with hosts named, keys are trusted on those hosts only (a key is still
+    /// minted for other targets: it costs nothing and lets a caller retry by hand with it).
+    /// A trusted keyed write is retried after an ambiguous failure, and a 409 (the original
+    /// still in flight) is retried with backoff.
     ///
     /// Defaults to false.
     pub fn mint_idempotency_keys(mut self, mint: bool) -> Self {
@@ -281,6 +324,14 @@ impl RetryPolicyBuilder {
         if self.deadline == Some(Duration::ZERO) {
             return Err(BuildError::setting("deadline", "it must be above zero"));
         }
+        let mut key_trust = KeyTrust {
+            everywhere: self.honor_idempotency_key
+                || (self.mint_idempotency_keys && self.key_hosts.is_empty()),
+            hosts: Vec::new(),
+        };
+        for host in &self.key_hosts {
+            key_trust.add_host(host)?;
+        }
         let mut routes = RouteTable::default();
         for (method, template, idempotency) in self.routes {
             routes.insert(method, &template, idempotency)?;
@@ -301,7 +352,7 @@ impl RetryPolicyBuilder {
             inner: Arc::new(Inner {
                 max_retries: self.max_retries,
                 routes,
-                honor_idempotency_key: self.honor_idempotency_key || self.mint_idempotency_keys,
+                key_trust,
                 mint_idempotency_keys: self.mint_idempotency_keys,
                 idempotency_key_header: self.idempotency_key_header,
                 backoff: self.backoff,
@@ -354,6 +405,13 @@ impl BuildError {
         BuildError {
             setting,
             message: message.into(),
+        }
+    }
+
+    pub(crate) fn host(setting: &'static str, host: &str, reason: &str) -> Self {
+        BuildError {
+            setting,
+            message: format!("{host:?}: {reason}"),
         }
     }
 

@@ -307,8 +307,18 @@ mod tests {
     }
 
     #[test]
+    fn a_key_without_trust_is_the_non_idempotent_row() {
+        let untrusted = NON_IDEMPOTENT.with_key(true);
+        assert!(!untrusted.is_keyed());
+        assert_eq!(
+            decide(&untrusted, FailureClass::Ambiguous.into()),
+            Decision::Stop(StopReason::SuppressedNotIdempotent)
+        );
+    }
+
+    #[test]
     fn keyed_non_idempotent_row_is_the_idempotent_row() {
-        let keyed = NON_IDEMPOTENT.with_key(true);
+        let keyed = NON_IDEMPOTENT.with_key_trust(true).with_key(true);
         assert_eq!(
             decide(&keyed, FailureClass::Ambiguous.into()),
             retry_after_ms(100)

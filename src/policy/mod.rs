@@ -3,6 +3,7 @@
 
 mod builder;
 mod decision;
+mod key_trust;
 mod statuses;
 
 use std::fmt;
@@ -49,7 +50,7 @@ pub struct RetryPolicy {
 pub(crate) struct Inner {
     pub(crate) max_retries: u32,
     pub(crate) routes: RouteTable,
-    pub(crate) honor_idempotency_key: bool,
+    pub(crate) key_trust: key_trust::KeyTrust,
     pub(crate) mint_idempotency_keys: bool,
     pub(crate) idempotency_key_header: HeaderName,
     pub(crate) backoff: Backoff,
@@ -69,7 +70,7 @@ impl fmt::Debug for RetryPolicy {
         f.debug_struct("RetryPolicy")
             .field("max_retries", &i.max_retries)
             .field("routes", &i.routes.len())
-            .field("honor_idempotency_key", &i.honor_idempotency_key)
+            .field("key_trust", &i.key_trust)
             .field("mint_idempotency_keys", &i.mint_idempotency_keys)
             .field("idempotency_key_header", &i.idempotency_key_header)
             .field("backoff", &(i.backoff.initial, i.backoff.max))
@@ -94,14 +95,17 @@ impl RetryPolicy {
     /// Whether a repeat of `req` is harmless, and which rule decided. Allocates nothing.
     ///
     /// Precedence, highest first: a [`NoRetry`] or [`Idempotency`] marker in the request's
-    /// extensions; a route rule; a well-formed `Idempotency-Key` header when
-    /// [`honor_idempotency_key`](RetryPolicyBuilder::honor_idempotency_key) is on; the method.
+    /// extensions; a route rule; a well-formed `Idempotency-Key` header that the target is
+    /// trusted to honour; the method. A key the target is trusted to honour also makes a
+    /// repeat harmless when a marker or rule decided — unless that trust is only unscoped and
+    /// the marker or rule calls the request a write (see
+    /// [`honor_idempotency_key`](RetryPolicyBuilder::honor_idempotency_key)).
     pub fn classify<B>(&self, req: &Request<B>) -> RequestVerdict {
         self.classify_parts(
             req.method(),
+            req.uri().host(),
             req.uri().path(),
-            // Read only when it can matter: the verdict ignores keys the policy does not honour.
-            self.inner.honor_idempotency_key && self.idempotency_key(req.headers()).is_some(),
+            self.idempotency_key(req.headers()).is_some(),
             req.extensions(),
         )
     }
@@ -112,6 +116,7 @@ impl RetryPolicy {
     pub(crate) fn classify_parts(
         &self,
         method: &Method,
+        host: Option<&str>,
         path: &str,
         has_key: bool,
         extensions: &Extensions,
@@ -120,18 +125,26 @@ impl RetryPolicy {
             return RequestVerdict::NO_RETRY;
         }
         let inner = &*self.inner;
-        let keyed = inner.honor_idempotency_key && has_key;
-        if let Some(marker) = extensions.get::<Idempotency>() {
-            return RequestVerdict::new(*marker, VerdictSource::Marker).with_key(keyed);
-        }
-        if let Some(rule) = inner.routes.lookup(method, path) {
-            return RequestVerdict::new(rule, VerdictSource::Route).with_key(keyed);
-        }
-        if keyed {
+        let (idempotency, source) = if let Some(marker) = extensions.get::<Idempotency>() {
+            (*marker, VerdictSource::Marker)
+        } else if let Some(rule) = inner.routes.lookup(method, path) {
+            (rule, VerdictSource::Route)
+        } else {
+            (Idempotency::of_method(method), VerdictSource::Method)
+        };
+        let explicit_write =
+            source != VerdictSource::Method && idempotency == Idempotency::NonIdempotent;
+        let trusted = inner.key_trust.trusted(method, host, path, explicit_write);
+        let verdict = RequestVerdict::new(idempotency, source)
+            .with_key_trust(trusted)
+            .with_key(has_key);
+        if verdict.is_keyed() && source == VerdictSource::Method {
+            // The key decides where only the method spoke.
             return RequestVerdict::new(Idempotency::Idempotent, VerdictSource::IdempotencyKey)
+                .with_key_trust(true)
                 .with_key(true);
         }
-        RequestVerdict::new(Idempotency::of_method(method), VerdictSource::Method)
+        verdict
     }
 
     /// Puts a fresh idempotency key in `headers` and returns it. The caller decides whether
