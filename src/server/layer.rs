@@ -11,9 +11,24 @@ pub(crate) struct Config {
     pub(crate) key_header: HeaderName,
     pub(crate) replay_header: HeaderName,
     pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) store_server_errors: bool,
+    pub(crate) scope: Option<Scope>,
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) required: Vec<Method>,
+}
+
+/// Reads the scope of a request's key.
+#[derive(Clone)]
+pub(crate) struct Scope(
+    pub(crate) Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>,
+);
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scope(..)")
+    }
 }
 
 /// A server-side tower layer that honours `Idempotency-Key`: the first request with a key runs,
@@ -49,6 +64,9 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
                 key_header: HeaderName::from_static("idempotency-key"),
                 replay_header: HeaderName::from_static("idempotent-replayed"),
                 ttl: Duration::from_secs(24 * 60 * 60),
+                lease: Duration::from_secs(60),
+                store_server_errors: true,
+                scope: None,
                 max_request_bytes: 1024 * 1024,
                 max_response_bytes: 64 * 1024,
                 required: Vec::new(),
@@ -80,11 +98,72 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
         self.config(|c| c.replay_header = name)
     }
 
-    /// How long a key and its response are kept.
+    /// How long a key's completed outcome is kept.
     ///
     /// Defaults to 24 hours.
     pub fn ttl(self, ttl: Duration) -> Self {
         self.config(|c| c.ttl = ttl)
+    }
+
+    /// How long a claim on a key lasts without renewal. While its handler runs, the layer
+    /// renews the claim every third of the lease, so a handler may run longer than it; a server
+    /// that dies mid-handler holds its keys until the lease ends. After that a repeat of the key
+    /// runs the handler again: the lease is the window within which a crashed server's write
+    /// cannot be told from one that never started. Values under 30 ms are taken as 30 ms.
+    ///
+    /// Defaults to 60 seconds.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.config(|c| c.lease = lease.max(Duration::from_millis(30)))
+    }
+
+    /// Whether a response with a 5xx status is stored for replay. Stored, a repeat learns the
+    /// same outcome (a 500 may come after a write was partly applied); not stored, the key is
+    /// freed and a repeat runs the handler again. Turn it off only for handlers that answer
+    /// 5xx solely when they applied nothing (a transaction rolled back, a dependency refused
+    /// before any effect): the layer takes that as the proof that the handler did not run.
+    ///
+    /// Defaults to true (Stripe's choice).
+    pub fn store_server_errors(self, store: bool) -> Self {
+        self.config(|c| c.store_server_errors = store)
+    }
+
+    /// Scope keys by who sent them: `scope` reads the sender's identity from the request —
+    /// an authenticated tenant that an auth layer outside this one put in the request's
+    /// extensions, say — and keys live in one space per scope, so one client can never be
+    /// replayed another client's stored response by presenting its key. A keyed request for
+    /// which `scope` returns `None` is refused with 400 and runs nothing.
+    ///
+    /// Scope keys whenever several clients reach one server and keys are not unguessable
+    /// secrets of one client (a key another client can learn or choose is a way to read its
+    /// responses). Defaults to unscoped: one key space for all clients.
+    ///
+    /// ```
+    /// use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+    ///
+    /// #[derive(Clone)]
+    /// struct Tenant(String); // set by the auth layer
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new())
+    ///     .scope_keys_by(|req| req.extensions.get::<Tenant>().map(|t| t.0.clone()));
+    /// # drop(layer);
+    /// ```
+    pub fn scope_keys_by(
+        self,
+        scope: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        let scope = Scope(Arc::new(scope));
+        self.config(|c| c.scope = Some(scope))
+    }
+
+    /// Scope keys by the value of a request header (an API key id or an account header that
+    /// an auth layer outside this one checked): see [`scope_keys_by`](Self::scope_keys_by).
+    /// A keyed request without the header (or with a value that is not visible ASCII) is
+    /// refused with 400.
+    pub fn scope_keys_by_header(self, name: HeaderName) -> Self {
+        self.scope_keys_by(move |req| {
+            let value = req.headers.get(&name)?.to_str().ok()?;
+            (!value.is_empty()).then(|| value.to_owned())
+        })
     }
 
     /// The largest keyed request body read for the fingerprint; a larger one is refused with

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
+use super::store::{
+    Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
+};
 
 /// The embedded [`IdempotencyStore`]: a map behind a mutex, bounded in entries and in bytes,
 /// with expiry.
@@ -33,6 +35,9 @@ struct State {
 #[derive(Debug)]
 struct Slot {
     entry: Entry,
+    /// The claim that holds an in-flight entry.
+    claim: Option<Claim>,
+    /// The end of an in-flight entry's lease, or of a completed entry's TTL.
     expires: Instant,
     size: usize,
 }
@@ -109,11 +114,19 @@ impl State {
         }
     }
 
-    fn live(&mut self, key: &str, now: Instant) -> Option<&Slot> {
+    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Slot> {
         if self.entries.get(key).is_some_and(|s| s.expires <= now) {
             self.remove(key);
         }
-        self.entries.get(key)
+        self.entries.get_mut(key)
+    }
+
+    /// The in-flight slot that `claim` holds, or `fenced`.
+    fn held(&mut self, key: &str, claim: Claim, now: Instant) -> Result<&mut Slot, StoreError> {
+        match self.live(key, now) {
+            Some(slot) if slot.claim == Some(claim) => Ok(slot),
+            _ => Err(StoreError::fenced()),
+        }
     }
 }
 
@@ -126,7 +139,7 @@ impl IdempotencyStore for MemoryStore {
         &self,
         key: &str,
         fingerprint: Fingerprint,
-        ttl: Duration,
+        lease: Duration,
     ) -> Result<Begin, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
@@ -140,34 +153,45 @@ impl IdempotencyStore for MemoryStore {
                 return Err(StoreError::full());
             }
         }
+        let claim = Claim::new();
         state.bytes += size;
         state.entries.insert(
             key.into(),
             Slot {
                 entry: Entry::InFlight { fingerprint },
-                expires: now + ttl,
+                claim: Some(claim),
+                expires: now + lease,
                 size,
             },
         );
-        Ok(Begin::Started)
+        Ok(Begin::Started(claim))
+    }
+
+    async fn renew(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
+        let now = Instant::now();
+        self.lock().held(key, claim, now)?.expires = now + lease;
+        Ok(())
     }
 
     async fn complete(
         &self,
         key: &str,
-        fingerprint: Fingerprint,
+        claim: Claim,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
+        let slot = state.held(key, claim, now)?;
+        let Entry::InFlight { fingerprint } = slot.entry else {
+            return Err(StoreError::fenced());
+        };
         // The record replaces the in-flight slot only if it fits: a record that does not fit
         // leaves the key in flight, never free (its request's handler ran).
+        let held = slot.size;
         let size = key_size(key) + response.size();
-        let held = state.live(key, now).map_or(0, |slot| slot.size);
         if state.bytes - held + size > self.max_bytes {
             state.evict_expired(now);
-            let held = state.entries.get(key).map_or(0, |slot| slot.size);
             if state.bytes - held + size > self.max_bytes {
                 return Err(StoreError::full());
             }
@@ -181,6 +205,7 @@ impl IdempotencyStore for MemoryStore {
                     fingerprint,
                     response,
                 },
+                claim: None,
                 expires: now + ttl,
                 size,
             },
@@ -193,8 +218,11 @@ impl IdempotencyStore for MemoryStore {
         Ok(self.lock().live(key, now).map(|s| s.entry.clone()))
     }
 
-    async fn release(&self, key: &str) -> Result<(), StoreError> {
-        self.lock().remove(key);
+    async fn release(&self, key: &str, claim: Claim) -> Result<(), StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.held(key, claim, now)?;
+        state.remove(key);
         Ok(())
     }
 }
@@ -207,8 +235,8 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(60);
 
-    fn fp(n: u64) -> Fingerprint {
-        Fingerprint::from_u64(n)
+    fn fp(n: u8) -> Fingerprint {
+        Fingerprint::from_bytes([n; 32])
     }
 
     fn response(len: usize) -> StoredResponse {
@@ -219,50 +247,19 @@ mod tests {
         )
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn begin_complete_get_release() {
-        let s = MemoryStore::new();
-        assert_eq!(s.begin("k", fp(1), TTL).await.unwrap(), Begin::Started);
-        assert_eq!(
-            s.begin("k", fp(1), TTL).await.unwrap(),
-            Begin::Existing(Entry::InFlight { fingerprint: fp(1) })
-        );
-        s.complete("k", fp(1), response(3), TTL).await.unwrap();
-        let Some(Entry::Completed { response: r, .. }) = s.get("k").await.unwrap() else {
-            panic!("completed")
-        };
-        assert_eq!(r.body().as_ref(), b"xxx");
-        s.release("k").await.unwrap();
-        assert_eq!(s.get("k").await.unwrap(), None);
-        assert_eq!((s.len(), s.bytes()), (0, 0));
+    async fn claim(s: &MemoryStore, key: &str, lease: Duration) -> Claim {
+        match s.begin(key, fp(1), lease).await.unwrap() {
+            Begin::Started(claim) => claim,
+            other => panic!("expected a claim, got {other:?}"),
+        }
     }
 
     #[tokio::test(start_paused = true)]
-    async fn entries_expire() {
-        let s = MemoryStore::new();
-        s.begin("k", fp(1), Duration::from_secs(5)).await.unwrap();
-        tokio::time::advance(Duration::from_secs(6)).await;
-        assert_eq!(s.get("k").await.unwrap(), None);
-        assert_eq!(s.begin("k", fp(2), TTL).await.unwrap(), Begin::Started);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn bounded_in_entries_then_evicts_expired() {
-        let s = MemoryStore::with_limits(2, usize::MAX);
-        s.begin("a", fp(1), Duration::from_secs(1)).await.unwrap();
-        s.begin("b", fp(1), TTL).await.unwrap();
-        assert!(s.begin("c", fp(1), TTL).await.unwrap_err().is_full());
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert_eq!(s.begin("c", fp(1), TTL).await.unwrap(), Begin::Started);
-        assert_eq!(s.len(), 2);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn bounded_in_bytes() {
+    async fn a_record_that_does_not_fit_leaves_the_key_in_flight() {
         let s = MemoryStore::with_limits(100, 1000);
-        s.begin("k", fp(1), TTL).await.unwrap();
+        let c = claim(&s, "k", TTL).await;
         assert!(s
-            .complete("k", fp(1), response(2000), TTL)
+            .complete("k", c, response(2000), TTL)
             .await
             .unwrap_err()
             .is_full());
@@ -272,15 +269,26 @@ mod tests {
             "a response that does not fit leaves the key in flight, never free"
         );
         assert_eq!(s.bytes(), key_size("k"));
-        s.complete("k", fp(1), response(100), TTL).await.unwrap();
+        s.complete("k", c, response(100), TTL).await.unwrap();
         assert!(s.bytes() <= 1000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bounded_in_entries_then_evicts_expired() {
+        let s = MemoryStore::with_limits(2, usize::MAX);
+        claim(&s, "a", Duration::from_secs(1)).await;
+        claim(&s, "b", TTL).await;
+        assert!(s.begin("c", fp(1), TTL).await.unwrap_err().is_full());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        claim(&s, "c", TTL).await;
+        assert_eq!(s.len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
     async fn many_clients_cannot_grow_it() {
         let s = MemoryStore::with_limits(64, 64 * 1024);
         for i in 0..10_000 {
-            let _ = s.begin(&format!("key-{i}"), fp(i), TTL).await;
+            let _ = s.begin(&format!("key-{i}"), fp(1), TTL).await;
         }
         assert_eq!(s.len(), 64);
         assert!(s.bytes() <= 64 * 1024);

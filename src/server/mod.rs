@@ -83,4 +83,4 @@ pub use body::ResponseBody;
 pub use layer::IdempotencyLayer;
 pub use memory::MemoryStore;
 pub use service::IdempotencyService;
-pub use store::{Begin, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
+pub use store::{Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};

@@ -137,9 +137,23 @@ where
             ))
         }
     };
-    let fingerprint = Fingerprint::of(&parts.method, parts.uri.path(), &body);
-    match store.begin(&key, fingerprint, config.ttl).await {
-        Ok(Begin::Started) => {}
+    let key: Arc<str> = match &config.scope {
+        None => key,
+        // Length-prefixed, so no scope and key pair spells another's.
+        Some(scope) => match (scope.0)(&parts) {
+            Some(scope) => format!("{}:{scope}|{key}", scope.len()).into(),
+            None => {
+                return Ok(reply(
+                    StatusCode::BAD_REQUEST,
+                    "this server scopes Idempotency-Keys by client, and the request does not say which client sent it",
+                ))
+            }
+        },
+    };
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let fingerprint = Fingerprint::of(&parts.method, target, &body);
+    let claim = match store.begin(&key, fingerprint, config.lease).await {
+        Ok(Begin::Started(claim)) => claim,
         Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
             return Ok(retry_later(
                 StatusCode::CONFLICT,
@@ -163,14 +177,14 @@ where
                 "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
             ));
         }
-    }
+    };
 
     // From here on the handler runs and its outcome is kept, even if this request goes away.
     let claimed = Claimed {
         store,
         config,
         key,
-        fingerprint,
+        claim,
     };
     run::call(
         inner,

@@ -4,44 +4,81 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
+use sha2::{Digest, Sha256};
 
 use crate::BoxError;
 
-/// What identifies "the same request" for a key: method, path and body, hashed with a hash
-/// that is stable across processes and versions (FNV-1a, 64 bits), so a store shared by a
-/// fleet compares fingerprints made by different servers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Fingerprint(u64);
+/// What identifies "the same request" for a key: SHA-256 over the method, the path with its
+/// query, and the body. Stable across processes and versions, so a store shared by a fleet
+/// compares fingerprints made by different servers, and collision-resistant, so no client can
+/// craft a different request that passes for the first.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
-    /// The fingerprint of a request.
-    pub fn of(method: &http::Method, path: &str, body: &[u8]) -> Self {
-        const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-        const PRIME: u64 = 0x0000_0100_0000_01b3;
-        let mut hash = OFFSET;
-        for part in [
-            method.as_str().as_bytes(),
-            b"\0",
-            path.as_bytes(),
-            b"\0",
-            body,
-        ] {
-            for &b in part {
-                hash ^= u64::from(b);
-                hash = hash.wrapping_mul(PRIME);
-            }
+    /// The fingerprint of a request: `path_and_query` is the request target as sent (the
+    /// query takes part: `?amount=5` and `?amount=500` differ).
+    pub fn of(method: &http::Method, path_and_query: &str, body: &[u8]) -> Self {
+        let mut hash = Sha256::new();
+        // Lengths first, so no two different requests hash the same bytes.
+        for part in [method.as_str().as_bytes(), path_and_query.as_bytes(), body] {
+            hash.update((part.len() as u64).to_be_bytes());
+            hash.update(part);
         }
-        Fingerprint(hash)
+        Fingerprint(hash.finalize().into())
     }
 
     /// The hash, to store it.
-    pub fn as_u64(self) -> u64 {
-        self.0
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
     }
 
     /// A fingerprint read back from a store.
-    pub fn from_u64(value: u64) -> Self {
-        Fingerprint(value)
+    pub fn from_bytes(bytes: [u8; 32]) -> Self {
+        Fingerprint(bytes)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A prefix is enough to tell two apart in a log.
+        write!(f, "Fingerprint(")?;
+        for b in &self.0[..6] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+/// A claim on a key: its fencing token. Only the holder of the claim that currently holds the
+/// key may renew, complete or release it; a claim that was taken over (its lease ended and
+/// another request claimed the key) is refused, so a stale server never overwrites a newer
+/// outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Claim(u64);
+
+impl Claim {
+    /// A fresh claim with a random token (64 random bits: two claims on one key never share
+    /// one in practice).
+    pub fn new() -> Self {
+        let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+        Claim(high ^ low)
+    }
+
+    /// The token, to store it.
+    pub fn token(self) -> u64 {
+        self.0
+    }
+
+    /// A claim read back from a store.
+    pub fn from_token(token: u64) -> Self {
+        Claim(token)
+    }
+}
+
+impl Default for Claim {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -93,12 +130,12 @@ impl StoredResponse {
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
-    /// The first request with this key is still running.
+    /// A request with this key is running under a claim whose lease has not ended.
     InFlight {
-        /// The first request's fingerprint.
+        /// The claiming request's fingerprint.
         fingerprint: Fingerprint,
     },
-    /// The first request finished with this response.
+    /// The claiming request finished with this response.
     Completed {
         /// The first request's fingerprint.
         fingerprint: Fingerprint,
@@ -111,86 +148,124 @@ pub enum Entry {
 #[non_exhaustive]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Begin {
-    /// The key was free; it is now in flight for this caller, who must `complete` or
-    /// `release` it.
-    Started,
+    /// The key was free (absent, or its last claim's lease had ended); it is now in flight
+    /// under this claim, whose holder must renew it while it runs and then `complete` it (or
+    /// `release` it if its handler never ran).
+    Started(Claim),
     /// The key is taken.
     Existing(Entry),
 }
 
-/// A store that cannot serve a call. The layer answers 503 (nothing was applied) and never
-/// runs the request without the store's guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreErrorKind {
+    Backend,
+    Full,
+    Fenced,
+}
+
+/// A store that cannot serve a call. On `begin` the layer answers 503 (nothing was applied)
+/// and never runs the request without the store's guarantee.
 #[derive(Debug)]
 pub struct StoreError {
-    full: bool,
-    source: BoxError,
+    kind: StoreErrorKind,
+    source: Option<BoxError>,
 }
 
 impl StoreError {
-    /// A failure of the store's backend (a lost connection, a timeout).
+    /// A failure of the store's backend (a lost connection, a timeout, a record it cannot
+    /// read).
     pub fn new(source: impl Into<BoxError>) -> Self {
         StoreError {
-            full: false,
-            source: source.into(),
+            kind: StoreErrorKind::Backend,
+            source: Some(source.into()),
         }
     }
 
     /// The store is at its capacity and nothing could be evicted.
     pub fn full() -> Self {
         StoreError {
-            full: true,
-            source: "the idempotency store is full".into(),
+            kind: StoreErrorKind::Full,
+            source: None,
+        }
+    }
+
+    /// The claim no longer holds the key: its lease ended and the key was freed or claimed
+    /// again. The call changed nothing.
+    pub fn fenced() -> Self {
+        StoreError {
+            kind: StoreErrorKind::Fenced,
+            source: None,
         }
     }
 
     /// Whether the store refused because it is full.
     pub fn is_full(&self) -> bool {
-        self.full
+        self.kind == StoreErrorKind::Full
+    }
+
+    /// Whether the call was refused because its claim no longer holds the key.
+    pub fn is_fenced(&self) -> bool {
+        self.kind == StoreErrorKind::Fenced
     }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.full {
-            f.write_str("the idempotency store is full")
-        } else {
-            f.write_str("the idempotency store failed")
-        }
+        f.write_str(match self.kind {
+            StoreErrorKind::Backend => "the idempotency store failed",
+            StoreErrorKind::Full => "the idempotency store is full",
+            StoreErrorKind::Fenced => "the claim on this idempotency key was taken over",
+        })
     }
 }
 
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        if self.full {
-            None
-        } else {
-            Some(&*self.source)
-        }
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
     }
 }
 
 /// Where [`IdempotencyLayer`](super::IdempotencyLayer) keeps keys and responses.
 ///
-/// Designed so that a shared store (Redis, a database) can back a fleet of servers: each call
-/// is one atomic operation on one key — `begin` is an insert-if-absent (`SET NX` with expiry),
-/// `complete` a conditional overwrite, `release` a delete — and records hold plain data
-/// ([`Fingerprint::as_u64`], [`StoredResponse`]) that serialise easily.
-/// [`MemoryStore`](super::MemoryStore) is the embedded one.
+/// Shaped for a store shared by a fleet of servers: each call is one atomic operation on one
+/// key, over any store with an atomic insert-if-absent with expiry and a compare-and-set.
+///
+/// - `begin` claims a free key (insert-if-absent, expiring after the **lease**) under a fresh
+///   [`Claim`] (its fencing token), or returns what the key holds. A key whose lease ended
+///   without a completion is free again: a server that crashed mid-handler holds its keys
+///   no longer than its lease.
+/// - `renew`, `complete` and `release` are compare-and-set on the claim: they act only if the
+///   key is still in flight under that very claim, and otherwise fail with
+///   [`StoreError::fenced`] and change nothing.
+///
+/// [`MemoryStore`](super::MemoryStore) is the embedded store; `RedisStore` (feature `redis`)
+/// the shared one.
 pub trait IdempotencyStore: Send + Sync + 'static {
-    /// Atomically: if `key` is free, mark it in flight with `fingerprint` for `ttl` and return
-    /// [`Begin::Started`]; otherwise return what it holds.
+    /// Atomically: if `key` is free, mark it in flight with `fingerprint` under a fresh claim
+    /// for `lease` and return [`Begin::Started`]; otherwise return what it holds.
     fn begin(
         &self,
         key: &str,
         fingerprint: Fingerprint,
-        ttl: Duration,
+        lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
-    /// Record the response of the request that started `key`, kept for `ttl`.
+    /// Extend the lease of `claim` on `key` to `lease` from now, if it still holds the key.
+    fn renew(
+        &self,
+        key: &str,
+        claim: Claim,
+        lease: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Record the response of the request that holds `key` under `claim`, kept for `ttl`, if
+    /// the claim still holds the key.
     fn complete(
         &self,
         key: &str,
-        fingerprint: Fingerprint,
+        claim: Claim,
         response: StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -198,6 +273,11 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// What the store holds for `key`, if anything (expired entries are absent).
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
 
-    /// Free `key`: the request that started it produced nothing to keep.
-    fn release(&self, key: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Free `key`, if `claim` still holds it: its handler never ran (or produced nothing the
+    /// layer keeps), so a repeat may run it.
+    fn release(
+        &self,
+        key: &str,
+        claim: Claim,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
