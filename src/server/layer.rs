@@ -19,11 +19,11 @@ pub(crate) struct Config {
     pub(crate) required: Vec<Method>,
 }
 
+type ScopeFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
+
 /// Reads the scope of a request's key.
 #[derive(Clone)]
-pub(crate) struct Scope(
-    pub(crate) Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>,
-);
+pub(crate) struct Scope(pub(crate) Arc<ScopeFn>);
 
 impl std::fmt::Debug for Scope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
