@@ -75,6 +75,10 @@ mod body;
 mod layer;
 mod memory;
 mod outcome;
+#[cfg(feature = "redis")]
+mod record;
+#[cfg(feature = "redis")]
+mod redis;
 mod run;
 mod service;
 mod store;
@@ -82,5 +86,7 @@ mod store;
 pub use body::ResponseBody;
 pub use layer::IdempotencyLayer;
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 pub use service::IdempotencyService;
 pub use store::{Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};

@@ -1,0 +1,211 @@
+//! The compact, versioned encoding of a key's entry in a shared store (used by `RedisStore`).
+//!
+//! ```text
+//! version      u8      1
+//! kind         u8      b'F' in flight, b'C' completed
+//! claim token  u64 BE  the claim that holds (or completed) the key
+//! fingerprint  [u8;32] SHA-256 of the request
+//! -- completed entries only --
+//! status       u16 BE
+//! headers      u16 BE count, then per header: u16 BE name length, name,
+//!                                             u32 BE value length, value
+//! body         u32 BE length, bytes
+//! ```
+//!
+//! The first ten bytes (version, kind, token) are what the compare-and-set scripts compare: a
+//! record of another version never matches, so a server never acts on a record it cannot read.
+//! A record whose version this server does not know is an error (the layer answers 503 and
+//! logs), never misread.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use super::store::{Claim, Entry, Fingerprint, StoredResponse};
+
+/// The version this server writes and reads.
+pub(crate) const VERSION: u8 = 1;
+const IN_FLIGHT: u8 = b'F';
+const COMPLETED: u8 = b'C';
+/// Version, kind and claim token: what a compare-and-set compares.
+pub(crate) const HOLDER_LEN: usize = 10;
+
+/// The ten bytes that an in-flight record held by `claim` starts with.
+pub(crate) fn in_flight_holder(claim: Claim) -> [u8; HOLDER_LEN] {
+    let mut out = [0; HOLDER_LEN];
+    out[0] = VERSION;
+    out[1] = IN_FLIGHT;
+    out[2..].copy_from_slice(&claim.token().to_be_bytes());
+    out
+}
+
+pub(crate) fn encode_in_flight(claim: Claim, fingerprint: Fingerprint) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HOLDER_LEN + 32);
+    out.extend_from_slice(&in_flight_holder(claim));
+    out.extend_from_slice(fingerprint.as_bytes());
+    out
+}
+
+/// The first two bytes of a completed record (version, kind); the claim token and the
+/// fingerprint follow, then [`encode_response`].
+pub(crate) fn completed_head() -> [u8; 2] {
+    [VERSION, COMPLETED]
+}
+
+/// A completed record's response part: status, headers, body.
+pub(crate) fn encode_response(response: &StoredResponse) -> Result<Vec<u8>, &'static str> {
+    let mut out = Vec::with_capacity(response.size());
+    out.extend_from_slice(&response.status().as_u16().to_be_bytes());
+    let count = u16::try_from(response.headers().len()).map_err(|_| "too many headers")?;
+    out.extend_from_slice(&count.to_be_bytes());
+    for (name, value) in response.headers() {
+        let name = name.as_str().as_bytes();
+        let name_len = u16::try_from(name.len()).map_err(|_| "a header name is too long")?;
+        let value_len = u32::try_from(value.len()).map_err(|_| "a header value is too long")?;
+        out.extend_from_slice(&name_len.to_be_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&value_len.to_be_bytes());
+        out.extend_from_slice(value.as_bytes());
+    }
+    let body_len = u32::try_from(response.body().len()).map_err(|_| "the body is too long")?;
+    out.extend_from_slice(&body_len.to_be_bytes());
+    out.extend_from_slice(response.body());
+    Ok(out)
+}
+
+/// A whole completed record, as the `COMPLETE` script assembles it.
+#[cfg(test)]
+fn encode_completed(
+    claim: Claim,
+    fingerprint: Fingerprint,
+    response: &StoredResponse,
+) -> Result<Vec<u8>, &'static str> {
+    let mut out = completed_head().to_vec();
+    out.extend_from_slice(&claim.token().to_be_bytes());
+    out.extend_from_slice(fingerprint.as_bytes());
+    out.extend_from_slice(&encode_response(response)?);
+    Ok(out)
+}
+
+/// Why a record could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DecodeError {
+    /// Written by a server of another version.
+    UnknownVersion(u8),
+    /// Cut short or otherwise malformed.
+    Malformed(&'static str),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::UnknownVersion(v) => write!(
+                f,
+                "an idempotency record of version {v}, which this server (version {VERSION}) does not read"
+            ),
+            DecodeError::Malformed(why) => write!(f, "a malformed idempotency record: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Malformed("cut short"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], DecodeError> {
+        let mut out = [0; N];
+        out.copy_from_slice(self.take(N)?);
+        Ok(out)
+    }
+}
+
+pub(crate) fn decode(bytes: &[u8]) -> Result<Entry, DecodeError> {
+    let mut r = Reader(bytes);
+    let [version] = r.array()?;
+    if version != VERSION {
+        return Err(DecodeError::UnknownVersion(version));
+    }
+    let [kind] = r.array()?;
+    let _token = r.array::<8>()?;
+    let fingerprint = Fingerprint::from_bytes(r.array()?);
+    match kind {
+        IN_FLIGHT => Ok(Entry::InFlight { fingerprint }),
+        COMPLETED => {
+            let status = StatusCode::from_u16(u16::from_be_bytes(r.array()?))
+                .map_err(|_| DecodeError::Malformed("status"))?;
+            let count = u16::from_be_bytes(r.array()?);
+            let mut headers = HeaderMap::with_capacity(usize::from(count));
+            for _ in 0..count {
+                let len = u16::from_be_bytes(r.array()?);
+                let name = HeaderName::from_bytes(r.take(usize::from(len))?)
+                    .map_err(|_| DecodeError::Malformed("header name"))?;
+                let len = u32::from_be_bytes(r.array()?) as usize;
+                let value = HeaderValue::from_bytes(r.take(len)?)
+                    .map_err(|_| DecodeError::Malformed("header value"))?;
+                headers.append(name, value);
+            }
+            let len = u32::from_be_bytes(r.array()?) as usize;
+            let body = Bytes::copy_from_slice(r.take(len)?);
+            if !r.0.is_empty() {
+                return Err(DecodeError::Malformed("trailing bytes"));
+            }
+            Ok(Entry::Completed {
+                fingerprint,
+                response: StoredResponse::new(status, headers, body),
+            })
+        }
+        _ => Err(DecodeError::Malformed("kind")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_byte_for_byte() {
+        let fp = Fingerprint::of(&http::Method::POST, "/v1/send?to=a", b"hi");
+        let claim = Claim::from_token(0x0102_0304_0506_0708);
+        let bytes = encode_in_flight(claim, fp);
+        assert_eq!(bytes[..HOLDER_LEN], in_flight_holder(claim));
+        assert_eq!(decode(&bytes), Ok(Entry::InFlight { fingerprint: fp }));
+
+        let mut headers = HeaderMap::new();
+        headers.append("set-cookie", HeaderValue::from_static("a=1"));
+        headers.append("set-cookie", HeaderValue::from_static("b=2"));
+        headers.insert("x-bin", HeaderValue::from_bytes(b"\x80\xff opaque").unwrap());
+        let body = Bytes::from((0..=255u8).collect::<Vec<_>>());
+        let response = StoredResponse::new(StatusCode::CREATED, headers, body);
+        let bytes = encode_completed(claim, fp, &response).unwrap();
+        assert_eq!(
+            decode(&bytes),
+            Ok(Entry::Completed {
+                fingerprint: fp,
+                response
+            })
+        );
+    }
+
+    #[test]
+    fn another_version_or_a_cut_record_is_an_error_never_a_misread() {
+        let fp = Fingerprint::from_bytes([7; 32]);
+        let mut bytes = encode_in_flight(Claim::from_token(1), fp);
+        bytes[0] = 2;
+        assert_eq!(decode(&bytes), Err(DecodeError::UnknownVersion(2)));
+        let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from("x"));
+        let bytes = encode_completed(Claim::from_token(1), fp, &response).unwrap();
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        assert!(decode(&[]).is_err());
+    }
+}
