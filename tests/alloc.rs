@@ -94,6 +94,83 @@ fn classify_and_decide_allocate_nothing() {
     }
 }
 
+/// Rules whose other spellings are looked at: a NonIdempotent rule that an Idempotent one
+/// shadows as sent, and a template not already lower-case and normalised (its own folded
+/// router). No static and wildcard siblings: matchit allocates to backtrack past those, with or
+/// without respelling.
+fn spelling_policy(rules: usize) -> RetryPolicy {
+    let mut b = RetryPolicy::builder()
+        .route(Method::PUT, "/v1/%73end/{id}", Idempotency::Idempotent)
+        .route(Method::PUT, "/v1/send/{id}", Idempotency::NonIdempotent)
+        .route(Method::POST, "/v1/Mixed/{id}/", Idempotency::NonIdempotent);
+    for i in 0..rules {
+        b = b.route(
+            Method::PUT,
+            &format!("/v1/r{i}/{{id}}/items/{{item}}"),
+            Idempotency::Idempotent,
+        );
+    }
+    b.build().unwrap()
+}
+
+#[test]
+fn paths_with_other_spellings_are_respelled_without_allocating() {
+    for rules in [0, 1, 1000] {
+        let p = spelling_policy(rules);
+        let mut requests: Vec<Request<()>> = [
+            "/v1/send/m1/",
+            "/v1/%73end/m2",
+            "/v1/SEND/m3",
+            "/v1//send/m4",
+            "/v1/./send/m5",
+            "/v1/x/../send/m6",
+        ]
+        .into_iter()
+        .map(|path| {
+            Request::put(format!("http://h{path}?x=1"))
+                .body(())
+                .unwrap()
+        })
+        .collect();
+        requests.push(Request::post("http://h/V1/mixed/7").body(()).unwrap());
+        // A path of the stack buffer's full length.
+        let long = format!("/v1/send/{}/", "a".repeat(256 - "/v1/send//".len()));
+        assert_eq!(long.len(), 256);
+        requests.push(Request::put(long.as_str()).body(()).unwrap());
+        // Respelled, then no rule: the whole slow path.
+        let miss = Request::put("http://h/V2//other/./x/").body(()).unwrap();
+        let ambiguous = FailureClass::Ambiguous.into();
+        let mut verdicts = Vec::with_capacity(requests.len() + 1);
+        let n = allocations(|| {
+            for req in requests.iter().chain([&miss]) {
+                let verdict = p.classify(req);
+                std::hint::black_box(p.decide(&verdict, &ambiguous, 0, None));
+                verdicts.push(verdict.idempotency());
+            }
+        });
+        assert_eq!(n, 0, "{rules} rules");
+        // Every one went past the path as sent (which says Idempotent or nothing).
+        let (last, respelled) = verdicts.split_last().unwrap();
+        assert!(
+            respelled.iter().all(|v| *v == Idempotency::NonIdempotent),
+            "{verdicts:?}"
+        );
+        assert_eq!(*last, Idempotency::Idempotent, "the method's verdict");
+    }
+}
+
+#[test]
+fn only_a_path_longer_than_the_stack_buffer_allocates() {
+    let p = spelling_policy(0);
+    let long = Request::put(format!("/v1/send/{}/", "a".repeat(256)))
+        .body(())
+        .unwrap();
+    let mut verdict = None;
+    let n = allocations(|| verdict = Some(p.classify(&long)));
+    assert_eq!(verdict.unwrap().idempotency(), Idempotency::NonIdempotent);
+    assert_eq!(n, 1, "one scratch buffer on the heap");
+}
+
 #[test]
 fn the_counter_counts() {
     // Guards the test above against a counter that never moves.

@@ -10,7 +10,8 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let (template, path) = text.split_once('\n').unwrap_or((&text, "/"));
     match RetryPolicy::builder()
-        .route(Method::POST, template, Idempotency::Idempotent)
+        // NonIdempotent, so that every spelling of the path is looked at.
+        .route(Method::POST, template, Idempotency::NonIdempotent)
         .build()
     {
         Ok(policy) => {

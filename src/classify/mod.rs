@@ -16,6 +16,7 @@ mod request;
 pub(crate) mod response;
 pub(crate) mod retry_after;
 pub(crate) mod routes;
+mod spelling;
 
 pub use failure::{classify_error, Classification, FailureClass};
 pub use request::{Idempotency, NoRetry, RequestVerdict, VerdictSource};

@@ -1,9 +1,30 @@
-//! Route rules: method + path template → [`Idempotency`], looked up through one
-//! [`matchit::Router`] per method so that lookup cost does not grow with the rule count.
+//! Route rules: method + path template → [`Idempotency`], looked up through matchit routers per
+//! method so that lookup cost does not grow with the rule count.
+//!
+//! A server may route other spellings of a path to the same handler (see [`spelling`]), so a
+//! request's path is matched in three spellings and the stricter verdict wins:
+//!
+//! 1. as sent, against the templates as written: the only source of `Idempotent` verdicts, so
+//!    no guess about the server's normalisation makes a write retryable;
+//! 2. normalised (unreserved escapes decoded, dot and empty segments removed, so a trailing
+//!    slash is ignored), against the templates as written: a `NonIdempotent` match counts;
+//! 3. normalised and in ASCII lower case, against the templates normalised and lower-cased the
+//!    same way (outside parameter names): a `NonIdempotent` match counts. Case-sensitive routers
+//!    (axum, matchit) would not route `/v1/SEND/m1` to `/v1/send/{id}`, but IIS, ASP.NET and
+//!    some gateways do, and a repeated write costs more than a retry not taken.
+//!
+//! In each spelling the most specific rule wins, as in matchit: a catch-all
+//! `NonIdempotent` rule with a specific `Idempotent` exception keeps its exception. The folded
+//! router therefore holds every rule, not only the `NonIdempotent` ones, though only its
+//! `NonIdempotent` answers count.
+//!
+//! Cost: a path with no other spelling (the usual lower-case, normalised path under templates
+//! already in that form) is looked up once, as is, with one scan of its bytes; other paths are
+//! respelled in a stack buffer (heap only past [`spelling::STACK_PATH`] bytes).
 
 use http::Method;
 
-use super::Idempotency;
+use super::{spelling, Idempotency};
 use crate::policy::BuildError;
 
 /// The standard methods get a fixed slot; extension methods share a short list (its length is
@@ -39,10 +60,149 @@ fn parameter_count(template: &str) -> usize {
     count
 }
 
+/// The rules for one method.
+#[derive(Clone, Debug, Default)]
+struct MethodRoutes {
+    /// Templates as written.
+    exact: matchit::Router<Idempotency>,
+    /// Templates normalised and lower-cased (spelling 3). `None` while every template is
+    /// already in that form: `exact` then serves, and holds the table only once.
+    folded: Option<matchit::Router<Idempotency>>,
+    /// Whether any rule is `NonIdempotent`: otherwise only spelling 1 can decide.
+    any_non_idempotent: bool,
+}
+
+/// The stricter of two verdicts: a repeat is harmless only if both say so.
+fn stricter(a: Idempotency, b: Idempotency) -> Idempotency {
+    if a == Idempotency::NonIdempotent || b == Idempotency::NonIdempotent {
+        Idempotency::NonIdempotent
+    } else {
+        Idempotency::Idempotent
+    }
+}
+
+fn is_non_idempotent(router: &matchit::Router<Idempotency>, path: &str) -> bool {
+    router
+        .at(path)
+        .is_ok_and(|m| *m.value == Idempotency::NonIdempotent)
+}
+
+impl MethodRoutes {
+    fn insert(
+        &mut self,
+        method: &Method,
+        template: &str,
+        idempotency: Idempotency,
+    ) -> Result<(), String> {
+        let folded = spelling::fold_template(template);
+        if self.folded.is_none() && folded != template {
+            // Every template so far folds to itself: the folded table is the exact one.
+            self.folded = Some(self.exact.clone());
+        }
+        self.exact
+            .insert(template, idempotency)
+            .map_err(|err| match err {
+                matchit::InsertError::Conflict { with } if with == template => {
+                    "two rules for the same method and template".to_owned()
+                }
+                matchit::InsertError::Conflict { with } => {
+                    format!("it overlaps the rule for {method} {with}")
+                }
+                other => other.to_string(),
+            })?;
+        if let Some(router) = &mut self.folded {
+            if let Err(reason) = insert_folded(router, method, &folded, idempotency) {
+                // Leave the table as it was: one rule, in both routers or in neither.
+                self.exact.remove(template);
+                return Err(reason);
+            }
+        }
+        self.any_non_idempotent |= idempotency == Idempotency::NonIdempotent;
+        Ok(())
+    }
+
+    fn lookup(&self, path: &str) -> Option<Idempotency> {
+        let as_sent = self.exact.at(path).ok().map(|m| *m.value);
+        // Other spellings can only make the verdict stricter.
+        if as_sent == Some(Idempotency::NonIdempotent) || !self.any_non_idempotent {
+            return as_sent;
+        }
+        let shape = spelling::shape(path);
+        if !shape.normalises && !shape.has_upper && self.folded.is_none() {
+            // The path and every template are their own other spellings: nothing to copy.
+            return as_sent;
+        }
+        if self.other_spelling_is_non_idempotent(path, shape) {
+            Some(Idempotency::NonIdempotent)
+        } else {
+            as_sent
+        }
+    }
+
+    /// Spellings 2 and 3, respelled in place in one scratch buffer.
+    fn other_spelling_is_non_idempotent(&self, path: &str, shape: spelling::Shape) -> bool {
+        spelling::with_scratch(path.len(), |buf| {
+            let len = if shape.normalises {
+                spelling::normalise_into(path, buf)
+            } else {
+                buf.copy_from_slice(path.as_bytes());
+                path.len()
+            };
+            // Respelling keeps UTF-8 (it splits at '/', decodes only to ASCII); were it ever
+            // not, fail closed.
+            let Ok(normalised) = std::str::from_utf8(&buf[..len]) else {
+                return true;
+            };
+            if shape.normalises && is_non_idempotent(&self.exact, normalised) {
+                return true;
+            }
+            buf[..len].make_ascii_lowercase();
+            let Ok(folded) = std::str::from_utf8(&buf[..len]) else {
+                return true;
+            };
+            is_non_idempotent(self.folded.as_ref().unwrap_or(&self.exact), folded)
+        })
+    }
+}
+
+/// Inserts a folded template. Rules that differ only in letter case or spelling
+/// (`/v1/Send/{id}`, `/v1/send/{id}/`) are one route to a server that folds them, and which
+/// of the two handlers it runs is not knowable here: they share one entry holding the stricter
+/// verdict. Any other overlap that only folding creates is refused, like an overlap as written.
+fn insert_folded(
+    router: &mut matchit::Router<Idempotency>,
+    method: &Method,
+    folded: &str,
+    idempotency: Idempotency,
+) -> Result<(), String> {
+    let with = match router.insert(folded, idempotency) {
+        Ok(()) => return Ok(()),
+        Err(matchit::InsertError::Conflict { with }) => with,
+        Err(other) => return Err(other.to_string()),
+    };
+    let overlap = || {
+        format!(
+            "once letter case and spelling are folded, it overlaps another rule: \
+             {method} {folded} against {method} {with}"
+        )
+    };
+    if spelling::template_shape(&with) != spelling::template_shape(folded) {
+        return Err(overlap());
+    }
+    let existing = router.remove(with.as_str()).ok_or_else(overlap)?;
+    router
+        .insert(folded, stricter(existing, idempotency))
+        .map_err(|_| {
+            // Not expected: the same shape was just removed. Put the old entry back.
+            let _ = router.insert(with.as_str(), existing);
+            overlap()
+        })
+}
+
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RouteTable {
-    standard: [Option<matchit::Router<Idempotency>>; 9],
-    extension: Vec<(Method, matchit::Router<Idempotency>)>,
+    standard: [Option<MethodRoutes>; 9],
+    extension: Vec<(Method, MethodRoutes)>,
     len: usize,
 }
 
@@ -78,32 +238,30 @@ impl RouteTable {
                 format!("a path template may have at most {MAX_PARAMETERS} parameters"),
             ));
         }
-        let router = match standard_slot(&method) {
-            Some(slot) => self.standard[slot].get_or_insert_with(matchit::Router::new),
+        if spelling::has_dot_segment(template) {
+            return Err(BuildError::route(
+                &method,
+                template,
+                "a path template must not have '.' or '..' segments: servers remove them before routing",
+            ));
+        }
+        let routes = match standard_slot(&method) {
+            Some(slot) => self.standard[slot].get_or_insert_with(MethodRoutes::default),
             None => {
                 let pos = match self.extension.iter().position(|(m, _)| *m == method) {
                     Some(pos) => pos,
                     None => {
                         self.extension
-                            .push((method.clone(), matchit::Router::new()));
+                            .push((method.clone(), MethodRoutes::default()));
                         self.extension.len() - 1
                     }
                 };
                 &mut self.extension[pos].1
             }
         };
-        router.insert(template, idempotency).map_err(|err| {
-            let reason = match err {
-                matchit::InsertError::Conflict { with } if with == template => {
-                    "two rules for the same method and template".to_owned()
-                }
-                matchit::InsertError::Conflict { with } => {
-                    format!("it overlaps the rule for {method} {with}")
-                }
-                other => other.to_string(),
-            };
-            BuildError::route(&method, template, reason)
-        })?;
+        routes
+            .insert(&method, template, idempotency)
+            .map_err(|reason| BuildError::route(&method, template, reason))?;
         self.len += 1;
         Ok(())
     }
@@ -117,13 +275,15 @@ impl RouteTable {
         self.len
     }
 
-    /// The rule for this method and path, if any. The path must not include the query.
+    /// The rule for this method and path, if any, the stricter over the path's spellings (see
+    /// the module docs). The path must not include the query. Allocates only for a path over
+    /// [`spelling::STACK_PATH`] bytes that has another spelling.
     pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<Idempotency> {
         // The common case, a policy without routes: not even the method's slot is looked up.
         if self.len == 0 {
             return None;
         }
-        let router = match standard_slot(method) {
+        let routes = match standard_slot(method) {
             Some(slot) => self.standard[slot].as_ref(),
             None => self
                 .extension
@@ -131,7 +291,7 @@ impl RouteTable {
                 .find(|(m, _)| m == method)
                 .map(|(_, r)| r),
         }?;
-        router.at(path).ok().map(|m| *m.value)
+        routes.lookup(path)
     }
 }
 
@@ -210,6 +370,229 @@ mod tests {
         assert_eq!(parameter_count("/a/{{literal}}/{id}"), 1);
     }
 
+    const SEND: &str = "/v1/send/{id}";
+
+    fn send_rule() -> RouteTable {
+        table(&[(Method::PUT, SEND, Idempotency::NonIdempotent)])
+    }
+
+    fn put(t: &RouteTable, path: &str) -> Option<Idempotency> {
+        t.lookup(&Method::PUT, path)
+    }
+
+    #[test]
+    fn a_non_idempotent_rule_matches_every_spelling() {
+        let t = send_rule();
+        for path in [
+            "/v1/send/m0",
+            "/v1/send/m1/",
+            "/v1/send/m1//",
+            "/v1/%73end/m2",
+            "/v1/%73%65%6E%64/m2",
+            "/v1/SEND/m3",
+            "/V1/Send/M3",
+            "/v1/%53END/m3",
+            "/v1//send/m4",
+            "//v1/send/m4",
+            "/v1/./send/m5",
+            "/v1/x/../send/m6",
+            "/v1/x/%2E%2e/send/m6",
+            "/../v1/send/m6",
+            // A parameter value in escapes, decoded or not, is still one segment.
+            "/v1/send/m%37",
+            "/v1/send/a%2Fb",
+        ] {
+            assert_eq!(put(&t, path), Some(Idempotency::NonIdempotent), "{path}");
+        }
+        for path in [
+            // %2F is a slash in a segment, not a separator: servers route it as data.
+            "/v1%2Fsend/m8",
+            "/v1/send%2Fm8",
+            "/v1/send",
+            "/v1/send/",
+            "/v1/send/m9/more",
+            "/v1/x/send/m9",
+        ] {
+            assert_eq!(put(&t, path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn escapes_decode_in_either_hex_case() {
+        let t = table(&[
+            (Method::PUT, "/v1/~user/{id}", Idempotency::NonIdempotent),
+            (Method::PUT, "/v1/a-b/{id}", Idempotency::NonIdempotent),
+            (Method::PUT, "/v1/a%2Fb/{id}", Idempotency::NonIdempotent),
+        ]);
+        for path in [
+            "/v1/%7Euser/x",
+            "/v1/%7euser/x",
+            "/v1/a%2db/x",
+            "/v1/a%2Db/x",
+            "/v1/a%2Fb/x",
+            // Folding lower-cases the template's escape too.
+            "/v1/a%2fb/x",
+        ] {
+            assert_eq!(put(&t, path), Some(Idempotency::NonIdempotent), "{path}");
+        }
+        assert_eq!(put(&t, "/v1/a/b/x"), None);
+    }
+
+    #[test]
+    fn catch_all_matches_every_spelling() {
+        let t = table(&[(
+            Method::DELETE,
+            "/v1/files/{*path}",
+            Idempotency::NonIdempotent,
+        )]);
+        for path in [
+            "/v1/files/a/b.txt",
+            "/v1/files/a/b.txt/",
+            "/v1//files//a/b.txt",
+            "/v1/FILES/a",
+            "/v1/x/../files/a",
+            "/v1/%66iles/a",
+        ] {
+            assert_eq!(
+                t.lookup(&Method::DELETE, path),
+                Some(Idempotency::NonIdempotent),
+                "{path}"
+            );
+        }
+        // The catch-all needs a non-empty tail.
+        for path in ["/v1/files", "/v1/files/", "/v1/FILES/"] {
+            assert_eq!(t.lookup(&Method::DELETE, path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn idempotent_rules_match_only_the_path_as_sent() {
+        let t = table(&[
+            (Method::POST, "/v1/search", Idempotency::Idempotent),
+            // A NonIdempotent rule for the method, so other spellings are looked at.
+            (Method::POST, "/v1/send/{id}", Idempotency::NonIdempotent),
+        ]);
+        assert_eq!(
+            t.lookup(&Method::POST, "/v1/search"),
+            Some(Idempotency::Idempotent)
+        );
+        // A guess about the server's normalisation never makes a write retryable.
+        for path in ["/v1/search/", "/v1/SEARCH", "/v1/%73earch", "/v1//search"] {
+            assert_eq!(t.lookup(&Method::POST, path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_stricter_verdict_wins_across_spellings() {
+        let t = table(&[
+            (Method::PUT, "/v1/{*rest}", Idempotency::Idempotent),
+            (Method::PUT, SEND, Idempotency::NonIdempotent),
+        ]);
+        // As sent, these reach only the Idempotent catch-all; normalised or folded, the send.
+        for path in [
+            "/v1/send/m0",
+            "/v1/send/m1/",
+            "/v1/%73end/m2",
+            "/v1/SEND/m3",
+            "/v1//send/m4",
+            "/v1/./send/m5",
+            "/v1/x/../send/m6",
+        ] {
+            assert_eq!(put(&t, path), Some(Idempotency::NonIdempotent), "{path}");
+        }
+        for path in ["/v1/other/x", "/v1/send/m0/more", "/v1/Other"] {
+            assert_eq!(put(&t, path), Some(Idempotency::Idempotent), "{path}");
+        }
+    }
+
+    #[test]
+    fn a_specific_idempotent_exception_keeps_its_spelling() {
+        let t = table(&[
+            (Method::PUT, "/v1/{*rest}", Idempotency::NonIdempotent),
+            (Method::PUT, "/v1/files/{id}", Idempotency::Idempotent),
+        ]);
+        assert_eq!(put(&t, "/v1/files/x"), Some(Idempotency::Idempotent));
+        // Other spellings reach the catch-all as sent.
+        for path in ["/v1/FILES/x", "/v1/files/x/", "/v1/%66iles/x"] {
+            assert_eq!(put(&t, path), Some(Idempotency::NonIdempotent), "{path}");
+        }
+    }
+
+    #[test]
+    fn templates_are_folded_too() {
+        let t = table(&[(Method::PUT, "/v1/Send/{id}/", Idempotency::NonIdempotent)]);
+        for path in ["/v1/Send/m1/", "/v1/send/m1", "/V1/SEND/m1", "/v1/send/m1/"] {
+            assert_eq!(put(&t, path), Some(Idempotency::NonIdempotent), "{path}");
+        }
+        assert_eq!(put(&t, "/v1/sent/m1"), None);
+    }
+
+    #[test]
+    fn rules_that_fold_together_share_the_stricter_verdict() {
+        for order in [false, true] {
+            let mut rules = vec![
+                (Method::PUT, "/v1/Items/{id}", Idempotency::Idempotent),
+                (Method::PUT, "/v1/items/{key}/", Idempotency::NonIdempotent),
+            ];
+            if order {
+                rules.reverse();
+            }
+            let t = table(&rules);
+            assert_eq!(t.len(), 2);
+            // As sent the Idempotent rule matches; folded, both are one route.
+            assert_eq!(put(&t, "/v1/Items/a"), Some(Idempotency::NonIdempotent));
+            assert_eq!(put(&t, "/v1/items/a"), Some(Idempotency::NonIdempotent));
+            assert_eq!(put(&t, "/v1/items/a/b"), None);
+        }
+        // Two Idempotent rules stay Idempotent as sent.
+        let t = table(&[
+            (Method::GET, "/A/{x}", Idempotency::Idempotent),
+            (Method::GET, "/a/{y}", Idempotency::Idempotent),
+            (Method::GET, "/n/{x}", Idempotency::NonIdempotent),
+        ]);
+        assert_eq!(
+            t.lookup(&Method::GET, "/A/1"),
+            Some(Idempotency::Idempotent)
+        );
+    }
+
+    #[test]
+    fn an_overlap_only_folding_creates_is_named_and_leaves_no_trace() {
+        let mut t = table(&[(Method::PUT, "/A/{x}", Idempotency::Idempotent)]);
+        let err = t
+            .insert(Method::PUT, "/a/{*rest}", Idempotency::NonIdempotent)
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("PUT /a/{*rest}: once letter case and spelling are folded")
+                && msg.contains("against PUT /a/{x}"),
+            "{msg}"
+        );
+        assert_eq!(t.len(), 1);
+        assert_eq!(put(&t, "/a/x/y"), None);
+        assert_eq!(put(&t, "/A/x"), Some(Idempotency::Idempotent));
+    }
+
+    #[test]
+    fn long_paths_are_respelled_too() {
+        let t = table(&[(Method::PUT, "/v1/send/{*rest}", Idempotency::NonIdempotent)]);
+        let tail = "a".repeat(2 * spelling::STACK_PATH);
+        for path in [
+            format!("/v1/%73end/{tail}"),
+            format!("/V1/send/{tail}"),
+            format!("/v1/send//{tail}/"),
+        ] {
+            assert_eq!(put(&t, &path), Some(Idempotency::NonIdempotent));
+        }
+    }
+
+    #[test]
+    fn paths_that_are_not_absolute_are_only_folded() {
+        let t = table(&[(Method::OPTIONS, "/x", Idempotency::NonIdempotent)]);
+        assert_eq!(t.lookup(&Method::OPTIONS, "*"), None);
+        assert_eq!(t.lookup(&Method::OPTIONS, ""), None);
+    }
+
     #[test]
     fn invalid_templates_are_named() {
         let mut t = RouteTable::default();
@@ -219,6 +602,9 @@ mod tests {
             "no-slash",
             "/a?x=1",
             "/v1/{}",
+            "/v1/./send",
+            "/v1/x/../send",
+            "/v1/%2e%2E/send",
         ] {
             let err = t
                 .insert(Method::GET, bad, Idempotency::Idempotent)

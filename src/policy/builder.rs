@@ -119,7 +119,38 @@ impl RetryPolicyBuilder {
     /// ([`honor_idempotency_key`](Self::honor_idempotency_key)); trust scoped to the host
     /// ([`honor_idempotency_key_for_host`](Self::honor_idempotency_key_for_host)) still counts.
     ///
-    /// Defaults to no rules. Lookup cost does not depend on the number of rules.
+    /// Servers route other spellings of a path to the same handler, so the request's path is
+    /// matched in three spellings, and the stricter verdict wins:
+    ///
+    /// 1. **As sent**, against the templates as written, case-sensitively (as axum and matchit
+    ///    route). This is the only spelling an [`Idempotent`](Idempotency::Idempotent) rule
+    ///    matches: a guess about how the server normalises never makes a write retryable.
+    /// 2. **Normalised**, against the templates as written: percent-escapes of unreserved
+    ///    characters (`A-Z a-z 0-9 - . _ ~`, hex digits in either case) decoded, every other
+    ///    escape (`%2F`, `%20`, `%C3%A9`) left as sent, so `/a%2Fb` stays one segment; then
+    ///    `.` and `..` segments removed (RFC 3986 §5.2.4; `%2e` counts as a dot) and empty
+    ///    segments dropped, so `//` reads as `/` and a trailing slash is ignored.
+    /// 3. **Normalised and in ASCII lower case**, against the templates normalised and
+    ///    lower-cased the same way (parameter names aside), for servers that route
+    ///    case-insensitively (IIS, ASP.NET, some gateways).
+    ///
+    /// A [`NonIdempotent`](Idempotency::NonIdempotent) rule counts if it matches any spelling.
+    /// So a `NonIdempotent` rule for `PUT /v1/send/{id}` also covers `/v1/send/m1/`,
+    /// `/v1/%73end/m1`, `/v1//send/m1`, `/v1/./send/m1` and `/V1/SEND/m1`, even where an
+    /// `Idempotent` rule such as `/v1/{*rest}` matches the path as sent. Within one spelling the
+    /// most specific rule wins (static, then parameter, then catch-all), so a specific
+    /// `Idempotent` exception to a `NonIdempotent` catch-all holds for its own spelling. Rules
+    /// that differ only in letter case or spelling (`/v1/Send/{id}` and `/v1/send/{id}/`) are
+    /// one route to a server that folds them: the stricter of their verdicts holds in the
+    /// folded spelling.
+    ///
+    /// [`build`](Self::build) refuses a template that does not start with `/`, has a query, has
+    /// more than 16 parameters, has a `.` or `..` segment (servers remove those before routing,
+    /// so the rule would match nothing they route), repeats a rule, or overlaps another rule as
+    /// matchit sees it, as written or once folded.
+    ///
+    /// Defaults to no rules. Lookup cost does not depend on the number of rules; a path with
+    /// other spellings is respelled on the stack (on the heap only past 256 bytes).
     pub fn route(mut self, method: Method, template: &str, idempotency: Idempotency) -> Self {
         self.routes.push((method, template.to_owned(), idempotency));
         self

@@ -92,7 +92,9 @@ impl RetryPolicy {
         RetryPolicyBuilder::new()
     }
 
-    /// Whether a repeat of `req` is harmless, and which rule decided. Allocates nothing.
+    /// Whether a repeat of `req` is harmless, and which rule decided. Allocates nothing, but
+    /// for a path over 256 bytes that a route rule must also match in another spelling (see
+    /// [`route`](RetryPolicyBuilder::route)).
     ///
     /// Precedence, highest first: a [`NoRetry`] or [`Idempotency`] marker in the request's
     /// extensions; a route rule; a well-formed `Idempotency-Key` header that the target is
