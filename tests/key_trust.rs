@@ -93,6 +93,23 @@ async fn unscoped_trust_never_retries_a_marked_or_ruled_write_against_a_server_i
     assert_eq!(server.applied("plain-2"), 2);
 }
 
+/// A route known to ignore keys is never retried on one, though its host is trusted.
+#[tokio::test]
+async fn a_route_that_ignores_keys_outranks_host_trust() {
+    let server = FaultServer::start().await;
+    let policy = builder()
+        .honor_idempotency_key_for_host("127.0.0.1")
+        .route_honors_idempotency_key(Method::POST, "/ops/legacy-{n}", false)
+        .build()
+        .unwrap();
+    let err = send(policy, lost_after_apply(server.url("legacy-1"), false))
+        .await
+        .unwrap_err();
+    assert!(err.retry_suppressed());
+    assert_eq!(err.attempts(), 1);
+    assert_eq!(server.applied("legacy-1"), 1);
+}
+
 #[tokio::test]
 async fn host_trust_retries_a_marked_write_into_the_servers_replay() {
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;

@@ -166,7 +166,8 @@ fn route_outranks_key() {
 }
 
 /// Every combination of what decides (method, rule, marker), key (none, present) and trust
-/// (none, unscoped, the request's host, another host): whether a repeat is harmless.
+/// (none, unscoped, the request's host, another host, the route honours keys, the route
+/// ignores them): whether a repeat is harmless.
 #[test]
 fn every_combination_of_marker_rule_key_and_trust() {
     #[derive(Clone, Copy, Debug)]
@@ -183,21 +184,25 @@ fn every_combination_of_marker_rule_key_and_trust() {
         Unscoped,
         ThisHost,
         OtherHost,
+        RouteHonors,
+        RouteIgnores,
     }
     use Decider::*;
-    const TRUSTS: [Trust; 4] = [
+    const TRUSTS: [Trust; 6] = [
         Trust::None,
         Trust::Unscoped,
         Trust::ThisHost,
         Trust::OtherHost,
+        Trust::RouteHonors,
+        Trust::RouteIgnores,
     ];
     // Harmless with a key, per trust in TRUSTS order. Without a key only reads are harmless.
-    let table: [(Decider, [bool; 4]); 5] = [
-        (ByMethod, [false, true, true, false]),
-        (WriteRule, [false, false, true, false]),
-        (WriteMarker, [false, false, true, false]),
-        (ReadRule, [true, true, true, true]),
-        (ReadMarker, [true, true, true, true]),
+    let table: [(Decider, [bool; 6]); 5] = [
+        (ByMethod, [false, true, true, false, true, false]),
+        (WriteRule, [false, false, true, false, true, false]),
+        (WriteMarker, [false, false, true, false, true, false]),
+        (ReadRule, [true, true, true, true, true, true]),
+        (ReadMarker, [true, true, true, true, true, true]),
     ];
     for (decider, with_key) in table {
         for (trust, expect_keyed) in TRUSTS.into_iter().zip(with_key) {
@@ -210,6 +215,14 @@ fn every_combination_of_marker_rule_key_and_trust() {
                     Trust::Unscoped => b.honor_idempotency_key(true),
                     Trust::ThisHost => b.honor_idempotency_key_for_host("api.test"),
                     Trust::OtherHost => b.honor_idempotency_key_for_host("other.test"),
+                    // A route's word outranks the host's and unscoped trust, both given here.
+                    Trust::RouteHonors => {
+                        b.route_honors_idempotency_key(Method::POST, "/v1/{*any}", true)
+                    }
+                    Trust::RouteIgnores => b
+                        .honor_idempotency_key(true)
+                        .honor_idempotency_key_for_host("api.test")
+                        .route_honors_idempotency_key(Method::POST, "/v1/{*any}", false),
                 };
                 let path = match decider {
                     WriteRule => "/v1/send",

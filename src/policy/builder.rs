@@ -23,6 +23,7 @@ pub struct RetryPolicyBuilder {
     routes: Vec<(Method, String, Idempotency)>,
     honor_idempotency_key: bool,
     key_hosts: Vec<String>,
+    key_routes: Vec<(Method, String, bool)>,
     mint_idempotency_keys: bool,
     idempotency_key_header: HeaderName,
     backoff: Backoff,
@@ -79,6 +80,7 @@ impl RetryPolicyBuilder {
             routes: Vec::new(),
             honor_idempotency_key: false,
             key_hosts: Vec::new(),
+            key_routes: Vec::new(),
             mint_idempotency_keys: false,
             idempotency_key_header: HeaderName::from_static("idempotency-key"),
             backoff: Backoff {
@@ -172,6 +174,9 @@ impl RetryPolicyBuilder {
     /// | only its method calls a write (a plain `POST`) | retried | retried | not retried |
     /// | a marker or rule calls `NonIdempotent` | **not** retried | retried | not retried |
     ///
+    /// A route's own word ([`route_honors_idempotency_key`](Self::route_honors_idempotency_key))
+    /// outranks both columns.
+    ///
     /// ("Retried" means: after an ambiguous failure or a retryable response; a request that
     /// was provably not sent is retried in every case.)
     ///
@@ -194,6 +199,40 @@ impl RetryPolicyBuilder {
     /// Defaults to no hosts.
     pub fn honor_idempotency_key_for_host(mut self, host: &str) -> Self {
         self.key_hosts.push(host.to_owned());
+        self
+    }
+
+    /// Whether the endpoint for `method` on paths matching `template` honours idempotency keys:
+    /// the most specific word on trust, outranking the host's and unscoped trust. `true`: a
+    /// key on a request to it makes a repeat harmless, even where a marker or rule calls the
+    /// request a write. `false`: the endpoint ignores keys, so a key never makes a repeat of a
+    /// request to it harmless, whatever trust says elsewhere.
+    ///
+    /// Templates and matching are those of [`route`](Self::route), failing closed the same
+    /// way: `false` covers every spelling of a path a server may route alike, `true` only the
+    /// path as written. [`build`](Self::build) refuses a bad template as it does there.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_retry_safety::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .honor_idempotency_key_for_host("api.example.com")
+    ///     // This one endpoint predates the API's key support.
+    ///     .route_honors_idempotency_key(Method::POST, "/v1/legacy/send", false)
+    ///     .build()?;
+    /// # drop(policy);
+    /// # Ok::<(), tower_retry_safety::BuildError>(())
+    /// ```
+    ///
+    /// Defaults to no such rules.
+    pub fn route_honors_idempotency_key(
+        mut self,
+        method: Method,
+        template: &str,
+        honors: bool,
+    ) -> Self {
+        self.key_routes.push((method, template.to_owned(), honors));
         self
     }
 
@@ -359,9 +398,13 @@ impl RetryPolicyBuilder {
             everywhere: self.honor_idempotency_key
                 || (self.mint_idempotency_keys && self.key_hosts.is_empty()),
             hosts: Vec::new(),
+            routes: RouteTable::default(),
         };
         for host in &self.key_hosts {
             key_trust.add_host(host)?;
+        }
+        for (method, template, honors) in self.key_routes {
+            key_trust.add_route(method, &template, honors)?;
         }
         let mut routes = RouteTable::default();
         for (method, template, idempotency) in self.routes {
@@ -451,6 +494,11 @@ impl BuildError {
             setting: "route",
             message: format!("{method} {template}: {reason}"),
         }
+    }
+
+    pub(crate) fn for_setting(mut self, setting: &'static str) -> Self {
+        self.setting = setting;
+        self
     }
 
     /// The name of the builder setting that was refused, such as `"backoff"` or `"route"`.

@@ -4,9 +4,16 @@
 use http::Method;
 
 use super::builder::BuildError;
+use crate::classify::routes::RouteTable;
+use crate::classify::Idempotency;
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct KeyTrust {
+    /// Routes known to honour keys, or to ignore them. Kept in a route table whose verdicts
+    /// stand for trust: `Idempotent` = "honours keys", `NonIdempotent` = "ignores keys". The
+    /// table's fail-closed matching carries over as it should: "ignores keys" matches every
+    /// spelling of a path, "honours keys" only the path as written.
+    pub(crate) routes: RouteTable,
     /// Unscoped trust (`honor_idempotency_key(true)`, or minting with no host named): every
     /// target, except requests a marker or route rule explicitly calls a write.
     pub(crate) everywhere: bool,
@@ -20,20 +27,40 @@ impl KeyTrust {
     /// `explicit_write`: a marker or route rule called the request non-idempotent. Unscoped
     /// trust does not outweigh that (the rule may be there because that endpoint ignores
     /// keys); trust scoped to the request's host does.
+    /// A route's word outranks the host's, which outranks unscoped trust.
     #[inline]
     pub(crate) fn trusted(
         &self,
-        _method: &Method,
+        method: &Method,
         host: Option<&str>,
-        _path: &str,
+        path: &str,
         explicit_write: bool,
     ) -> bool {
+        if let Some(route) = self.routes.lookup(method, path) {
+            return route == Idempotency::Idempotent;
+        }
         if let Some(host) = host {
             if self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
                 return true;
             }
         }
         self.everywhere && !explicit_write
+    }
+
+    pub(crate) fn add_route(
+        &mut self,
+        method: Method,
+        template: &str,
+        honors: bool,
+    ) -> Result<(), BuildError> {
+        let as_verdict = if honors {
+            Idempotency::Idempotent
+        } else {
+            Idempotency::NonIdempotent
+        };
+        self.routes
+            .insert(method, template, as_verdict)
+            .map_err(|e| e.for_setting("route_honors_idempotency_key"))
     }
 
     pub(crate) fn add_host(&mut self, host: &str) -> Result<(), BuildError> {

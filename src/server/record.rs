@@ -182,7 +182,10 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.append("set-cookie", HeaderValue::from_static("a=1"));
         headers.append("set-cookie", HeaderValue::from_static("b=2"));
-        headers.insert("x-bin", HeaderValue::from_bytes(b"\x80\xff opaque").unwrap());
+        headers.insert(
+            "x-bin",
+            HeaderValue::from_bytes(b"\x80\xff opaque").unwrap(),
+        );
         let body = Bytes::from((0..=255u8).collect::<Vec<_>>());
         let response = StoredResponse::new(StatusCode::CREATED, headers, body);
         let bytes = encode_completed(claim, fp, &response).unwrap();

@@ -7,7 +7,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, Value};
 
 use super::record;
-use super::store::{Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
+use super::store::{
+    Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
+};
 
 /// Compare-and-set on the claim, then act: every script reads and writes one key only, so it
 /// runs unchanged on Redis Cluster and Valkey. `ARGV[1]` is the claim's record prefix
@@ -151,7 +153,10 @@ impl RedisStore {
 
 fn millis(d: Duration) -> Vec<u8> {
     // At least 1 ms: Redis refuses a zero expiry.
-    d.as_millis().clamp(1, u128::from(u64::MAX)).to_string().into_bytes()
+    d.as_millis()
+        .clamp(1, u128::from(u64::MAX))
+        .to_string()
+        .into_bytes()
 }
 
 impl IdempotencyStore for RedisStore {
