@@ -1,4 +1,6 @@
 #![allow(dead_code)]
 pub mod fault_server;
+#[cfg(feature = "redis")]
+pub mod fleet;
 pub mod logs;
 pub mod script;
