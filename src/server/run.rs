@@ -8,7 +8,10 @@
 //! handler to completion, renews the claim's lease meanwhile, and stores the outcome; the
 //! request merely waits for it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,7 +23,7 @@ use tower_service::Service;
 
 use super::layer::Config;
 use super::outcome;
-use super::service::{buffer, stored_response, Buffered};
+use super::service::{buffer, Buffered};
 use super::store::{Claim, IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
 use crate::attempts::cap;
@@ -35,15 +38,16 @@ pub(crate) struct Claimed<St> {
     pub(crate) claim: Claim,
 }
 
-/// Calls the handler for a claimed key and keeps its outcome. Spawned on the current tokio
-/// runtime so that it outlives the request; outside a runtime it runs in the request's own
-/// future, without lease renewal (and a drop there leaves the key in flight until its lease
-/// ends).
-pub(crate) async fn call<S, St, B, ResBody>(
+/// Calls the handler for a claimed key and keeps its outcome. The call runs in the request's
+/// future; if that future is dropped before the call ends (the client went away), the rest of
+/// the call is spawned on the current tokio runtime and runs to completion there. Detaching
+/// only on drop keeps a task spawn off the common path. Outside a runtime a dropped call
+/// ends where it was (its key stays in flight until its lease ends: never freed).
+pub(crate) fn call<S, St, B, ResBody>(
     inner: S,
     claimed: Claimed<St>,
     req: Request<Either<Full<Bytes>, B>>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> DetachOnDrop<impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send>
 where
     S: Service<Request<Either<Full<Bytes>, B>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -53,16 +57,60 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return run(inner, claimed, req).await;
-    };
-    match runtime.spawn(run(inner, claimed, req)).await {
-        Ok(outcome) => outcome,
-        // The handler panicked: its task's guard stored an "unknown" record; hyper handles
-        // the panic as it would have without the layer.
-        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
-        // The runtime is shutting down: the guard keeps the key.
-        Err(_) => Ok(stored_response(&outcome::unknown())),
+    DetachOnDrop {
+        rest: Some(Box::pin(run(inner, claimed, req))),
+        polling: false,
+    }
+}
+
+/// A future that, dropped before it is done, finishes on the runtime instead of ending.
+pub(crate) struct DetachOnDrop<F: Future + Send + 'static>
+where
+    F::Output: Send,
+{
+    rest: Option<Pin<Box<F>>>,
+    /// Set while the inner future is polled: still set at drop, it panicked, and is dropped
+    /// rather than resumed (its guard then keeps the key).
+    polling: bool,
+}
+
+impl<F: Future + Send + 'static> Future for DetachOnDrop<F>
+where
+    F::Output: Send,
+{
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = &mut *self;
+        let Some(fut) = this.rest.as_mut() else {
+            // Polled after it completed: a contract violation by the caller.
+            return Poll::Pending;
+        };
+        this.polling = true;
+        let out = fut.as_mut().poll(cx);
+        this.polling = false;
+        let out = ready!(out);
+        this.rest = None;
+        Poll::Ready(out)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for DetachOnDrop<F>
+where
+    F::Output: Send,
+{
+    fn drop(&mut self) {
+        if self.polling {
+            return;
+        }
+        if let Some(rest) = self.rest.take() {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(rest)),
+                Err(_) => tracing::warn!(
+                    "a keyed call was dropped outside a tokio runtime: it ends unfinished, and its key stays in flight until its lease ends"
+                ),
+            }
+        }
     }
 }
 
@@ -78,23 +126,25 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let config = claimed.config.clone();
-    let renewal = Renewal::start(&claimed);
+    let work = async {
+        let res = inner.call(req).await?;
+        let (parts, body) = res.into_parts();
+        Ok((parts, buffer(body, config.max_response_bytes).await))
+    };
+    // The guard is armed before the handler is called: a panic in it keeps the key too.
     let mut pending = Pending {
         claimed: Some(claimed),
     };
-    let res = match inner.call(req).await {
-        Ok(res) => res,
+    let ended = pending.renewing(work).await;
+    let (parts, buffered) = match ended {
+        Ok(done) => done,
         Err(err) => {
-            drop(renewal);
             // Called, then no response: it may have applied. Keep a record that says so
             // rather than free the key for a second run.
             pending.keep(outcome::unknown(), "the handler failed").await;
             return Err(err);
         }
     };
-    let (parts, body) = res.into_parts();
-    let buffered = buffer(body, config.max_response_bytes).await;
-    drop(renewal);
     let declined = parts.status.is_server_error() && !config.store_server_errors;
     match buffered {
         Buffered::Whole(bytes) => {
@@ -138,6 +188,23 @@ where
 struct Renewal(Option<JoinHandle<()>>);
 
 impl Renewal {
+    /// Runs `work` under a renewed lease. Most handlers end well within a third of the lease,
+    /// so the renewal task is started only for one that is still running then.
+    async fn during<St: IdempotencyStore, F: Future>(c: &Claimed<St>, work: F) -> F::Output {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return work.await;
+        }
+        let mut work = std::pin::pin!(work);
+        match tokio::time::timeout(c.config.lease / 3, work.as_mut()).await {
+            Ok(out) => out,
+            Err(_) => {
+                let _renewal = Renewal::start(c);
+                work.await
+            }
+        }
+    }
+
+    /// Renews now, then every third of the lease.
     fn start<St: IdempotencyStore>(c: &Claimed<St>) -> Self {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Renewal(None);
@@ -145,7 +212,6 @@ impl Renewal {
         let (store, key, claim, lease) = (c.store.clone(), c.key.clone(), c.claim, c.config.lease);
         Renewal(Some(runtime.spawn(async move {
             loop {
-                tokio::time::sleep(lease / 3).await;
                 if let Err(err) = store.renew(&key, claim, lease).await {
                     // Fenced: the lease ended (a store outage longer than it) and the key may
                     // have been claimed again; nothing to renew any more.
@@ -155,6 +221,7 @@ impl Renewal {
                         return;
                     }
                 }
+                tokio::time::sleep(lease / 3).await;
             }
         })))
     }
@@ -184,6 +251,14 @@ const COMPLETE_RETRIES: [Duration; 3] = [
 ];
 
 impl<St: IdempotencyStore> Pending<St> {
+    /// Runs the handler's `work` under the claim's renewed lease.
+    async fn renewing<F: Future>(&self, work: F) -> F::Output {
+        match &self.claimed {
+            Some(c) => Renewal::during(c, work).await,
+            None => work.await,
+        }
+    }
+
     /// Stores `record`, or hands it back if the store refused it (the claim stays held).
     async fn try_keep(&mut self, record: StoredResponse) -> Result<(), StoredResponse> {
         let Some(c) = &self.claimed else {

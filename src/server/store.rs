@@ -1,5 +1,7 @@
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -58,11 +60,17 @@ impl fmt::Debug for Fingerprint {
 pub struct Claim(u64);
 
 impl Claim {
-    /// A fresh claim with a random token (64 random bits: two claims on one key never share
-    /// one in practice).
+    /// A fresh claim. Tokens never repeat within a process (a counter through a bijective
+    /// mix) and differ across processes (a random seed drawn once), without a system call per
+    /// claim.
     pub fn new() -> Self {
-        let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
-        Claim(high ^ low)
+        static SEED: OnceLock<u64> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let seed = *SEED.get_or_init(|| {
+            let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
+            high ^ low
+        });
+        Claim(mix(seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))))
     }
 
     /// The token, to store it.
@@ -74,6 +82,13 @@ impl Claim {
     pub fn from_token(token: u64) -> Self {
         Claim(token)
     }
+}
+
+/// SplitMix64's finaliser: a bijection on `u64`, so distinct inputs give distinct tokens.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl Default for Claim {
