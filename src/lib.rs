@@ -55,7 +55,8 @@
 //!
 //! # Cargo features
 //!
-//! - `h2` (default): classify HTTP/2 `REFUSED_STREAM` resets and remote `GOAWAY`s as *not sent*.
+//! - `h2` (default): classify HTTP/2 `REFUSED_STREAM` resets as *not sent*. A remote `GOAWAY`
+//!   stays *ambiguous*: hyper can report one for a request it already wrote.
 //! - `reqwest-middleware`: the reqwest-middleware adapter and reqwest error classification.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]

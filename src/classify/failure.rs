@@ -8,10 +8,12 @@ use std::time::Duration;
 pub enum FailureClass {
     /// The request provably never reached the server's application: connect refused, DNS or
     /// TLS failure, connect timeout, a request canceled before it was written, an HTTP/2
-    /// `REFUSED_STREAM`. Retrying cannot repeat a side effect.
+    /// `REFUSED_STREAM`, a request tower's `load_shed` or `buffer` refused without calling the
+    /// service below. Retrying cannot repeat a side effect.
     NotSent,
     /// The request may have been applied: a timeout after it was sent, a reset or EOF before
-    /// the full response, or any error this crate does not recognise.
+    /// the full response, an HTTP/2 `GOAWAY` (hyper can report one for a request it already
+    /// wrote), or any error this crate does not recognise.
     Ambiguous,
     /// The server answered with a transient status (408, 429, 5xx by default) or asked for a
     /// retry with `x-should-retry: true`. The request may have been applied.
@@ -90,8 +92,9 @@ impl From<FailureClass> for Classification {
 }
 
 /// Classifies an error by walking its `source()` chain down to the concrete types this crate
-/// knows: tower's `Elapsed`, hyper-util's client error, `hyper::Error`, `h2::Error` (feature
-/// `h2`), `std::io::Error` and `reqwest::Error` (feature `reqwest-middleware`).
+/// knows: tower's `Elapsed`, `Overloaded`, buffer and `Optional` errors, hyper-util's client
+/// error, `hyper::Error`, `h2::Error` (feature `h2`), `std::io::Error` and `reqwest::Error`
+/// (feature `reqwest-middleware`).
 ///
 /// The first error in the chain that tells something decides. An error that nothing in the
 /// chain explains is [`FailureClass::Ambiguous`]: a write is never assumed not to have happened.
@@ -129,6 +132,9 @@ fn classify_one(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
         // A per-attempt timeout fires whether or not the server got the request.
         return Some(FailureClass::Ambiguous);
     }
+    if let Some(class) = tower_class(err) {
+        return Some(class);
+    }
     if let Some(err) = err.downcast_ref::<hyper_util::client::legacy::Error>() {
         return hyper_util_class(err);
     }
@@ -149,8 +155,32 @@ fn classify_one(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
     None
 }
 
+/// tower's own errors, each returned in place of calling the service below, or not.
+fn tower_class(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
+    use tower::buffer::error::{Closed, ServiceError};
+    // `LoadShed::call` returns `Overloaded` instead of calling the inner service when it was
+    // not ready; `Optional::call` returns `None` when there is no inner service.
+    if err.is::<tower::load_shed::error::Overloaded>()
+        || err.is::<tower::util::error::optional::None>()
+    {
+        return Some(FailureClass::NotSent);
+    }
+    // The buffer's worker makes a `ServiceError` only when the inner `poll_ready` failed, and
+    // then hands it to requests instead of calling the inner service; errors of a called
+    // request pass through unwrapped. The check comes before its source (the readiness error).
+    if err.is::<ServiceError>() {
+        return Some(FailureClass::NotSent);
+    }
+    // `Closed` also reaches a request whose inner `call` panicked in the worker.
+    if err.is::<Closed>() {
+        return Some(FailureClass::Ambiguous);
+    }
+    None
+}
+
 fn hyper_util_class(err: &hyper_util::client::legacy::Error) -> Option<FailureClass> {
     if err.is_connect() {
+        // The connector failed, or the pool checkout did: no connection carried the request.
         return Some(FailureClass::NotSent);
     }
     // hyper-util exposes no predicate for its other kinds; its Display is
@@ -168,7 +198,9 @@ fn hyper_util_class(err: &hyper_util::client::legacy::Error) -> Option<FailureCl
         "UserUnsupportedRequestMethod" | "UserUnsupportedVersion" | "UserAbsoluteUriRequired" => {
             Some(FailureClass::Final)
         }
-        // SendRequest, ChannelClosed and anything new: the source decides.
+        // SendRequest is both a failed handshake (nothing sent) and a request hyper did not
+        // give back (maybe written); ChannelClosed comes only from the pool's idle check. These
+        // and anything new: the source decides.
         _ => None,
     }
 }
@@ -192,10 +224,12 @@ fn h2_class(err: &h2::Error) -> Option<FailureClass> {
         return Some(FailureClass::NotSent);
     }
     if err.is_remote() && err.is_go_away() {
-        // h2 hands a received GOAWAY to a stream only when the stream's id is above the
-        // frame's last-stream-id, or the stream was opened after it: RFC 9113 §6.8 says such
-        // streams were not processed. Streams at or below it end with a broken pipe instead.
-        return Some(FailureClass::NotSent);
+        // Not proof of "not sent". h2 fails the streams above the frame's last-stream-id with
+        // it (Streams::recv_go_away), but it also stays the connection's error, and hyper's
+        // ClientTask::poll hands it, with no request back, to a request whose HEADERS
+        // send_request had already queued (its poll_ready after send_request). Both arrive as
+        // the same hyper::Error. hyper hands a request back unsent only as canceled.
+        return Some(FailureClass::Ambiguous);
     }
     if let Some(io) = err.get_io() {
         return io_class(io);

@@ -34,6 +34,12 @@ impl AttemptRecord {
 /// What happened to a request: put in a response's extensions by the layer and the
 /// reqwest adapter, and kept inside every [`Error`](crate::Error).
 ///
+/// It covers the attempts up to the response head. Reading the body comes after the layer has
+/// returned: an error there is never retried and never appears here. The status was final by
+/// then, so treat a body-read error on a write as ambiguous and check before repeating it;
+/// send a read again; retry a keyed write by hand with the same key
+/// ([`idempotency_key`](Self::idempotency_key)) so the server can replay its stored response.
+///
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use tower::{service_fn, Layer, ServiceExt};
