@@ -8,7 +8,8 @@
 //! - a repeat while the first is in flight gets **409** with `Retry-After`;
 //! - a repeat after it completed gets the stored response, byte for byte, with an
 //!   `idempotent-replayed: true` header;
-//! - the same key with a different request (method, path or body differ) gets **422**;
+//! - the same key with a different request gets **422**: requests are compared by a SHA-256
+//!   [`Fingerprint`] of the method, the path with its query, and the body;
 //! - a malformed key gets **400** and never reaches the store. Keys are what common clients
 //!   send: a Structured Field string (`"8e03978e-…"`, the IETF draft's form) or a bare token of
 //!   visible ASCII without quotes or backslashes (`8e03978e-…`, Stripe's form); non-empty, at
@@ -22,28 +23,53 @@
 //! is never freed, whatever happens:
 //!
 //! - **The client goes away** (its timeout, a disconnect; hyper then drops the request): the
-//!   handler runs on in a task of its own until it answers, and its response is stored for
-//!   the replay. Repeats meanwhile get 409.
+//!   rest of the call is detached onto the tokio runtime and runs until the handler answers;
+//!   its response is stored for the replay. Repeats meanwhile get 409.
 //! - **The handler fails** (the inner service returns an error — a server-side timeout, a
 //!   lost backend — or panics): it may have applied its effect before failing, so the outcome
 //!   is *unknown*, and a stand-in record says so: **500**, `x-should-retry: false` and a text
 //!   body. Every repeat gets it; the error itself reaches hyper as before. (Keeping the key in
-//!   flight instead would answer 409 until the TTL ends, a day by default.)
+//!   flight instead would answer 409 until the lease ends and then run the handler again.)
 //! - **The response cannot be stored whole** (over
 //!   [`max_response_bytes`](IdempotencyLayer::max_response_bytes), with trailers, or its body
 //!   fails while being read): the first client gets the whole response, streamed; repeats get
 //!   its status and headers with an empty body and `idempotent-replay-body: omitted`.
-//! - **The store refuses the record** (full, failing): the key stays in flight until its TTL.
+//! - **The store refuses the record** (full, failing after three tries): the key stays in
+//!   flight until its lease ends.
 //!
-//! The call runs on the current tokio runtime (`tokio::spawn`), so the inner service and its
-//! future must be `Send + 'static`. Outside a tokio runtime it runs in the request's own future.
+//! The inner service and its future must be `Send + 'static` (a call may be detached). Outside
+//! a tokio runtime nothing can be detached: a dropped call ends there, its key in flight.
+//!
+//! # Leases and fencing
+//!
+//! A claim is a [lease](IdempotencyLayer::lease) (60 s by default) with a fencing token
+//! ([`Claim`]): the layer renews it while the handler runs, so a handler may outlast it, and a
+//! server that dies mid-handler holds its keys only until the lease ends. A store refuses to
+//! complete or release a claim that was taken over, so a stale server never overwrites a newer
+//! outcome. The lease is also the one window in which "never twice" cannot hold: after a
+//! server died mid-handler and its lease ended, a repeat runs the handler again. Set it longer
+//! than clients keep retrying.
+//!
+//! # Whose key
+//!
+//! Keys live in one space unless [scoped](IdempotencyLayer::scope_keys_by) by sender (an
+//! authenticated tenant, an API key id): scope them whenever several clients share a server,
+//! so that no client is ever replayed another's response by presenting its key.
 //!
 //! # What is stored
 //!
 //! Responses of every status are stored, errors included: a 500 may come after the write was
 //! partly applied, and a client that repeats the key must learn the same outcome rather than
-//! run the write a second time. Requests without a key pass through untouched, unless their
-//! method [requires one](IdempotencyLayer::require_key_for).
+//! run the write a second time ([`store_server_errors(false)`](IdempotencyLayer::store_server_errors)
+//! frees the key on a 5xx instead, for handlers whose 5xx proves nothing was applied).
+//! Requests without a key pass through untouched, unless their method
+//! [requires one](IdempotencyLayer::require_key_for).
+//!
+//! # Stores
+//!
+//! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
+//! shares keys across a fleet. [`IdempotencyStore`] is implementable over any store with an
+//! atomic insert-if-absent with expiry and a compare-and-set.
 //!
 //! ```
 //! use std::convert::Infallible;
