@@ -3,7 +3,7 @@
 //! front ends drive this one type, so the decision has one code path.
 
 use std::error::Error as StdError;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use tokio::time::Instant;
@@ -12,7 +12,8 @@ use crate::classify::{
     classify_error, idempotency_key, Classification, FailureClass, Idempotency, RequestVerdict,
 };
 use crate::error::{Error, Symptom};
-use crate::policy::{Decision, Facts, RetryPolicy, StopReason};
+use crate::policy::{Decision, Facts, RequestOptions, RetryPolicy, StopReason};
+use crate::timed_out::TimedOut;
 use crate::service::report::{AttemptRecord, Records};
 use crate::service::{LayerAttempt, RetryReport};
 use crate::BoxError;
@@ -130,6 +131,8 @@ pub(crate) struct Plan {
     has_key_header: bool,
     /// The request id from the request's headers, read in the same pass as the key.
     request_id: Option<Box<str>>,
+    /// The caller's per-request settings, if any.
+    options: Option<RequestOptions>,
 }
 
 impl Plan {
@@ -155,6 +158,7 @@ impl Plan {
             key: key.map(Into::into),
             has_key_header,
             request_id: printable(request_id, MAX_REQUEST_ID_LEN),
+            options: extensions.get::<RequestOptions>().copied(),
         }
     }
 
@@ -175,10 +179,18 @@ impl Plan {
         }
     }
 
+    /// Retries allowed for this request: its own option, or the policy's.
+    #[inline]
+    fn max_retries(&self, policy: &RetryPolicy) -> u32 {
+        self.options
+            .and_then(|o| o.max_retries)
+            .unwrap_or(policy.inner.max_retries)
+    }
+
     /// Whether this layer could ever send the request again, so a copy is worth keeping.
     #[inline]
     pub(crate) fn may_retry(&self, policy: &RetryPolicy) -> bool {
-        !self.outer_layer && !self.verdict.is_no_retry() && policy.inner.max_retries > 0
+        !self.outer_layer && !self.verdict.is_no_retry() && self.max_retries(policy) > 0
     }
 
     /// Whether to mark the attempts: the outermost layer owns retries, whatever its
@@ -197,7 +209,13 @@ pub(crate) struct Attempts {
     replayable: bool,
     /// An outer layer of this crate made this attempt and decides about retries.
     outer_layer: bool,
-    /// When the first attempt started; read only when the policy has a deadline.
+    /// Retries allowed: the request's option or the policy's.
+    max_retries: u32,
+    /// The request's deadline and per-attempt timeout: its options or the policy's. Only the
+    /// outermost layer keeps them; an inner one leaves the time to it.
+    deadline: Option<Duration>,
+    attempt_timeout: Option<Duration>,
+    /// When the first attempt started; read only when there is a deadline.
     started: Option<Instant>,
     first_attempt_at: SystemTime,
     last_attempt_at: SystemTime,
@@ -215,17 +233,29 @@ impl Attempts {
         // Without a copy, retries are refused as "body not replayable" — unless the request
         // could never be retried anyway, in which case the decision names the real reason.
         let replayable = copied || !plan.may_retry(policy);
+        let max_retries = plan.max_retries(policy);
         let Plan {
             verdict,
             outer_layer,
             key: idempotency_key,
             request_id,
+            options,
             ..
         } = plan;
+        let inner = &policy.inner;
+        let (deadline, attempt_timeout) = if outer_layer {
+            (None, None)
+        } else {
+            (
+                options.and_then(|o| o.deadline).or(inner.deadline),
+                options
+                    .and_then(|o| o.attempt_timeout)
+                    .or(inner.attempt_timeout),
+            )
+        };
         if !outer_layer {
             policy.deposit();
         }
-        let inner = &policy.inner;
         let now = SystemTime::now();
         Attempts {
             policy: policy.clone(),
@@ -233,7 +263,10 @@ impl Attempts {
             target,
             replayable,
             outer_layer,
-            started: inner.deadline.map(|_| Instant::now()),
+            max_retries,
+            deadline,
+            attempt_timeout,
+            started: deadline.map(|_| Instant::now()),
             first_attempt_at: now,
             last_attempt_at: now,
             records: Records::default(),
@@ -246,6 +279,23 @@ impl Attempts {
     /// The request's target: kept once, here, for messages and for resending the request.
     pub(crate) fn target(&self) -> &Target {
         &self.target
+    }
+
+    /// How long the next attempt may take before the policy's clock cuts it, and why it would
+    /// be cut: the per-attempt timeout, or the deadline if it comes first. `None` without
+    /// either (no timer at all).
+    #[inline]
+    pub(crate) fn attempt_limit(&self) -> Option<(Duration, TimedOut)> {
+        let to_deadline = self
+            .deadline
+            .zip(self.started)
+            .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()));
+        match (self.attempt_timeout, to_deadline) {
+            (Some(attempt), Some(left)) if attempt < left => Some((attempt, TimedOut::Attempt)),
+            (_, Some(left)) => Some((left, TimedOut::Deadline)),
+            (Some(attempt), None) => Some((attempt, TimedOut::Attempt)),
+            (None, None) => None,
+        }
     }
 
     /// Marks the start of the next attempt, and numbers it in the request's headers when the
@@ -294,8 +344,6 @@ impl Attempts {
             Decision::Stop(StopReason::RetriedByOuterLayer)
         } else {
             let time_left = self
-                .policy
-                .inner
                 .deadline
                 .zip(self.started)
                 .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()));
@@ -303,6 +351,7 @@ impl Attempts {
                 verdict: &self.verdict,
                 outcome: &outcome,
                 retries_done: attempt - 1,
+                max_retries: self.max_retries,
                 time_left,
                 replayable: self.replayable,
             };

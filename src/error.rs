@@ -11,6 +11,7 @@ use crate::classify::failure::chain;
 use crate::classify::{FailureClass, Idempotency};
 use crate::policy::StopReason;
 use crate::service::RetryReport;
+use crate::timed_out::TimedOut;
 use crate::BoxError;
 
 /// A request that ended in an error after the retries this policy allows.
@@ -93,7 +94,7 @@ impl Symptom {
     }
 
     fn of_one(err: &(dyn StdError + 'static)) -> Option<Symptom> {
-        if err.is::<tower::timeout::error::Elapsed>() {
+        if err.is::<tower::timeout::error::Elapsed>() || err.is::<TimedOut>() {
             return Some(Symptom::Timeout);
         }
         if let Some(e) = err.downcast_ref::<hyper::Error>() {

@@ -71,13 +71,16 @@ pub mod policy;
 mod reqwest;
 pub mod server;
 pub mod service;
+mod timed_out;
 
 pub use classify::{
     classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
     VerdictSource,
 };
 pub use error::Error;
-pub use policy::{BuildError, Decision, RetryPolicy, RetryPolicyBuilder, StopReason};
+pub use policy::{
+    BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
+};
 #[cfg(feature = "reqwest-middleware")]
 pub use reqwest::RetrySafetyMiddleware;
 pub use service::{AttemptRecord, ReplayBody, ResponseFuture, RetryReport, RetrySafety};

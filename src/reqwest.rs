@@ -7,6 +7,7 @@ use reqwest_middleware::{Middleware, Next};
 use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
 use crate::service::LayerAttempt;
+use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
 
 /// Retries requests in a reqwest-middleware chain as the [`RetryPolicy`] allows: the same
@@ -111,7 +112,14 @@ impl Middleware for RetrySafetyMiddleware {
         }
         loop {
             attempts.next_attempt(req.headers_mut());
-            let result = next.clone().run(req, extensions).await;
+            let attempt = next.clone().run(req, extensions);
+            let result = match attempts.attempt_limit() {
+                None => attempt.await,
+                // Cut by the policy's clock: the attempt may have been sent.
+                Some((limit, why)) => tokio::time::timeout(limit, attempt)
+                    .await
+                    .unwrap_or_else(|_| Err(reqwest_middleware::Error::middleware(why))),
+            };
             let decision = match &result {
                 Ok(res) => attempts.on_response(res.status(), res.headers()),
                 Err(reqwest_middleware::Error::Reqwest(err)) => attempts.on_error(err),
@@ -157,7 +165,12 @@ fn into_box(err: reqwest_middleware::Error) -> BoxError {
             Ok(ours) => Box::new(ours),
             Err(other) => match other.downcast::<reqwest::Error>() {
                 Ok(e) => Box::new(e.without_url()),
-                Err(other) => other.into(),
+                // The adapter's own cut, kept as itself (not behind anyhow's wrapper) so the
+                // error knows it timed out.
+                Err(other) => match other.downcast::<TimedOut>() {
+                    Ok(cut) => Box::new(cut),
+                    Err(other) => other.into(),
+                },
             },
         },
     }

@@ -13,7 +13,7 @@ use crate::classify::routes::RouteTable;
 use crate::classify::Idempotency;
 
 /// The most retries a policy may allow. More than this is a retry storm, not a policy.
-const MAX_RETRIES_LIMIT: u32 = 100;
+pub(crate) const MAX_RETRIES_LIMIT: u32 = 100;
 
 /// Builds a [`RetryPolicy`]. Setters consume and return the builder; nothing is checked until
 /// [`build`](Self::build), which names the first bad input in its [`BuildError`].
@@ -31,6 +31,7 @@ pub struct RetryPolicyBuilder {
     retry_statuses: Vec<StatusCode>,
     max_retry_after: Duration,
     deadline: Option<Duration>,
+    attempt_timeout: Option<Duration>,
     budget: BudgetChoice,
     should_retry_header: Option<HeaderName>,
     request_id_header: Option<HeaderName>,
@@ -94,6 +95,7 @@ impl RetryPolicyBuilder {
                 .collect(),
             max_retry_after: Duration::from_secs(60),
             deadline: None,
+            attempt_timeout: None,
             budget: BudgetChoice::Tps {
                 ttl: Duration::from_secs(10),
                 min_per_sec: 10,
@@ -298,13 +300,31 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Total time for all attempts, counted from the first: a retry whose wait would end
-    /// past it is not made. An attempt in flight is not cut short; put a
-    /// `tower::timeout` outside the layer for that.
+    /// Total time for a request, counted from its first attempt. An attempt still in flight
+    /// when it passes is cut, and a retry whose wait would end past it is not made. A cut
+    /// attempt ends in this crate's [`Error`](crate::Error), not a bare timeout: it
+    /// [`is_timeout`](crate::Error::is_timeout), and it [`is_ambiguous`](crate::Error::is_ambiguous)
+    /// (the request may have been sent and applied), with the report, the request id and
+    /// the idempotency key — which a `tower::timeout` outside the layer would lose.
+    ///
+    /// Per request: [`RequestOptions::deadline`](super::RequestOptions::deadline).
     ///
     /// Defaults to none. Must be above zero.
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
+        self
+    }
+
+    /// Time for each attempt: an attempt still in flight when it passes is cut, and that
+    /// failure is ambiguous (the request may have been applied), so an idempotent request is
+    /// retried and a write is not. The same as a `tower::timeout` inside the layer, except that
+    /// a cut that coincides with the deadline ends the request with this crate's error.
+    ///
+    /// Per request: [`RequestOptions::attempt_timeout`](super::RequestOptions::attempt_timeout).
+    ///
+    /// Defaults to none. Must be above zero.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
         self
     }
 
@@ -394,6 +414,12 @@ impl RetryPolicyBuilder {
         if self.deadline == Some(Duration::ZERO) {
             return Err(BuildError::setting("deadline", "it must be above zero"));
         }
+        if self.attempt_timeout == Some(Duration::ZERO) {
+            return Err(BuildError::setting(
+                "attempt_timeout",
+                "it must be above zero",
+            ));
+        }
         let mut key_trust = KeyTrust {
             everywhere: self.honor_idempotency_key
                 || (self.mint_idempotency_keys && self.key_hosts.is_empty()),
@@ -434,6 +460,7 @@ impl RetryPolicyBuilder {
                 retry_statuses: self.retry_statuses.into_iter().collect::<StatusSet>(),
                 max_retry_after: self.max_retry_after,
                 deadline: self.deadline,
+                attempt_timeout: self.attempt_timeout,
                 budget,
                 should_retry_header: self.should_retry_header,
                 request_id_header: self.request_id_header,

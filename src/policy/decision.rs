@@ -71,6 +71,8 @@ pub(crate) struct Facts<'a> {
     pub(crate) outcome: &'a Classification,
     /// Retries already made (0 after the first attempt).
     pub(crate) retries_done: u32,
+    /// Retries allowed for this request: the policy's, or the request's own option.
+    pub(crate) max_retries: u32,
     /// Time before the deadline, if the policy has one.
     pub(crate) time_left: Option<Duration>,
     /// Whether the request can be sent again (its body can be replayed).
@@ -115,6 +117,7 @@ impl RetryPolicy {
             verdict,
             outcome,
             retries_done,
+            max_retries: self.inner.max_retries,
             time_left,
             replayable: true,
         };
@@ -171,7 +174,7 @@ impl RetryPolicy {
         if !facts.replayable {
             return Decision::Stop(BodyNotReplayable);
         }
-        if facts.retries_done >= self.inner.max_retries {
+        if facts.retries_done >= facts.max_retries {
             return Decision::Stop(RetriesExhausted);
         }
         let after = facts
@@ -224,6 +227,7 @@ mod tests {
             verdict,
             outcome: &outcome,
             retries_done,
+            max_retries: policy().inner.max_retries,
             time_left,
             replayable,
         };
@@ -405,6 +409,7 @@ mod tests {
             verdict: &NON_IDEMPOTENT,
             outcome: &FailureClass::Ambiguous.into(),
             retries_done: 0,
+            max_retries: 2,
             time_left: None,
             replayable: true,
         };
@@ -462,6 +467,7 @@ mod tests {
             verdict: &IDEMPOTENT,
             outcome: &FailureClass::NotSent.into(),
             retries_done: 1,
+            max_retries: 2,
             time_left: None,
             replayable: true,
         };

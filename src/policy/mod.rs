@@ -4,6 +4,7 @@
 mod builder;
 mod decision;
 mod key_trust;
+mod options;
 mod statuses;
 
 use std::fmt;
@@ -16,6 +17,7 @@ use tower::retry::budget::Budget;
 pub use builder::{BuildError, RetryPolicyBuilder};
 pub(crate) use decision::Facts;
 pub use decision::{Decision, StopReason};
+pub use options::RequestOptions;
 
 use crate::backoff::Backoff;
 use crate::classify::routes::RouteTable;
@@ -58,6 +60,7 @@ pub(crate) struct Inner {
     pub(crate) retry_statuses: StatusSet,
     pub(crate) max_retry_after: Duration,
     pub(crate) deadline: Option<Duration>,
+    pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) should_retry_header: Option<HeaderName>,
     pub(crate) request_id_header: Option<HeaderName>,
@@ -78,6 +81,7 @@ impl fmt::Debug for RetryPolicy {
             .field("retry_statuses", &i.retry_statuses)
             .field("max_retry_after", &i.max_retry_after)
             .field("deadline", &i.deadline)
+            .field("attempt_timeout", &i.attempt_timeout)
             .field("budget", &i.budget.as_ref().map(|_| "enabled"))
             .field("should_retry_header", &i.should_retry_header)
             .field("request_id_header", &i.request_id_header)

@@ -11,6 +11,7 @@ use tower_service::Service;
 use super::{LayerAttempt, ReplayBody};
 use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
+use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
 
 pin_project! {
@@ -32,8 +33,9 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F> {
-        // An attempt is in flight.
-        Called { #[pin] future: F },
+        // An attempt is in flight, cut by `timer` if the policy's clock runs out first (boxed,
+        // and only with a deadline or a per-attempt timeout).
+        Called { #[pin] future: F, timer: Option<(Pin<Box<Sleep>>, TimedOut)> },
         // Waiting out the backoff or the server's Retry-After. Boxed: only a retry pays for
         // the timer's size, not every request's future.
         Waiting { sleep: Pin<Box<Sleep>> },
@@ -117,9 +119,10 @@ where
             parts.extensions.insert(LayerAttempt);
         }
         attempts.next_attempt(&mut parts.headers);
+        let timer = attempt_timer(&attempts);
         let future = service.call(Request::from_parts(parts, body));
         ResponseFuture {
-            state: State::Called { future },
+            state: State::Called { future, timer },
             retry,
             attempts: Some(attempts),
         }
@@ -138,8 +141,18 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Called { future } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::<BoxError>::into);
+                StateProj::Called { future, timer } => {
+                    let result = match future.poll(cx) {
+                        Poll::Ready(result) => result.map_err(Into::<BoxError>::into),
+                        Poll::Pending => {
+                            let Some((sleep, why)) = timer else {
+                                return Poll::Pending;
+                            };
+                            ready!(sleep.as_mut().poll(cx));
+                            // The attempt is dropped with this state: cut, maybe sent.
+                            Err(Box::new(*why) as BoxError)
+                        }
+                    };
                     let Some(attempts) = this.attempts.as_mut() else {
                         panic!("ResponseFuture polled after completion");
                     };
@@ -204,13 +217,23 @@ where
                         .clone();
                     parts.extensions.insert(LayerAttempt);
                     attempts.next_attempt(&mut parts.headers);
+                    let timer = attempt_timer(attempts);
                     let future = replay.service.call(Request::from_parts(parts, body));
-                    this.state.set(State::Called { future });
+                    this.state.set(State::Called { future, timer });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
     }
+}
+
+/// The timer that cuts the next attempt, if the request has a deadline or a per-attempt
+/// timeout.
+#[inline]
+fn attempt_timer(attempts: &Attempts) -> Option<(Pin<Box<Sleep>>, TimedOut)> {
+    attempts
+        .attempt_limit()
+        .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why))
 }
 
 // Inlined, and the report taken from the attempts in place: this saves moving the bookkeeping
