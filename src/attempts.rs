@@ -13,9 +13,9 @@ use crate::classify::{
 };
 use crate::error::{Error, Symptom};
 use crate::policy::{Decision, Facts, RequestOptions, RetryPolicy, StopReason};
-use crate::timed_out::TimedOut;
 use crate::service::report::{AttemptRecord, Records};
 use crate::service::{LayerAttempt, RetryReport};
+use crate::timed_out::TimedOut;
 use crate::BoxError;
 
 /// Longest request id echoed in reports, errors and logs.

@@ -1,5 +1,7 @@
 //! `IdempotencyLayer` in process: what is stored, what is freed, what is refused.
 
+mod support;
+
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
-use tower_retry_safety::server::{Entry, IdempotencyLayer, IdempotencyStore, MemoryStore};
+use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
 
 type In = Request<Either<Full<Bytes>, Full<Bytes>>>;
 
@@ -104,24 +106,77 @@ async fn a_response_over_the_limit_passes_through_and_its_head_is_kept() {
     assert!(body_of(again).await.is_empty());
 }
 
-/// The store cannot hold even the response's head: the key stays in flight (409), never free.
+/// The store cannot hold even the response's head: the key is held in flight (409) past its
+/// lease, never freed. Found in review: the lease used to lapse and a repeat ran it again.
+/// The scope (here an API key header) never reaches a log.
+#[test]
+fn a_store_that_refuses_the_record_holds_the_key_past_its_lease() {
+    let (logs, ()) = support::logs::capture(|| {
+        support::logs::block_on(async {
+            let runs = Arc::new(AtomicU32::new(0));
+            // Room for a claim (key + 64 bytes), not for any record.
+            let layer = IdempotencyLayer::new(MemoryStore::with_limits(16, 200))
+                .lease(Duration::from_millis(200))
+                .scope_keys_by_header(http::HeaderName::from_static("x-api-key"));
+            let svc = layer.layer(handler(runs.clone(), 200, 300));
+            let scoped = |key| {
+                let mut req = keyed(key, "x");
+                req.headers_mut()
+                    .insert("x-api-key", "sk_live_SECRET".parse().unwrap());
+                req
+            };
+            assert_eq!(
+                svc.clone().oneshot(scoped("k")).await.unwrap().status(),
+                200
+            );
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let again = svc.clone().oneshot(scoped("k")).await.unwrap();
+                assert_eq!(again.status(), StatusCode::CONFLICT);
+            }
+            assert_eq!(runs.load(Ordering::SeqCst), 1);
+        })
+    });
+    assert!(logs.contains("held in flight"), "{logs}");
+    assert!(
+        !logs.contains("sk_live"),
+        "the scope leaked into a log:\n{logs}"
+    );
+}
+
+/// Found in review: a "keep forever" TTL overflowed the store's clock and freed the key.
 #[tokio::test]
-async fn a_store_that_refuses_the_record_keeps_the_key_in_flight() {
+async fn a_huge_ttl_or_lease_keeps_the_key() {
     let runs = Arc::new(AtomicU32::new(0));
-    // Room for a claim (key + 64 bytes), not for any record.
-    let layer = IdempotencyLayer::new(MemoryStore::with_limits(10, 70));
-    let svc = layer.layer(handler(runs.clone(), 200, 10));
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .ttl(Duration::MAX)
+        .lease(Duration::MAX);
+    let svc = layer.layer(handler(runs.clone(), 200, 3));
     assert_eq!(
-        svc.clone().oneshot(keyed("k", "x")).await.unwrap().status(),
+        svc.clone().oneshot(keyed("t", "x")).await.unwrap().status(),
         200
     );
-    let again = svc.clone().oneshot(keyed("k", "x")).await.unwrap();
-    assert_eq!(again.status(), StatusCode::CONFLICT);
+    let again = svc.oneshot(keyed("t", "x")).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert!(matches!(
-        layer.store().get("k").await.unwrap(),
-        Some(Entry::InFlight { .. })
-    ));
+}
+
+/// Found in review: on a runtime without a timer the layer stored a false "unknown outcome"
+/// for a handler it never called. Nothing runs; the key is freed; 503.
+#[test]
+fn a_runtime_without_a_timer_answers_503_and_runs_nothing() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let runs = Arc::new(AtomicU32::new(0));
+        let layer = IdempotencyLayer::new(MemoryStore::new());
+        let svc = layer.layer(handler(runs.clone(), 200, 3));
+        let res = svc.oneshot(keyed("no-timer", "x")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert!(layer.store().is_empty());
+    });
 }
 
 #[tokio::test]

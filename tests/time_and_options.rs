@@ -18,8 +18,7 @@ use support::script::{ok, Reset, Script};
 use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{
-    FailureClass, NoRetry, RequestOptions, RetryPolicy, RetryPolicyBuilder, RetryReport,
-    StopReason,
+    FailureClass, NoRetry, RequestOptions, RetryPolicy, RetryPolicyBuilder, RetryReport, StopReason,
 };
 
 fn builder() -> RetryPolicyBuilder {
@@ -206,11 +205,12 @@ async fn settings_that_cannot_work_fail_build() {
 #[tokio::test]
 async fn a_deadline_over_hyper_util_keeps_the_typed_error_and_the_write_ran_once() {
     let server = FaultServer::start().await;
-    let policy = builder().deadline(Duration::from_millis(300)).build().unwrap();
-    let client = hyper_util::client::legacy::Client::builder(
-        hyper_util::rt::TokioExecutor::new(),
-    )
-    .build_http::<Full<Bytes>>();
+    let policy = builder()
+        .deadline(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
     let svc = ServiceBuilder::new().layer(policy).service(client);
     let req = Request::post(server.url("slow-write"))
         .header("x-handler-delay-ms", "1500")

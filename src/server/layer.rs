@@ -19,6 +19,8 @@ pub(crate) struct Config {
     pub(crate) required: Vec<Method>,
 }
 
+const YEAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 type ScopeFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
 
 /// Reads the scope of a request's key.
@@ -98,22 +100,23 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
         self.config(|c| c.replay_header = name)
     }
 
-    /// How long a key's completed outcome is kept.
+    /// How long a key's completed outcome is kept. Values above a year are taken as a year.
     ///
     /// Defaults to 24 hours.
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.config(|c| c.ttl = ttl)
+        self.config(|c| c.ttl = ttl.min(YEAR))
     }
 
     /// How long a claim on a key lasts without renewal. While its handler runs, the layer
     /// renews the claim every third of the lease, so a handler may run longer than it; a server
     /// that dies mid-handler holds its keys until the lease ends. After that a repeat of the key
     /// runs the handler again: the lease is the window within which a crashed server's write
-    /// cannot be told from one that never started. Values under 30 ms are taken as 30 ms.
+    /// cannot be told from one that never started. Values under 30 ms are taken as 30 ms,
+    /// above a year as a year.
     ///
     /// Defaults to 60 seconds.
     pub fn lease(self, lease: Duration) -> Self {
-        self.config(|c| c.lease = lease.max(Duration::from_millis(30)))
+        self.config(|c| c.lease = lease.clamp(Duration::from_millis(30), YEAR))
     }
 
     /// Whether a response with a 5xx status is stored for replay. Stored, a repeat learns the

@@ -14,8 +14,10 @@ use super::store::{
 /// Defaults: at most 4096 keys and 32 MiB of stored responses. A full store first evicts
 /// expired entries; if none has expired it refuses new keys (the layer answers 503, so nothing
 /// runs unguarded) and refuses to keep a response that does not fit (the layer then keeps the
-/// response's status and headers, or else leaves the key in flight until its TTL: a key whose
-/// handler ran is never freed). Its memory stays bounded whatever clients send.
+/// response's status and headers, or else holds the key in flight and tries again until its
+/// TTL: a key whose handler ran is never freed). Its memory stays bounded whatever clients
+/// send — and a client that fills it with keys locks out every keyed write until its entries
+/// expire (503s): size it for your key rate times the TTL.
 ///
 /// Keys live in one process: for a fleet of servers behind a load balancer, implement the
 /// trait over a shared store.
@@ -130,6 +132,12 @@ impl State {
     }
 }
 
+/// `now + d`, saturating far in the future instead of overflowing (a "keep forever" TTL).
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60))
+}
+
 fn key_size(key: &str) -> usize {
     key.len() + 64
 }
@@ -160,7 +168,7 @@ impl IdempotencyStore for MemoryStore {
             Slot {
                 entry: Entry::InFlight { fingerprint },
                 claim: Some(claim),
-                expires: now + lease,
+                expires: later(now, lease),
                 size,
             },
         );
@@ -169,7 +177,7 @@ impl IdempotencyStore for MemoryStore {
 
     async fn renew(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
         let now = Instant::now();
-        self.lock().held(key, claim, now)?.expires = now + lease;
+        self.lock().held(key, claim, now)?.expires = later(now, lease);
         Ok(())
     }
 
@@ -196,20 +204,19 @@ impl IdempotencyStore for MemoryStore {
                 return Err(StoreError::full());
             }
         }
+        // Everything that could fail is done: the swap below is one remove and one insert.
+        let slot = Slot {
+            entry: Entry::Completed {
+                fingerprint,
+                response,
+            },
+            claim: None,
+            expires: later(now, ttl),
+            size,
+        };
         state.remove(key);
         state.bytes += size;
-        state.entries.insert(
-            key.into(),
-            Slot {
-                entry: Entry::Completed {
-                    fingerprint,
-                    response,
-                },
-                claim: None,
-                expires: now + ttl,
-                size,
-            },
-        );
+        state.entries.insert(key.into(), slot);
         Ok(())
     }
 

@@ -34,8 +34,9 @@
 //!   [`max_response_bytes`](IdempotencyLayer::max_response_bytes), with trailers, or its body
 //!   fails while being read): the first client gets the whole response, streamed; repeats get
 //!   its status and headers with an empty body and `idempotent-replay-body: omitted`.
-//! - **The store refuses the record** (full, failing after three tries): the key stays in
-//!   flight until its lease ends.
+//! - **The store refuses the record** (full, or failing): the key is held in flight (its lease
+//!   renewed) while the record is tried again in the background, until it is stored or the
+//!   key's TTL has passed. Repeats meanwhile get 409.
 //!
 //! The inner service and its future must be `Send + 'static` (a call may be detached). Outside
 //! a tokio runtime nothing can be detached: a dropped call ends there, its key in flight.
@@ -46,9 +47,20 @@
 //! ([`Claim`]): the layer renews it while the handler runs, so a handler may outlast it, and a
 //! server that dies mid-handler holds its keys only until the lease ends. A store refuses to
 //! complete or release a claim that was taken over, so a stale server never overwrites a newer
-//! outcome. The lease is also the one window in which "never twice" cannot hold: after a
-//! server died mid-handler and its lease ended, a repeat runs the handler again. Set it longer
-//! than clients keep retrying.
+//! outcome.
+//!
+//! The lease bounds the windows in which "never twice" cannot hold, and they are these:
+//!
+//! - a server died mid-handler (or before its outcome was stored) and its lease ended: a
+//!   repeat runs the handler again;
+//! - the store was unreachable for longer than the lease while a handler ran or while its
+//!   outcome was being stored: the claim lapses, and another request may take the key;
+//! - the store lost the key: with Redis, a failover to a replica that had not received it, a
+//!   restart without persistence, or an eviction (run it with `maxmemory-policy noeviction`:
+//!   every entry has an expiry, so the `volatile-*` policies evict them too).
+//!
+//! Set the lease longer than clients keep retrying, and check the resource's state when a key
+//! stays in flight.
 //!
 //! # Whose key
 //!
@@ -98,6 +110,7 @@
 //! ```
 
 mod body;
+mod detach;
 mod layer;
 mod memory;
 mod outcome;
@@ -105,6 +118,7 @@ mod outcome;
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
+mod renewal;
 mod run;
 mod service;
 mod store;
@@ -115,4 +129,9 @@ pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use service::IdempotencyService;
+/// A store error's cause, for logs: `StoreError`'s own `Display` says only which kind.
+pub(crate) fn cause(err: &StoreError) -> Option<String> {
+    std::error::Error::source(err).map(ToString::to_string)
+}
+
 pub use store::{Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};

@@ -143,7 +143,8 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Entry, DecodeError> {
             let status = StatusCode::from_u16(u16::from_be_bytes(r.array()?))
                 .map_err(|_| DecodeError::Malformed("status"))?;
             let count = u16::from_be_bytes(r.array()?);
-            let mut headers = HeaderMap::with_capacity(usize::from(count));
+            // Not `with_capacity(count)`: it panics past the map's size limit.
+            let mut headers = HeaderMap::new();
             for _ in 0..count {
                 let len = u16::from_be_bytes(r.array()?);
                 let name = HeaderName::from_bytes(r.take(usize::from(len))?)
@@ -151,7 +152,9 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Entry, DecodeError> {
                 let len = u32::from_be_bytes(r.array()?) as usize;
                 let value = HeaderValue::from_bytes(r.take(len)?)
                     .map_err(|_| DecodeError::Malformed("header value"))?;
-                headers.append(name, value);
+                headers
+                    .try_append(name, value)
+                    .map_err(|_| DecodeError::Malformed("too many headers"))?;
             }
             let len = u32::from_be_bytes(r.array()?) as usize;
             let body = Bytes::copy_from_slice(r.take(len)?);
@@ -210,5 +213,36 @@ mod tests {
             assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
         assert!(decode(&[]).is_err());
+    }
+
+    /// Found in review: a header count past `HeaderMap`'s limit panicked in decode. Many
+    /// values read fine; more distinct names than a map holds are malformed, not a panic.
+    #[test]
+    fn a_huge_header_count_is_read_or_malformed_never_a_panic() {
+        let record = |count: u16, distinct: bool| {
+            let mut bytes = completed_head().to_vec();
+            bytes.extend_from_slice(&1u64.to_be_bytes());
+            bytes.extend_from_slice(&[7; 32]);
+            bytes.extend_from_slice(&200u16.to_be_bytes());
+            bytes.extend_from_slice(&count.to_be_bytes());
+            for i in 0..count {
+                let name = if distinct {
+                    format!("h{i}")
+                } else {
+                    "a".to_owned()
+                };
+                bytes.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                bytes.extend_from_slice(name.as_bytes());
+                bytes.extend_from_slice(&1u32.to_be_bytes());
+                bytes.push(b'1');
+            }
+            bytes.extend_from_slice(&0u32.to_be_bytes());
+            bytes
+        };
+        assert!(decode(&record(30_000, false)).is_ok());
+        assert_eq!(
+            decode(&record(40_000, true)),
+            Err(DecodeError::Malformed("too many headers"))
+        );
     }
 }

@@ -47,6 +47,9 @@ return 1";
 /// - Records use a compact, versioned binary encoding (see the crate's `server` docs). A record
 ///   of a version this server does not read is an error: the layer answers 503 and logs it,
 ///   never misreads it.
+/// - Keys are only as durable as Redis keeps them: run it with `maxmemory-policy noeviction`
+///   and with persistence or a replica set you trust for failover, or a lost record lets a
+///   repeat run its handler again (see the `server` module's "Leases and fencing").
 /// - The connection is redis-rs's tokio `ConnectionManager`: a lost connection is
 ///   re-established on its own. While Redis is unreachable every call fails fast (a 1 s
 ///   response timeout by default) and the layer answers 503 with `Retry-After`, running

@@ -4,26 +4,24 @@
 //! hyper drops a request's future when its client goes away (a client timeout, a disconnect).
 //! If that dropped the handler too, a handler that had applied its effect and was still busy
 //! would leave nothing behind, and the client's retry with the same key would run it again.
-//! So the call runs in a task of its own that the connection does not own: it drives the
-//! handler to completion, renews the claim's lease meanwhile, and stores the outcome; the
-//! request merely waits for it.
+//! So the call is detached onto the runtime when its request goes away: it drives the handler
+//! to completion, renews the claim's lease meanwhile, and stores the outcome.
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
+use http::StatusCode;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
-use tokio::task::JoinHandle;
 use tower_service::Service;
 
+use super::detach::DetachOnDrop;
 use super::layer::Config;
 use super::outcome;
-use super::service::{buffer, Buffered};
+use super::renewal;
+use super::service::{buffer, retry_later, Buffered};
 use super::store::{Claim, IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
 use crate::attempts::cap;
@@ -35,6 +33,8 @@ pub(crate) struct Claimed<St> {
     pub(crate) config: Arc<Config>,
     /// The key as stored (scoped, if keys are scoped).
     pub(crate) key: Arc<str>,
+    /// The key as the client sent it: what logs show (a scope may be a secret).
+    pub(crate) shown: Arc<str>,
     pub(crate) claim: Claim,
 }
 
@@ -57,61 +57,7 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    DetachOnDrop {
-        rest: Some(Box::pin(run(inner, claimed, req))),
-        polling: false,
-    }
-}
-
-/// A future that, dropped before it is done, finishes on the runtime instead of ending.
-pub(crate) struct DetachOnDrop<F: Future + Send + 'static>
-where
-    F::Output: Send,
-{
-    rest: Option<Pin<Box<F>>>,
-    /// Set while the inner future is polled: still set at drop, it panicked, and is dropped
-    /// rather than resumed (its guard then keeps the key).
-    polling: bool,
-}
-
-impl<F: Future + Send + 'static> Future for DetachOnDrop<F>
-where
-    F::Output: Send,
-{
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = &mut *self;
-        let Some(fut) = this.rest.as_mut() else {
-            // Polled after it completed: a contract violation by the caller.
-            return Poll::Pending;
-        };
-        this.polling = true;
-        let out = fut.as_mut().poll(cx);
-        this.polling = false;
-        let out = ready!(out);
-        this.rest = None;
-        Poll::Ready(out)
-    }
-}
-
-impl<F: Future + Send + 'static> Drop for DetachOnDrop<F>
-where
-    F::Output: Send,
-{
-    fn drop(&mut self) {
-        if self.polling {
-            return;
-        }
-        if let Some(rest) = self.rest.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(rest)),
-                Err(_) => tracing::warn!(
-                    "a keyed call was dropped outside a tokio runtime: it ends unfinished, and its key stays in flight until its lease ends"
-                ),
-            }
-        }
-    }
+    DetachOnDrop::new(run(inner, claimed, req))
 }
 
 async fn run<S, St, B, ResBody>(
@@ -126,6 +72,15 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let config = claimed.config.clone();
+    let Ok(first_renewal) = renewal::first_renewal(config.lease) else {
+        // Nothing ran: the claim may be freed.
+        tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
+        let _ = claimed.store.release(&claimed.key, claimed.claim).await;
+        return Ok(retry_later(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+        ));
+    };
     let work = async {
         let res = inner.call(req).await?;
         let (parts, body) = res.into_parts();
@@ -135,13 +90,18 @@ where
     let mut pending = Pending {
         claimed: Some(claimed),
     };
-    let ended = pending.renewing(work).await;
+    let ended = match &pending.claimed {
+        Some(c) => renewal::during(c, first_renewal, work).await,
+        None => work.await,
+    };
     let (parts, buffered) = match ended {
         Ok(done) => done,
         Err(err) => {
             // Called, then no response: it may have applied. Keep a record that says so
             // rather than free the key for a second run.
-            pending.keep(outcome::unknown(), "the handler failed").await;
+            pending
+                .keep(outcome::unknown(), Some("the handler failed"))
+                .await;
             return Err(err);
         }
     };
@@ -153,13 +113,7 @@ where
             } else {
                 let record =
                     StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
-                if let Err(record) = pending.try_keep(record).await {
-                    // The whole response did not fit the store; its head is better than none.
-                    let head = outcome::head_only(record.status(), record.headers());
-                    pending
-                        .keep(head, "the response did not fit the store")
-                        .await;
-                }
+                pending.keep(record, None).await;
             }
             Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
         }
@@ -173,7 +127,7 @@ where
                 pending.release().await;
             } else {
                 let head = outcome::head_only(parts.status, &parts.headers);
-                pending.keep(head, why).await;
+                pending.keep(head, Some(why)).await;
             }
             Ok(Response::from_parts(
                 parts,
@@ -183,138 +137,53 @@ where
     }
 }
 
-/// Renews the claim's lease every third of it while the handler runs, in a task of its own
-/// so that a slow store never holds the handler up. Stops when dropped.
-struct Renewal(Option<JoinHandle<()>>);
-
-impl Renewal {
-    /// Runs `work` under a renewed lease. Most handlers end well within a third of the lease,
-    /// so the renewal task is started only for one that is still running then.
-    async fn during<St: IdempotencyStore, F: Future>(c: &Claimed<St>, work: F) -> F::Output {
-        if tokio::runtime::Handle::try_current().is_err() {
-            return work.await;
-        }
-        let mut work = std::pin::pin!(work);
-        match tokio::time::timeout(c.config.lease / 3, work.as_mut()).await {
-            Ok(out) => out,
-            Err(_) => {
-                let _renewal = Renewal::start(c);
-                work.await
-            }
-        }
-    }
-
-    /// Renews now, then every third of the lease.
-    fn start<St: IdempotencyStore>(c: &Claimed<St>) -> Self {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Renewal(None);
-        };
-        let (store, key, claim, lease) = (c.store.clone(), c.key.clone(), c.claim, c.config.lease);
-        Renewal(Some(runtime.spawn(async move {
-            loop {
-                if let Err(err) = store.renew(&key, claim, lease).await {
-                    // Fenced: the lease ended (a store outage longer than it) and the key may
-                    // have been claimed again; nothing to renew any more.
-                    let fenced = err.is_fenced();
-                    tracing::warn!(error = %err, fenced, key = cap(&key, 64), "idempotency claim not renewed");
-                    if fenced {
-                        return;
-                    }
-                }
-                tokio::time::sleep(lease / 3).await;
-            }
-        })))
-    }
-}
-
-impl Drop for Renewal {
-    fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
-            task.abort();
-        }
-    }
-}
-
 /// The claim until its outcome is stored. Dropped while still holding it — the handler
-/// panicked, or the runtime is shutting down — it stores the "unknown" record from a task of
+/// panicked, or the runtime is shutting down — it settles the "unknown" record from a task of
 /// its own; the key is never freed.
 struct Pending<St: IdempotencyStore> {
     claimed: Option<Claimed<St>>,
 }
 
-/// Waits between tries of a `complete` that failed in the store's backend: a store that
-/// blinks must not cost the record (the lease would end, and the key be free).
-const COMPLETE_RETRIES: [Duration; 3] = [
-    Duration::from_millis(50),
-    Duration::from_millis(250),
-    Duration::from_secs(1),
-];
-
 impl<St: IdempotencyStore> Pending<St> {
-    /// Runs the handler's `work` under the claim's renewed lease.
-    async fn renewing<F: Future>(&self, work: F) -> F::Output {
-        match &self.claimed {
-            Some(c) => Renewal::during(c, work).await,
-            None => work.await,
-        }
-    }
-
-    /// Stores `record`, or hands it back if the store refused it (the claim stays held).
-    async fn try_keep(&mut self, record: StoredResponse) -> Result<(), StoredResponse> {
-        let Some(c) = &self.claimed else {
-            return Ok(());
+    /// Stores `record` (`why` says why it stands in for the response, if it does). A store
+    /// that is full gets the response's head instead; one that fails, or is full even for
+    /// that, is tried again in the background while the key is held: never freed.
+    async fn keep(&mut self, record: StoredResponse, why: Option<&'static str>) {
+        let Some(c) = self.claimed.take() else {
+            return;
         };
-        // Waiting needs a runtime's timer; outside one, one try.
-        let waits: &[Duration] = match tokio::runtime::Handle::try_current() {
-            Ok(_) => &COMPLETE_RETRIES,
-            Err(_) => &[],
-        };
-        let mut waits = waits.iter();
-        let err = loop {
-            match complete(c, record.clone()).await {
-                Ok(()) => {
-                    self.claimed = None;
-                    return Ok(());
+        let shown = cap(&c.shown, 64);
+        let err = match complete(&c, record.clone()).await {
+            Ok(()) => {
+                if let Some(why) = why {
+                    tracing::warn!(
+                        key = shown,
+                        why,
+                        "idempotency key stored with a stand-in for its response"
+                    );
                 }
-                Err(err) if err.is_full() || err.is_fenced() => break err,
-                Err(err) => match waits.next() {
-                    Some(wait) => tokio::time::sleep(*wait).await,
-                    None => break err,
-                },
+                return;
             }
+            Err(err) => err,
         };
         if err.is_fenced() {
             // Another claim holds the key now: its outcome stands, ours is not written over it.
-            tracing::warn!(key = cap(&c.key, 64), "idempotency claim was taken over before its outcome was stored; the newer claim's outcome stands");
-            self.claimed = None;
-            return Ok(());
-        }
-        tracing::warn!(error = %err, key = cap(&c.key, 64), "idempotency store refused a response");
-        Err(record)
-    }
-
-    /// Stores a stand-in `record` for an outcome that could not be kept whole; if the store
-    /// refuses it, the key stays in flight until its lease ends.
-    async fn keep(&mut self, record: StoredResponse, why: &'static str) {
-        let Some(key) = self.claimed.as_ref().map(|c| c.key.clone()) else {
+            tracing::warn!(key = shown, "idempotency claim was taken over before its outcome was stored; the newer claim's outcome stands");
             return;
-        };
-        let key = cap(&key, 64);
-        if self.try_keep(record).await.is_ok() {
-            tracing::warn!(
-                key,
-                why,
-                "idempotency key stored with a stand-in for its response"
-            );
-        } else {
-            // Tried; the store keeps the key in flight, which is never a second run.
-            self.claimed = None;
-            tracing::warn!(
-                key,
-                why,
-                "idempotency key kept in flight until its lease ends: its handler ran, and no record of the outcome could be stored"
-            );
         }
+        tracing::warn!(error = %err, cause = super::cause(&err), key = shown, "idempotency store refused an outcome; the key is held in flight and it is tried again");
+        let record = if err.is_full() && why.is_none() {
+            // The whole response did not fit; its head is better than nothing.
+            let head = outcome::head_only(record.status(), record.headers());
+            match complete(&c, head.clone()).await {
+                Ok(()) => return,
+                Err(err) if err.is_fenced() => return,
+                Err(_) => head,
+            }
+        } else {
+            record
+        };
+        renewal::settle(c, record);
     }
 
     /// Frees the key: the handler answered a server error and the layer was told not to keep
@@ -322,7 +191,7 @@ impl<St: IdempotencyStore> Pending<St> {
     async fn release(&mut self) {
         if let Some(c) = self.claimed.take() {
             if let Err(err) = c.store.release(&c.key, c.claim).await {
-                tracing::warn!(error = %err, key = cap(&c.key, 64), "could not free an idempotency key after a server error; it is freed when its lease ends");
+                tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "could not free an idempotency key after a server error; it is freed when its lease ends");
             }
         }
     }
@@ -331,27 +200,14 @@ impl<St: IdempotencyStore> Pending<St> {
 fn complete<St: IdempotencyStore>(
     c: &Claimed<St>,
     record: StoredResponse,
-) -> impl std::future::Future<Output = Result<(), StoreError>> + '_ {
+) -> impl Future<Output = Result<(), StoreError>> + '_ {
     c.store.complete(&c.key, c.claim, record, c.config.ttl)
 }
 
 impl<St: IdempotencyStore> Drop for Pending<St> {
     fn drop(&mut self) {
-        let Some(c) = self.claimed.take() else {
-            return;
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(async move {
-                    if let Err(err) = complete(&c, outcome::unknown()).await {
-                        tracing::warn!(error = %err, key = cap(&c.key, 64), "idempotency key kept in flight until its lease ends: its handler ended without a response");
-                    }
-                });
-            }
-            Err(_) => tracing::warn!(
-                key = cap(&c.key, 64),
-                "idempotency key kept in flight until its lease ends: its handler ended outside a runtime"
-            ),
+        if let Some(c) = self.claimed.take() {
+            renewal::settle(c, outcome::unknown());
         }
     }
 }

@@ -78,7 +78,10 @@ fn reply<B>(status: StatusCode, message: &'static str) -> Response<ResponseBody<
     res
 }
 
-fn retry_later<B>(status: StatusCode, message: &'static str) -> Response<ResponseBody<B>> {
+pub(crate) fn retry_later<B>(
+    status: StatusCode,
+    message: &'static str,
+) -> Response<ResponseBody<B>> {
     let mut res = reply(status, message);
     res.headers_mut()
         .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -137,11 +140,11 @@ where
             ))
         }
     };
+    let shown = key.clone();
     let key: Arc<str> = match &config.scope {
         None => key,
-        // Length-prefixed, so no scope and key pair spells another's.
         Some(scope) => match (scope.0)(&parts) {
-            Some(scope) => format!("{}:{scope}|{key}", scope.len()).into(),
+            Some(scope) => scoped_key(&scope, &key).into(),
             None => {
                 return Ok(reply(
                     StatusCode::BAD_REQUEST,
@@ -171,7 +174,7 @@ where
             ))
         }
         Err(err) => {
-            tracing::warn!(error = %err, full = err.is_full(), "idempotency store refused a key; answering 503");
+            tracing::warn!(error = %err, cause = super::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
             return Ok(retry_later(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
@@ -184,6 +187,7 @@ where
         store,
         config,
         key,
+        shown,
         claim,
     };
     run::call(
@@ -192,6 +196,22 @@ where
         Request::from_parts(parts, Either::Left(Full::new(body))),
     )
     .await
+}
+
+/// The stored key of a scoped request: a hash of the scope (which may be a secret, such as an
+/// API key: it never reaches a store's key names or a log in clear), then the client's key.
+fn scoped_key(scope: &str, key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    let digest = Sha256::digest(scope.as_bytes());
+    let mut out = String::with_capacity(33 + key.len());
+    // 128 bits of the hash: collisions between scopes are out of reach.
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push('|');
+    out.push_str(key);
+    out
 }
 
 /// A stored record as a response.
