@@ -66,16 +66,6 @@ where
     black_box(res.into_body().collect().await.expect("body"));
 }
 
-macro_rules! batch {
-    ($samples:expr, $n:expr, $body:expr) => {{
-        let start = Instant::now();
-        for _ in 0..$n {
-            $body;
-        }
-        $samples.push(start.elapsed().as_nanos() as f64 / $n as f64);
-    }};
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let url = server().await;

@@ -11,6 +11,18 @@ use tower::retry::Policy;
 
 pub type Req = Request<Full<Bytes>>;
 
+/// Runs `$body` `$n` times and pushes the mean nanoseconds per run onto `$samples`.
+#[macro_export]
+macro_rules! batch {
+    ($samples:expr, $n:expr, $body:expr) => {{
+        let start = std::time::Instant::now();
+        for _ in 0..$n {
+            $body;
+        }
+        $samples.push(start.elapsed().as_nanos() as f64 / $n as f64);
+    }};
+}
+
 /// The median of the samples (sorts them).
 pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -154,12 +154,11 @@ impl RedisStore {
     }
 }
 
+/// An expiry for `PX`/`PEXPIRE`: at least 1 ms (Redis refuses 0), at most a century (Redis
+/// refuses one that overflows when added to its clock).
 fn millis(d: Duration) -> Vec<u8> {
-    // At least 1 ms: Redis refuses a zero expiry.
-    d.as_millis()
-        .clamp(1, u128::from(u64::MAX))
-        .to_string()
-        .into_bytes()
+    const CENTURY_MS: u128 = 100 * 365 * 24 * 60 * 60 * 1000;
+    d.as_millis().clamp(1, CENTURY_MS).to_string().into_bytes()
 }
 
 impl IdempotencyStore for RedisStore {
