@@ -15,9 +15,24 @@ pub(crate) fn classify(
     headers: &HeaderMap,
     now: impl FnOnce() -> SystemTime,
 ) -> Classification {
+    // The caller's hook speaks first: it knows the API (even a 2xx may be worth repeating).
+    if let Some(hook) = &policy.response_hook {
+        match (hook.0)(status, headers) {
+            None => {}
+            Some(FailureClass::Final) => return FailureClass::Final.into(),
+            Some(FailureClass::NotSent) => {
+                return with_hint(policy, FailureClass::NotSent, headers, now)
+            }
+            // Ambiguous and RetryableResponse: the same row of the table.
+            Some(_) => return with_hint(policy, FailureClass::RetryableResponse, headers, now),
+        }
+    }
     // The retry set holds no 2xx and the server's hint is ignored on one: no header to read.
     if status.is_success() {
         return FailureClass::Final.into();
+    }
+    if policy.not_applied_statuses.contains(status) {
+        return with_hint(policy, FailureClass::NotSent, headers, now);
     }
     let hint = policy
         .should_retry_header
@@ -34,13 +49,21 @@ pub(crate) fn classify(
     if !retryable {
         return FailureClass::Final.into();
     }
+    with_hint(policy, FailureClass::RetryableResponse, headers, now)
+}
+
+/// `class` with the server's `Retry-After`; a hint above the policy's cap makes it final.
+fn with_hint(
+    policy: &Inner,
+    class: FailureClass,
+    headers: &HeaderMap,
+    now: impl FnOnce() -> SystemTime,
+) -> Classification {
     match retry_after::from_headers(headers, now) {
         Hint::After(delay) if delay > policy.max_retry_after => {
             Classification::retry_after_too_long(delay)
         }
-        Hint::After(delay) => {
-            Classification::with_retry_after(FailureClass::RetryableResponse, Some(delay))
-        }
-        Hint::None => FailureClass::RetryableResponse.into(),
+        Hint::After(delay) => Classification::with_retry_after(class, Some(delay)),
+        Hint::None => class.into(),
     }
 }

@@ -2,15 +2,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method, StatusCode};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
 
 use super::key_trust::KeyTrust;
 use super::statuses::StatusSet;
-use super::{Inner, RetryPolicy};
+use super::{Inner, ResponseHook, RetryPolicy};
 use crate::backoff::Backoff;
 use crate::classify::routes::RouteTable;
-use crate::classify::Idempotency;
+use crate::classify::{FailureClass, Idempotency};
 
 /// The most retries a policy may allow. More than this is a retry storm, not a policy.
 pub(crate) const MAX_RETRIES_LIMIT: u32 = 100;
@@ -29,6 +29,8 @@ pub struct RetryPolicyBuilder {
     backoff: Backoff,
     jitter: bool,
     retry_statuses: Vec<StatusCode>,
+    not_applied_statuses: Vec<StatusCode>,
+    response_hook: Option<ResponseHook>,
     max_retry_after: Duration,
     deadline: Option<Duration>,
     attempt_timeout: Option<Duration>,
@@ -89,6 +91,8 @@ impl RetryPolicyBuilder {
                 max: Duration::from_secs(8),
             },
             jitter: true,
+            not_applied_statuses: Vec::new(),
+            response_hook: None,
             retry_statuses: [408, 429, 500, 502, 503, 504]
                 .into_iter()
                 .filter_map(|s| StatusCode::from_u16(s).ok())
@@ -291,6 +295,51 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Statuses this API returns only before it applies anything — a rate limiter's 429 in
+    /// front of the handler, a documented "not processed" error: a response with one is proof
+    /// that nothing was applied, classified [`NotSent`](crate::FailureClass::NotSent), so a
+    /// write is retried on it too (honouring `Retry-After`), as after a refused connection.
+    /// Name only statuses you know to be such proof: a write retried on one that was not is
+    /// applied twice.
+    ///
+    /// Defaults to none. Success (2xx) statuses are refused.
+    pub fn not_applied_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.not_applied_statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// A hook that knows the API: it sees each response's status and headers before the
+    /// policy's own rules and may classify it — `Some(FailureClass::NotSent)` for a response
+    /// that proves nothing was applied (a write is retried on it), `Some(RetryableResponse)`
+    /// for one worth repeating (only an idempotent or keyed request is), `Some(Final)` to stop;
+    /// `None` leaves the response to the policy. (`Ambiguous` counts as `RetryableResponse`.)
+    /// It can never make a write that may have been applied retryable except by declaring
+    /// that proof, which is the hook's to be sure of. Errors are not passed to it: an error's
+    /// class is decided from its source chain.
+    ///
+    /// ```
+    /// use tower_retry_safety::{FailureClass, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .classify_responses_with(|status, headers| {
+    ///         // This API marks requests its queue refused before running them.
+    ///         (status == 409 && headers.get("x-not-processed").is_some())
+    ///             .then_some(FailureClass::NotSent)
+    ///     })
+    ///     .build()?;
+    /// # drop(policy);
+    /// # Ok::<(), tower_retry_safety::BuildError>(())
+    /// ```
+    ///
+    /// Defaults to none.
+    pub fn classify_responses_with(
+        mut self,
+        hook: impl Fn(StatusCode, &HeaderMap) -> Option<FailureClass> + Send + Sync + 'static,
+    ) -> Self {
+        self.response_hook = Some(ResponseHook(Arc::new(hook)));
+        self
+    }
+
     /// The longest `Retry-After` the policy waits for. A response asking for longer is final
     /// and its report says so.
     ///
@@ -405,6 +454,12 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
+        if let Some(success) = self.not_applied_statuses.iter().find(|s| s.is_success()) {
+            return Err(BuildError::setting(
+                "not_applied_statuses",
+                format!("{success} is a success status: it proves the request was applied"),
+            ));
+        }
         if let Some(success) = self.retry_statuses.iter().find(|s| s.is_success()) {
             return Err(BuildError::setting(
                 "retry_statuses",
@@ -458,6 +513,8 @@ impl RetryPolicyBuilder {
                 backoff: self.backoff,
                 jitter: self.jitter,
                 retry_statuses: self.retry_statuses.into_iter().collect::<StatusSet>(),
+                not_applied_statuses: self.not_applied_statuses.into_iter().collect::<StatusSet>(),
+                response_hook: self.response_hook,
                 max_retry_after: self.max_retry_after,
                 deadline: self.deadline,
                 attempt_timeout: self.attempt_timeout,

@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     pub(crate) backoff: Backoff,
     pub(crate) jitter: bool,
     pub(crate) retry_statuses: StatusSet,
+    pub(crate) not_applied_statuses: StatusSet,
+    pub(crate) response_hook: Option<ResponseHook>,
     pub(crate) max_retry_after: Duration,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
@@ -65,6 +67,20 @@ pub(crate) struct Inner {
     pub(crate) should_retry_header: Option<HeaderName>,
     pub(crate) request_id_header: Option<HeaderName>,
     pub(crate) attempt_header: Option<HeaderName>,
+}
+
+type ResponseHookFn =
+    dyn Fn(http::StatusCode, &HeaderMap) -> Option<crate::FailureClass> + Send + Sync;
+
+/// The caller's response classifier (see
+/// [`classify_responses_with`](RetryPolicyBuilder::classify_responses_with)).
+#[derive(Clone)]
+pub(crate) struct ResponseHook(pub(crate) Arc<ResponseHookFn>);
+
+impl fmt::Debug for ResponseHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseHook(..)")
+    }
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -79,6 +95,8 @@ impl fmt::Debug for RetryPolicy {
             .field("backoff", &(i.backoff.initial, i.backoff.max))
             .field("jitter", &i.jitter)
             .field("retry_statuses", &i.retry_statuses)
+            .field("not_applied_statuses", &i.not_applied_statuses)
+            .field("response_hook", &i.response_hook.as_ref().map(|_| "set"))
             .field("max_retry_after", &i.max_retry_after)
             .field("deadline", &i.deadline)
             .field("attempt_timeout", &i.attempt_timeout)
