@@ -72,9 +72,9 @@ impl Service<Req> for Instant200 {
 
 /// The least any layer meeting this crate's contract must add to `tower::retry`'s clone: the
 /// attempt marker in the request's extensions (issue 3), a report-sized value in the
-/// response's extensions (DESIGN §4), a deposit in tower's `TpsBudget` with the default
-/// settings, and the clock read behind the first attempt's time. No classification, no
-/// decision: a lower bound, not an alternative.
+/// response's extensions (every response carries a `RetryReport`), a deposit in tower's
+/// `TpsBudget` with the default settings, and the clock read behind the first attempt's time.
+/// No classification, no decision: a lower bound, not an alternative.
 #[derive(Clone)]
 struct Floor<S> {
     inner: S,

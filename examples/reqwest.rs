@@ -33,11 +33,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .header("x-fault", Fault::UnavailableAfterApply.name())
         .send()
         .await?;
-    let report = res.extensions().get::<RetryReport>().cloned();
     println!(
         "GET /ops/report -> {} after {} attempt(s)",
         res.status(),
-        report.map_or(0, |r| r.attempts())
+        RetryReport::of_reqwest(&res).map_or(0, RetryReport::attempts)
     );
 
     // A write whose response is lost after it was applied: not retried, and the error says so.
@@ -50,17 +49,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await;
     match sent {
         Ok(res) => println!("POST /ops/send-email -> {}", res.status()),
-        Err(reqwest_middleware::Error::Middleware(e)) => {
-            match e.downcast_ref::<tower_retry_safety::Error>() {
-                Some(e) => println!(
-                    "POST /ops/send-email failed (ambiguous: {}, attempts: {}):\n  {e}",
-                    e.is_ambiguous(),
-                    e.attempts()
-                ),
-                None => println!("POST /ops/send-email failed: {e}"),
-            }
-        }
-        Err(e) => println!("POST /ops/send-email failed: {e}"),
+        Err(err) => match tower_retry_safety::Error::from_reqwest_middleware(&err) {
+            Some(e) => println!(
+                "POST /ops/send-email failed (ambiguous: {}, attempts: {}):\n  {e}",
+                e.is_ambiguous(),
+                e.attempts()
+            ),
+            None => println!("POST /ops/send-email failed: {err}"),
+        },
     }
     println!(
         "emails sent on the server: {}",

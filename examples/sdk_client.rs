@@ -60,7 +60,7 @@ impl ToolsClient {
 
     async fn send(&self, req: Request<Full<Bytes>>) -> Result<(Bytes, RetryReport), CallError> {
         let res = self.svc.clone().oneshot(req).await.map_err(CallError)?;
-        let report = res.extensions().get::<RetryReport>().cloned();
+        let report = RetryReport::of(&res).cloned();
         let body = res
             .into_body()
             .collect()

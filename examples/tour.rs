@@ -5,8 +5,10 @@
 //! after apply, 503 after apply, 429 before apply, 500 before apply. 120 writes (POST) and 120
 //! reads (GET), each stack against a fresh server.
 //!
-//! Run: `cargo run --example tour` (add `--features reqwest-middleware` for the
-//! `RetrySafetyMiddleware` row).
+//! Run: `cargo run --example tour`. The `RetrySafetyMiddleware` row needs the crate's
+//! `reqwest-middleware` feature: in this repository the crate is its own dev-dependency with
+//! that feature, so examples always have it (a published copy drops that dev-dependency and
+//! needs `--features reqwest-middleware`).
 
 #[path = "../tests/support/fault_server.rs"]
 mod fault_server;
@@ -180,14 +182,26 @@ async fn show_suppressed_error() -> Result<(), Box<dyn std::error::Error>> {
     let Err(err) = svc.oneshot(req).await else {
         return Err("expected the slow write to fail".into());
     };
-    println!("\nOne suppressed write, as the caller sees it:\n");
+    println!("\nOne suppressed write, as the caller sees it. This example sent it with");
+    println!("`x-request-id: req-7f3a` and `Idempotency-Key: \"3f9c2b1e-...\"` (both set by");
+    println!("the example itself, as an SDK would), to a server that applies it and answers");
+    println!(
+        "too late for the client's {} ms per-attempt timeout:\n",
+        PER_ATTEMPT.as_millis()
+    );
     println!("  {err}\n");
     println!("  is_ambiguous()      {}", err.is_ambiguous());
     println!("  retry_suppressed()  {}", err.retry_suppressed());
     println!("  attempts()          {}", err.attempts());
     println!("  stop_reason()       {:?}", err.stop_reason());
-    println!("  request_id()        {:?}", err.request_id());
-    println!("  idempotency_key()   {:?}", err.idempotency_key());
+    println!(
+        "  request_id()        {:?} (set by this example)",
+        err.request_id()
+    );
+    println!(
+        "  idempotency_key()   {:?} (set by this example)",
+        err.idempotency_key()
+    );
     if let (Some(first), Some(last)) = (err.first_attempt_at(), err.last_attempt_at()) {
         println!("  first_attempt_at()  {}", httpdate::fmt_http_date(first));
         println!("  last_attempt_at()   {}", httpdate::fmt_http_date(last));
@@ -249,23 +263,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .service(client());
     rows.push(run("tower-retry-safety (tower layer)", tower_sender(ours)).await);
 
-    // Keys end to end: the client mints one per write and reuses it on every attempt; the
-    // server's IdempotencyLayer replays the stored response of a write that already ran.
-    let keyed = ServiceBuilder::new()
-        .layer(policy().mint_idempotency_keys(true).build()?)
-        .timeout(PER_ATTEMPT)
-        .service(client());
-    let keyed_server =
-        FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
-    rows.push(
-        run_against(
-            "tower-retry-safety + idempotency keys",
-            tower_sender(keyed),
-            keyed_server,
-        )
-        .await,
-    );
-
     #[cfg(feature = "reqwest-middleware")]
     {
         // A policy of its own: clones share one retry budget, and this row should not start
@@ -282,6 +279,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .await,
         );
     }
+
+    // Keys end to end: the client mints one per write and reuses it on every attempt; the
+    // server's IdempotencyLayer replays the stored response of a write that already ran.
+    let keyed = ServiceBuilder::new()
+        .layer(policy().mint_idempotency_keys(true).build()?)
+        .timeout(PER_ATTEMPT)
+        .service(client());
+    let keyed_server =
+        FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
+    rows.push(
+        run_against(
+            "tower-retry-safety + idempotency keys",
+            tower_sender(keyed),
+            keyed_server,
+        )
+        .await,
+    );
 
     println!(
         "{total} writes (POST) and {total} reads (GET); each op's first attempt gets one of: {}",
@@ -303,6 +317,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     #[cfg(not(feature = "reqwest-middleware"))]
     println!("(add --features reqwest-middleware for the RetrySafetyMiddleware row)");
+    println!(
+        "\nwrites applied twice  writes the server applied more than once (a repeated side effect)\n\
+         reads recovered       reads that ended in a 200, after retries if any\n\
+         writes answered       writes whose caller got a 200; the others got an error or the\n\
+         {:22}failed response, each saying whether the write may have been applied\n\
+         server attempts       requests that reached the server: {} operations, plus one per retry",
+        "",
+        2 * total
+    );
 
     show_suppressed_error().await
 }

@@ -5,7 +5,11 @@
 //! email sent twice, the same card charged twice. RFC 9110 §9.2.2 says a client SHOULD NOT
 //! automatically retry a non-idempotent request unless it knows the request was never applied.
 //!
-//! This crate retries what is safe and only that. For every request it reaches two verdicts:
+//! This crate retries what is safe and only that.
+//!
+//! # The decision model
+//!
+//! For every request the crate reaches two verdicts:
 //!
 //! - **Is a repeat harmless?** ([`RequestVerdict`]) — from a marker the caller put in the
 //!   request's extensions ([`NoRetry`], [`Idempotency`]), a route rule (method + path template),
@@ -53,11 +57,21 @@
 //! over any HTTP client service (see [`RetrySafety`]). With the `reqwest-middleware` feature the
 //! same policy drives `RetrySafetyMiddleware` in a reqwest-middleware stack.
 //!
+//! # Reading the outcome
+//!
+//! [`RetryReport::of`] reads the report on a response; with the `reqwest-middleware` feature,
+//! `RetryReport::of_reqwest` reads it on a `reqwest::Response` and
+//! `Error::from_reqwest_middleware` finds this crate's [`struct@Error`] in a
+//! `reqwest_middleware::Error`.
+//!
 //! # Cargo features
 //!
 //! - `h2` (default): classify HTTP/2 `REFUSED_STREAM` resets as *not sent*. A remote `GOAWAY`
 //!   stays *ambiguous*: hyper can report one for a request it already wrote.
-//! - `reqwest-middleware`: the reqwest-middleware adapter and reqwest error classification.
+//! - `reqwest-middleware`: the reqwest-middleware adapter, reqwest error classification, and
+//!   `reqwest::Body` as a [`ReplayBody`] (hyper-util's `Client<_, reqwest::Body>` behind the
+//!   layer).
+//! - `redis`: `server::RedisStore`, idempotency keys shared by a fleet through Redis.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

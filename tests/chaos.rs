@@ -223,7 +223,7 @@ async fn chaos_soak() {
                 if op >= OPS {
                     return;
                 }
-                let write = mix(mix(seed) ^ op as u64) % 2 == 0;
+                let write = mix(mix(seed) ^ op as u64).is_multiple_of(2);
                 let method = if write { Method::POST } else { Method::GET };
                 let req = Request::builder()
                     .method(method)

@@ -137,8 +137,8 @@ async fn sixty_four_concurrent_requests_with_one_key_run_once() {
     let a = Instance::start(SHARED_REDIS, &prefix, counts.clone()).await;
     let b = Instance::start(SHARED_REDIS, &prefix, counts.clone()).await;
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..64 {
-        let addr = if i % 2 == 0 { a.addr } else { b.addr };
+    for i in 0..64u32 {
+        let addr = if i.is_multiple_of(2) { a.addr } else { b.addr };
         tasks.spawn(async move {
             let req = Request::post(format!("http://{addr}/same"))
                 .header("idempotency-key", "\"k-64\"")

@@ -164,7 +164,7 @@ async fn goaway_storm_never_applies_a_write_twice() {
                     return;
                 }
                 // One read in eight: a GET that meets a GOAWAY is retried either way.
-                let method = if op % 8 == 0 {
+                let method = if op.is_multiple_of(8) {
                     Method::GET
                 } else {
                     Method::POST

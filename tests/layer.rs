@@ -1,6 +1,6 @@
 //! The layer over a scripted inner service, with paused tokio time: every cell of the decision
-//! table (DESIGN.md §2.3), exact waits, budget, deadline, streaming bodies, markers, stacked
-//! layers, cancel safety, readiness, and the error as a caller sees it.
+//! table (the crate docs, "The decision model"), exact waits, budget, deadline, streaming
+//! bodies, markers, stacked layers, cancel safety, readiness, and the error as a caller sees it.
 
 mod support;
 

@@ -62,7 +62,7 @@ impl Service<Request<String>> for Mixed {
 static CALLS: AtomicU64 = AtomicU64::new(0);
 
 fn request(i: u64) -> Request<String> {
-    let method = if i % 2 == 0 {
+    let method = if i.is_multiple_of(2) {
         Method::GET
     } else {
         Method::POST

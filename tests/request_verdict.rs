@@ -1,4 +1,4 @@
-//! Every precedence rule of the request verdict (DESIGN.md §2.1).
+//! Every precedence rule of the request verdict (`RetryPolicy::classify`'s docs).
 
 use http::{Method, Request};
 use tower_retry_safety::{Idempotency, NoRetry, RetryPolicy, VerdictSource};

@@ -1,4 +1,4 @@
-//! The decision table of DESIGN.md §2.3, as one function.
+//! The decision table of the crate docs ("The decision model"), as one function.
 
 use std::time::Duration;
 
@@ -80,8 +80,9 @@ pub(crate) struct Facts<'a> {
 }
 
 impl RetryPolicy {
-    /// Decides whether to retry after an attempt: the table of DESIGN.md §2.3, then attempts
-    /// left, the deadline and the budget, in that order.
+    /// Decides whether to retry after an attempt: the table of
+    /// [the decision model](crate#the-decision-model), then attempts left, the deadline and the
+    /// budget, in that order.
     ///
     /// `retries_done` is the number of retries already made (0 after the first attempt);
     /// `time_left` is the time before the caller's deadline, if any. When the answer is

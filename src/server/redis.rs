@@ -68,6 +68,7 @@ return 1";
 /// # Clone
 ///
 /// Clones share the connection.
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 #[derive(Clone)]
 pub struct RedisStore {
     connection: ConnectionManager,

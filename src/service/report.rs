@@ -50,7 +50,7 @@ impl AttemptRecord {
 ///     Ok::<_, std::convert::Infallible>(http::Response::new("done"))
 /// }));
 /// let res = svc.oneshot(http::Request::post("/v1/messages").body(String::new())?).await?;
-/// let report = res.extensions().get::<RetryReport>().expect("the layer adds a report");
+/// let report = RetryReport::of(&res).expect("the layer adds a report");
 /// assert_eq!(report.attempts(), 1);
 /// assert_eq!(report.stop_reason(), StopReason::Final);
 /// assert!(!report.retry_suppressed());
@@ -69,6 +69,13 @@ pub struct RetryReport {
 }
 
 impl RetryReport {
+    /// The report the layer put in a response's extensions; `None` when the response did not
+    /// come through it. For a reqwest response, see `of_reqwest` (feature
+    /// `reqwest-middleware`).
+    pub fn of<B>(res: &http::Response<B>) -> Option<&RetryReport> {
+        res.extensions().get()
+    }
+
     /// How many attempts were made (1 when there was no retry).
     pub fn attempts(&self) -> u32 {
         self.records.len()

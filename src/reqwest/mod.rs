@@ -1,5 +1,8 @@
 //! The reqwest-middleware adapter: the same [`RetryPolicy`] in any reqwest-middleware stack.
 
+mod body;
+mod lookup;
+
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
@@ -31,20 +34,22 @@ use crate::{BoxError, Error, RetryPolicy};
 /// # Errors
 ///
 /// Returns `reqwest_middleware::Error::Middleware` wrapping a [`tower_retry_safety::Error`](Error)
-/// when the last attempt ended in an error. Downcast to reach `is_ambiguous()` and the rest:
+/// when the last attempt ended in an error: [`Error::from_reqwest_middleware`] finds it, and
+/// [`RetryReport::of_reqwest`](crate::RetryReport::of_reqwest) reads a response's report.
 ///
 /// ```no_run
 /// # async fn demo(client: reqwest_middleware::ClientWithMiddleware) {
+/// use tower_retry_safety::{Error, RetryReport};
+///
 /// match client.post("http://127.0.0.1:8080/v1/messages").send().await {
-///     Ok(res) => { /* a RetryReport is in res.extensions() */ }
-///     Err(reqwest_middleware::Error::Middleware(e)) => {
-///         if let Some(e) = e.downcast_ref::<tower_retry_safety::Error>() {
-///             if e.is_ambiguous() {
-///                 eprintln!("may have been applied: {e}");
-///             }
-///         }
+///     Ok(res) => {
+///         let attempts = RetryReport::of_reqwest(&res).map(RetryReport::attempts);
+///         println!("{} after {attempts:?} attempt(s)", res.status());
 ///     }
-///     Err(other) => eprintln!("{other}"),
+///     Err(err) => match Error::from_reqwest_middleware(&err) {
+///         Some(e) if e.is_ambiguous() => eprintln!("may have been applied: {e}"),
+///         _ => eprintln!("{err}"),
+///     },
 /// }
 /// # }
 /// ```
@@ -63,6 +68,7 @@ use crate::{BoxError, Error, RetryPolicy};
 /// # drop(client);
 /// # Ok::<(), tower_retry_safety::BuildError>(())
 /// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
 #[derive(Clone, Debug)]
 pub struct RetrySafetyMiddleware {
     policy: RetryPolicy,
