@@ -1,6 +1,9 @@
 //! An SDK-style client: reads are left to the policy, `execute_tool` is marked as a
-//! non-idempotent write, `search` is a POST routed as a read. tower-http sets a request id
-//! (the same on every attempt, so support can follow one logical call) and traces each call.
+//! non-idempotent write, `search` is a POST routed as a read. The API's rate limiter answers
+//! 429 before running anything, so a 429 proves nothing was applied and a write is retried on
+//! it. The policy owns the time (per-attempt timeout and total deadline, ending in its typed
+//! error); one call narrows them with `RequestOptions`. tower-http sets a request id (the same
+//! on every attempt, so support can follow one logical call) and traces each call.
 //!
 //! Run: `cargo run --example sdk_client`. It talks to the fault server on loopback.
 
@@ -11,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fault_server::{Fault, FaultServer};
-use http::{HeaderName, Method, Request, Response};
+use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -19,7 +22,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_http::request_id::{MakeRequestUuid, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-use tower_retry_safety::{Idempotency, RetryPolicy, RetryReport};
+use tower_retry_safety::{Idempotency, RequestOptions, RetryPolicy, RetryReport};
 
 type Body = BoxBody<Bytes, hyper::Error>;
 type Svc = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, tower_retry_safety::Error>;
@@ -42,6 +45,10 @@ impl ToolsClient {
             .max_retries(3)
             .backoff(Duration::from_millis(50), Duration::from_secs(2))
             .route(Method::POST, "/v1/search", Idempotency::Idempotent)
+            // This API's 429 comes from a rate limiter in front of the handlers.
+            .not_applied_statuses([StatusCode::TOO_MANY_REQUESTS])
+            .attempt_timeout(Duration::from_millis(300))
+            .deadline(Duration::from_secs(5))
             .build()?;
         let request_id = HeaderName::from_static("x-request-id");
         let svc = ServiceBuilder::new()
@@ -50,7 +57,6 @@ impl ToolsClient {
             .layer(TraceLayer::new_for_http())
             .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
             .layer(policy)
-            .timeout(Duration::from_millis(300)) // per attempt
             .service(Client::builder(TokioExecutor::new()).build_http());
         Ok(ToolsClient {
             base,
@@ -89,6 +95,17 @@ impl ToolsClient {
     async fn get_tool(&self, slug: &str, fault: Fault) -> Result<(Bytes, RetryReport), CallError> {
         self.send(self.request(Method::GET, &format!("/v1/tools/{slug}"), fault, ""))
             .await
+    }
+
+    /// A read the caller wants fast or not at all: this call's own options.
+    async fn list_tools_quickly(&self, fault: Fault) -> Result<(Bytes, RetryReport), CallError> {
+        let mut req = self.request(Method::GET, "/v1/tools", fault, "");
+        req.extensions_mut().insert(
+            RequestOptions::new()
+                .max_retries(1)
+                .deadline(Duration::from_millis(600)),
+        );
+        self.send(req).await
     }
 
     /// A POST that only reads: routed as idempotent in the policy.
@@ -154,15 +171,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &sdk.execute_tool("SLACK_POST", Fault::None).await,
     );
     show(
+        "execute_tool, rate-limited (429) before it ran",
+        &sdk.execute_tool("NOTION_CREATE_PAGE", Fault::TooManyRequestsBeforeApply)
+            .await,
+    );
+    show(
+        "list_tools, slow: its own deadline",
+        &sdk.list_tools_quickly(Fault::SlowAfterApply).await,
+    );
+    show(
         "execute_tool, response lost after it ran",
         &sdk.execute_tool("GMAIL_SEND_EMAIL", Fault::DropAfterApply)
             .await,
     );
 
     println!(
-        "\nside effects on the server: GMAIL_SEND_EMAIL executed {} time(s), SLACK_POST {} time(s)",
+        "\nside effects on the server: GMAIL_SEND_EMAIL executed {} time(s), SLACK_POST {} time(s), NOTION_CREATE_PAGE {} time(s)",
         server.applied("/v1/tools/GMAIL_SEND_EMAIL/execute"),
         server.applied("/v1/tools/SLACK_POST/execute"),
+        server.applied("/v1/tools/NOTION_CREATE_PAGE/execute"),
     );
     Ok(())
 }
