@@ -778,3 +778,30 @@ async fn conflict_on_a_keyed_request_is_retried_and_422_and_400_are_final() {
     assert_eq!(res.status(), 409);
     assert_eq!(script.count(), 1);
 }
+
+/// Host scoping through the layer: the same path is a write on one API, a PUT that may be
+/// repeated on another.
+#[tokio::test(start_paused = true)]
+async fn a_rule_for_one_host_never_suppresses_a_retry_to_another() {
+    let policy = || {
+        builder().route_for_host(
+            "api.a.test",
+            Method::PUT,
+            "/v1/send/{id}",
+            Idempotency::NonIdempotent,
+        )
+    };
+    let put = |host: &str| {
+        Request::put(format!("http://{host}/v1/send/m1"))
+            .body(String::new())
+            .unwrap()
+    };
+    let script = Script::new([Reset, ok()]);
+    let err = run(policy(), &script, put("api.a.test")).await.unwrap_err();
+    assert!(err.retry_suppressed());
+    assert_eq!(script.count(), 1);
+    let script = Script::new([Reset, ok()]);
+    let res = run(policy(), &script, put("api.b.test")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(script.count(), 2);
+}

@@ -310,3 +310,52 @@ fn no_retry_outranks_everything() {
     let plain = policy().classify(&req(Method::GET, "/v1/search"));
     assert!(!plain.is_no_retry());
 }
+
+/// A rule scoped to a host applies to that host only, outranks a rule for every host there,
+/// and never reaches another host.
+#[test]
+fn host_scoped_rules_apply_to_their_host_only() {
+    let p = RetryPolicy::builder()
+        .route(Method::POST, "/v1/search", NonIdempotent)
+        .route_for_host("API.a.test", Method::POST, "/v1/search", Idempotent)
+        .route_for_host("api.a.test", Method::PUT, "/v1/send/{id}", NonIdempotent)
+        .build()
+        .unwrap();
+    let v = |uri: &str, m: Method| {
+        let v = p.classify(&req(m, uri));
+        (v.idempotency(), v.source())
+    };
+    // Its host, on any port and in any case: the host's rules.
+    assert_eq!(
+        v("http://api.a.test:8443/v1/search", Method::POST),
+        (Idempotent, VerdictSource::Route)
+    );
+    assert_eq!(
+        v("http://API.A.TEST/v1/send/m1", Method::PUT),
+        (NonIdempotent, VerdictSource::Route)
+    );
+    // Another host: the rules for every host, then the method.
+    assert_eq!(
+        v("http://api.b.test/v1/search", Method::POST),
+        (NonIdempotent, VerdictSource::Route)
+    );
+    assert_eq!(
+        v("http://api.b.test/v1/send/m1", Method::PUT),
+        (Idempotent, VerdictSource::Method)
+    );
+    // No host in the URI: no host's rules.
+    assert_eq!(
+        v("/v1/send/m1", Method::PUT),
+        (Idempotent, VerdictSource::Method)
+    );
+    let err = RetryPolicy::builder()
+        .route_for_host("api.a.test:443", Method::GET, "/x", Idempotent)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting_name(), "route_for_host");
+    let err = RetryPolicy::builder()
+        .route_for_host("api.a.test", Method::GET, "no-slash", Idempotent)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.setting_name(), "route_for_host");
+}

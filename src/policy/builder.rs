@@ -5,6 +5,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
 
+use super::host_routes::HostRoutes;
 use super::key_trust::KeyTrust;
 use super::statuses::StatusSet;
 use super::{Inner, ResponseHook, RetryPolicy};
@@ -21,6 +22,7 @@ pub(crate) const MAX_RETRIES_LIMIT: u32 = 100;
 pub struct RetryPolicyBuilder {
     max_retries: u32,
     routes: Vec<(Method, String, Idempotency)>,
+    host_routes: Vec<(String, Method, String, Idempotency)>,
     honor_idempotency_key: bool,
     key_hosts: Vec<String>,
     key_routes: Vec<(Method, String, bool)>,
@@ -81,6 +83,7 @@ impl RetryPolicyBuilder {
         RetryPolicyBuilder {
             max_retries: 2,
             routes: Vec::new(),
+            host_routes: Vec::new(),
             honor_idempotency_key: false,
             key_hosts: Vec::new(),
             key_routes: Vec::new(),
@@ -161,6 +164,37 @@ impl RetryPolicyBuilder {
     /// other spellings is respelled on the stack (on the heap only past 256 bytes).
     pub fn route(mut self, method: Method, template: &str, idempotency: Idempotency) -> Self {
         self.routes.push((method, template.to_owned(), idempotency));
+        self
+    }
+
+    /// A rule like [`route`](Self::route) that applies only to requests for `host` (matched
+    /// without regard to case against the request URI's host, on every port): one client often
+    /// talks to several APIs, and a rule for one must never apply to another. For its host, a
+    /// host's rule outranks a rule for every host. [`build`](Self::build) refuses a host with
+    /// a scheme, a path or a port, and a bad template as `route` does.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_retry_safety::{Idempotency, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     // Search is a read on one API; another API's /v1/search may not be.
+    ///     .route_for_host("api.example.com", Method::POST, "/v1/search", Idempotency::Idempotent)
+    ///     .build()?;
+    /// # drop(policy);
+    /// # Ok::<(), tower_retry_safety::BuildError>(())
+    /// ```
+    ///
+    /// Defaults to no such rules.
+    pub fn route_for_host(
+        mut self,
+        host: &str,
+        method: Method,
+        template: &str,
+        idempotency: Idempotency,
+    ) -> Self {
+        self.host_routes
+            .push((host.to_owned(), method, template.to_owned(), idempotency));
         self
     }
 
@@ -491,6 +525,10 @@ impl RetryPolicyBuilder {
         for (method, template, idempotency) in self.routes {
             routes.insert(method, &template, idempotency)?;
         }
+        let mut host_routes = HostRoutes::default();
+        for (host, method, template, idempotency) in self.host_routes {
+            host_routes.insert(&host, method, &template, idempotency)?;
+        }
         let budget: Option<Arc<dyn Budget + Send + Sync>> = match self.budget {
             BudgetChoice::Tps {
                 ttl,
@@ -507,6 +545,7 @@ impl RetryPolicyBuilder {
             inner: Arc::new(Inner {
                 max_retries: self.max_retries,
                 routes,
+                host_routes,
                 key_trust,
                 mint_idempotency_keys: self.mint_idempotency_keys,
                 idempotency_key_header: self.idempotency_key_header,

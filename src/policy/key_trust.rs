@@ -4,6 +4,7 @@
 use http::Method;
 
 use super::builder::BuildError;
+use super::host_routes::check_host;
 use crate::classify::routes::RouteTable;
 use crate::classify::Idempotency;
 
@@ -64,20 +65,8 @@ impl KeyTrust {
     }
 
     pub(crate) fn add_host(&mut self, host: &str) -> Result<(), BuildError> {
-        let bad = |why: &str| BuildError::host("honor_idempotency_key_for_host", host, why);
-        if host.is_empty() {
-            return Err(bad("it is empty"));
-        }
-        if host.contains("://") || host.contains('/') {
-            return Err(bad("give the host alone, without scheme or path"));
-        }
-        if !host.starts_with('[') && host.contains(':') {
-            return Err(bad("give the host without a port: trust covers every port"));
-        }
-        if host.bytes().any(|b| !b.is_ascii_graphic()) {
-            return Err(bad("a host is visible ASCII"));
-        }
-        self.hosts.push(host.to_ascii_lowercase().into());
+        let host = check_host("honor_idempotency_key_for_host", host)?;
+        self.hosts.push(host.into());
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 
 mod builder;
 mod decision;
+mod host_routes;
 mod key_trust;
 mod options;
 mod statuses;
@@ -52,6 +53,7 @@ pub struct RetryPolicy {
 pub(crate) struct Inner {
     pub(crate) max_retries: u32,
     pub(crate) routes: RouteTable,
+    pub(crate) host_routes: host_routes::HostRoutes,
     pub(crate) key_trust: key_trust::KeyTrust,
     pub(crate) mint_idempotency_keys: bool,
     pub(crate) idempotency_key_header: HeaderName,
@@ -151,7 +153,11 @@ impl RetryPolicy {
         let inner = &*self.inner;
         let (idempotency, source) = if let Some(marker) = extensions.get::<Idempotency>() {
             (*marker, VerdictSource::Marker)
-        } else if let Some(rule) = inner.routes.lookup(method, path) {
+        } else if let Some(rule) = inner
+            .host_routes
+            .lookup(host, method, path)
+            .or_else(|| inner.routes.lookup(method, path))
+        {
             (rule, VerdictSource::Route)
         } else {
             (Idempotency::of_method(method), VerdictSource::Method)
