@@ -12,7 +12,7 @@ use crate::classify::{
     classify_error, idempotency_key, Classification, FailureClass, Idempotency, RequestVerdict,
 };
 use crate::error::{Error, Symptom};
-use crate::policy::{Decision, Facts, RequestOptions, RetryPolicy, StopReason};
+use crate::policy::{AttemptEvent, Decision, Facts, RequestOptions, RetryPolicy, StopReason};
 use crate::service::report::{AttemptRecord, Records};
 use crate::service::{LayerAttempt, RetryReport};
 use crate::timed_out::TimedOut;
@@ -358,49 +358,96 @@ impl Attempts {
             let policy = &self.policy;
             policy.decide_with(facts, || policy.jitter_unit(), || policy.withdraw())
         };
-        match decision {
-            Decision::Retry { after } => {
-                if let Some(last) = self.records.last_mut() {
-                    last.delay = Some(after);
-                }
-                tracing::debug!(
-                    method = %self.target.method,
-                    path = self.target.path(),
-                    attempt,
-                    class = outcome.class().as_str(),
-                    status = status.map(|s| s.as_u16()),
-                    delay_ms = after.as_millis() as u64,
-                    "retrying request"
-                );
+        if let Decision::Retry { after } = decision {
+            if let Some(last) = self.records.last_mut() {
+                last.delay = Some(after);
             }
-            Decision::Stop(StopReason::SuppressedNotIdempotent) => {
-                tracing::warn!(
-                    method = %self.target.method,
-                    path = self.target.path(),
-                    attempt,
-                    class = outcome.class().as_str(),
-                    status = status.map(|s| s.as_u16()),
-                    verdict_source = self.verdict.source().as_str(),
-                    request_id = self.request_id.as_deref(),
-                    "retry suppressed: the request is not idempotent and may have been applied"
-                );
-            }
-            Decision::Stop(reason)
-                if outcome.class() != FailureClass::Final || status.is_none() =>
-            {
-                tracing::debug!(
-                    method = %self.target.method,
-                    path = self.target.path(),
-                    attempt,
-                    class = outcome.class().as_str(),
-                    status = status.map(|s| s.as_u16()),
-                    reason = reason.as_str(),
-                    "not retrying request"
-                );
-            }
-            Decision::Stop(_) => {}
+        }
+        self.log(attempt, &outcome, status, decision);
+        if let Some(hook) = &self.policy.inner.on_attempt {
+            (hook.0)(&AttemptEvent {
+                method: &self.target.method,
+                path: self.target.path(),
+                attempt,
+                class: outcome.class(),
+                status,
+                verdict_source: self.verdict.source(),
+                decision,
+            });
         }
         decision
+    }
+
+    /// One event per decision that is not the plain end of a request, with OpenTelemetry's
+    /// HTTP field names where one exists. A retry is `debug`; a suppressed retry, and a retry
+    /// that was refused though the failure called for one (budget, body, deadline, a wait too
+    /// long), are `warn`: an operator should see those.
+    fn log(
+        &self,
+        attempt: u32,
+        outcome: &Classification,
+        status: Option<StatusCode>,
+        decision: Decision,
+    ) {
+        let method = &self.target.method;
+        let path = self.target.path();
+        let class = outcome.class().as_str();
+        let status = status.map(|s| s.as_u16());
+        let resend_count = attempt - 1;
+        match decision {
+            Decision::Retry { after } => tracing::debug!(
+                http.request.method = %method,
+                url.path = path,
+                attempt,
+                http.request.resend_count = resend_count,
+                error.r#type = class,
+                http.response.status_code = status,
+                delay_ms = after.as_millis() as u64,
+                "retrying request"
+            ),
+            Decision::Stop(StopReason::SuppressedNotIdempotent) => tracing::warn!(
+                http.request.method = %method,
+                url.path = path,
+                attempt,
+                http.request.resend_count = resend_count,
+                error.r#type = class,
+                http.response.status_code = status,
+                verdict_source = self.verdict.source().as_str(),
+                request_id = self.request_id.as_deref(),
+                "retry suppressed: the request is not idempotent and may have been applied"
+            ),
+            Decision::Stop(
+                reason @ (StopReason::Budget
+                | StopReason::BodyNotReplayable
+                | StopReason::Deadline
+                | StopReason::RetryAfterTooLong),
+            ) if outcome.class() != FailureClass::Final
+                || reason == StopReason::RetryAfterTooLong =>
+            {
+                tracing::warn!(
+                    http.request.method = %method,
+                    url.path = path,
+                    attempt,
+                    http.request.resend_count = resend_count,
+                    error.r#type = class,
+                    http.response.status_code = status,
+                    reason = reason.as_str(),
+                    request_id = self.request_id.as_deref(),
+                    "retry refused"
+                )
+            }
+            Decision::Stop(reason) if outcome.class() != FailureClass::Final => tracing::debug!(
+                http.request.method = %method,
+                url.path = path,
+                attempt,
+                http.request.resend_count = resend_count,
+                error.r#type = class,
+                http.response.status_code = status,
+                reason = reason.as_str(),
+                "not retrying request"
+            ),
+            Decision::Stop(_) => {}
+        }
     }
 
     pub(crate) fn into_report(mut self, stop: StopReason) -> RetryReport {

@@ -93,7 +93,7 @@ pub use classify::{
 };
 pub use error::Error;
 pub use policy::{
-    BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
+    AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
 };
 #[cfg(feature = "reqwest-middleware")]
 pub use reqwest::RetrySafetyMiddleware;

@@ -1,5 +1,6 @@
-//! The layer's `tracing` events: debug per retry, warn per suppressed retry, with structured
-//! fields and nothing from the query string, the headers or the body.
+//! The layer's `tracing` events: debug per retry, warn per suppressed retry and per retry
+//! refused though the failure called for one, with OpenTelemetry's HTTP field names and
+//! nothing from the query string, the headers or the body.
 
 mod support;
 
@@ -41,11 +42,12 @@ fn a_retry_is_a_debug_event_with_fields() {
         .expect(&logs);
     assert!(line.trim_start().starts_with("DEBUG"), "{line}");
     for field in [
-        "method=GET",
-        "path=\"/v1/items/7\"",
+        "http.request.method=GET",
+        "url.path=\"/v1/items/7\"",
         "attempt=1",
-        "class=\"retryable-response\"",
-        "status=503",
+        "http.request.resend_count=0",
+        "error.type=\"retryable-response\"",
+        "http.response.status_code=503",
         "delay_ms=100",
     ] {
         assert!(line.contains(field), "{field} missing in {line}");
@@ -75,10 +77,10 @@ fn a_suppressed_retry_is_a_warn_event_with_fields() {
         .expect(&logs);
     assert!(line.trim_start().starts_with("WARN"), "{line}");
     for field in [
-        "method=POST",
-        "path=\"/v1/tools/execute\"",
+        "http.request.method=POST",
+        "url.path=\"/v1/tools/execute\"",
         "attempt=1",
-        "class=\"ambiguous\"",
+        "error.type=\"ambiguous\"",
         "verdict_source=\"method\"",
         "request_id=\"req-1\"",
     ] {
@@ -87,4 +89,32 @@ fn a_suppressed_retry_is_a_warn_event_with_fields() {
     for leak in ["sekrit", "4242", "a@example.com"] {
         assert!(!logs.contains(leak), "{leak} in {logs}");
     }
+}
+
+/// A retry the failure called for but the budget refused: an operator sees it.
+#[test]
+fn a_retry_refused_by_the_budget_is_a_warn_event() {
+    let (logs, ()) = capture(|| {
+        block_on(async {
+            // A budget with no floor and no deposits yet: the first retry is refused.
+            let policy = RetryPolicy::builder()
+                .tps_budget(Duration::from_secs(1), 0, 0.0)
+                .build()
+                .unwrap();
+            let req = Request::get("http://h/v1/items/7")
+                .body(String::new())
+                .unwrap();
+            policy
+                .layer(Script::new([status(503), ok()]))
+                .oneshot(req)
+                .await
+                .unwrap();
+        })
+    });
+    let line = logs
+        .lines()
+        .find(|l| l.contains("retry refused"))
+        .expect(&logs);
+    assert!(line.trim_start().starts_with("WARN"), "{line}");
+    assert!(line.contains("reason=\"budget\""), "{line}");
 }

@@ -8,7 +8,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 use super::host_routes::HostRoutes;
 use super::key_trust::KeyTrust;
 use super::statuses::StatusSet;
-use super::{Inner, ResponseHook, RetryPolicy};
+use super::{AttemptEvent, AttemptHook, Inner, ResponseHook, RetryPolicy};
 use crate::backoff::Backoff;
 use crate::classify::routes::RouteTable;
 use crate::classify::{FailureClass, Idempotency};
@@ -33,6 +33,7 @@ pub struct RetryPolicyBuilder {
     retry_statuses: Vec<StatusCode>,
     not_applied_statuses: Vec<StatusCode>,
     response_hook: Option<ResponseHook>,
+    on_attempt: Option<AttemptHook>,
     max_retry_after: Duration,
     deadline: Option<Duration>,
     attempt_timeout: Option<Duration>,
@@ -96,6 +97,7 @@ impl RetryPolicyBuilder {
             jitter: true,
             not_applied_statuses: Vec::new(),
             response_hook: None,
+            on_attempt: None,
             retry_statuses: [408, 429, 500, 502, 503, 504]
                 .into_iter()
                 .filter_map(|s| StatusCode::from_u16(s).ok())
@@ -374,6 +376,35 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Calls `hook` after every attempt with what happened and what was decided: count
+    /// attempts, retries by class, suppressed writes, budget and deadline refusals, bodies that
+    /// could not be replayed — and export them to your metrics. It runs on the request's task:
+    /// keep it cheap (increment a counter).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use tower_retry_safety::{Decision, RetryPolicy, StopReason};
+    ///
+    /// let suppressed = Arc::new(AtomicU64::new(0));
+    /// let counter = suppressed.clone();
+    /// let policy = RetryPolicy::builder()
+    ///     .on_attempt(move |event| {
+    ///         if event.decision == Decision::Stop(StopReason::SuppressedNotIdempotent) {
+    ///             counter.fetch_add(1, Ordering::Relaxed);
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # drop(policy);
+    /// # Ok::<(), tower_retry_safety::BuildError>(())
+    /// ```
+    ///
+    /// Defaults to none.
+    pub fn on_attempt(mut self, hook: impl Fn(&AttemptEvent<'_>) + Send + Sync + 'static) -> Self {
+        self.on_attempt = Some(AttemptHook(Arc::new(hook)));
+        self
+    }
+
     /// The longest `Retry-After` the policy waits for. A response asking for longer is final
     /// and its report says so.
     ///
@@ -554,6 +585,7 @@ impl RetryPolicyBuilder {
                 retry_statuses: self.retry_statuses.into_iter().collect::<StatusSet>(),
                 not_applied_statuses: self.not_applied_statuses.into_iter().collect::<StatusSet>(),
                 response_hook: self.response_hook,
+                on_attempt: self.on_attempt,
                 max_retry_after: self.max_retry_after,
                 deadline: self.deadline,
                 attempt_timeout: self.attempt_timeout,

@@ -3,6 +3,7 @@
 
 mod builder;
 mod decision;
+mod events;
 mod host_routes;
 mod key_trust;
 mod options;
@@ -18,6 +19,8 @@ use tower::retry::budget::Budget;
 pub use builder::{BuildError, RetryPolicyBuilder};
 pub(crate) use decision::Facts;
 pub use decision::{Decision, StopReason};
+pub use events::AttemptEvent;
+pub(crate) use events::AttemptHook;
 pub use options::RequestOptions;
 
 use crate::backoff::Backoff;
@@ -62,6 +65,7 @@ pub(crate) struct Inner {
     pub(crate) retry_statuses: StatusSet,
     pub(crate) not_applied_statuses: StatusSet,
     pub(crate) response_hook: Option<ResponseHook>,
+    pub(crate) on_attempt: Option<AttemptHook>,
     pub(crate) max_retry_after: Duration,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
@@ -99,6 +103,7 @@ impl fmt::Debug for RetryPolicy {
             .field("retry_statuses", &i.retry_statuses)
             .field("not_applied_statuses", &i.not_applied_statuses)
             .field("response_hook", &i.response_hook.as_ref().map(|_| "set"))
+            .field("on_attempt", &i.on_attempt.as_ref().map(|_| "set"))
             .field("max_retry_after", &i.max_retry_after)
             .field("deadline", &i.deadline)
             .field("attempt_timeout", &i.attempt_timeout)
