@@ -18,11 +18,18 @@ use http::{HeaderName, Method, Request, Response, StatusCode};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tower::util::BoxCloneSyncService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_http::request_id::{MakeRequestUuid, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
-use tower_retry_safety::{Idempotency, RequestOptions, RetryPolicy, RetryReport};
+
+use tower_retry_safety::{
+    Decision, Idempotency, RequestOptions, RetryPolicy, RetryReport, StopReason,
+};
+
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 
 type Body = BoxBody<Bytes, hyper::Error>;
 type Svc = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, tower_retry_safety::Error>;
@@ -49,6 +56,15 @@ impl ToolsClient {
             .not_applied_statuses([StatusCode::TOO_MANY_REQUESTS])
             .attempt_timeout(Duration::from_millis(300))
             .deadline(Duration::from_secs(5))
+            // Metrics: count retries and suppressed writes (export them as you like).
+            .on_attempt(|event| {
+                let counter = match event.decision {
+                    Decision::Retry { .. } => &RETRIES,
+                    Decision::Stop(StopReason::SuppressedNotIdempotent) => &SUPPRESSED,
+                    _ => return,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+            })
             .build()?;
         let request_id = HeaderName::from_static("x-request-id");
         let svc = ServiceBuilder::new()
@@ -190,6 +206,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         server.applied("/v1/tools/GMAIL_SEND_EMAIL/execute"),
         server.applied("/v1/tools/SLACK_POST/execute"),
         server.applied("/v1/tools/NOTION_CREATE_PAGE/execute"),
+    );
+    println!(
+        "metrics from on_attempt: {} retries, {} suppressed write(s)",
+        RETRIES.load(Ordering::Relaxed),
+        SUPPRESSED.load(Ordering::Relaxed)
     );
     Ok(())
 }
