@@ -63,6 +63,7 @@
 
 mod attempts;
 mod backoff;
+mod budget;
 pub mod classify;
 mod error;
 pub mod policy;
@@ -71,6 +72,7 @@ mod reqwest;
 pub mod server;
 pub mod service;
 
+pub use budget::LockFreeBudget;
 pub use classify::{
     classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
     VerdictSource,
