@@ -19,18 +19,21 @@ impl KeyTrust {
     ///
     /// `explicit_write`: a marker or route rule called the request non-idempotent. Unscoped
     /// trust does not outweigh that (the rule may be there because that endpoint ignores
-    /// keys); trust scoped to the request's host does.
+    /// keys); trust scoped to the request's host does. `host` is asked only when hosts are
+    /// named: finding it in a URI costs about 400 instructions, a tenth of the layer's work.
     #[inline]
-    pub(crate) fn trusted(
+    pub(crate) fn trusted<'h>(
         &self,
         _method: &Method,
-        host: Option<&str>,
+        host: impl FnOnce() -> Option<&'h str>,
         _path: &str,
         explicit_write: bool,
     ) -> bool {
-        if let Some(host) = host {
-            if self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
-                return true;
+        if !self.hosts.is_empty() {
+            if let Some(host) = host() {
+                if self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+                    return true;
+                }
             }
         }
         self.everywhere && !explicit_write

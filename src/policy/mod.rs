@@ -103,7 +103,7 @@ impl RetryPolicy {
     pub fn classify<B>(&self, req: &Request<B>) -> RequestVerdict {
         self.classify_parts(
             req.method(),
-            req.uri().host(),
+            || req.uri().host(),
             req.uri().path(),
             self.idempotency_key(req.headers()).is_some(),
             req.extensions(),
@@ -112,11 +112,12 @@ impl RetryPolicy {
 
     /// [`classify`](Self::classify) for clients whose requests are not `http::Request`s.
     /// `path` excludes the query string; `has_key` says whether the request carries a
-    /// well-formed idempotency key (the caller reads the header once and keeps the key).
-    pub(crate) fn classify_parts(
+    /// well-formed idempotency key (the caller reads the header once and keeps the key);
+    /// `host` is called only if the policy trusts named hosts.
+    pub(crate) fn classify_parts<'h>(
         &self,
         method: &Method,
-        host: Option<&str>,
+        host: impl FnOnce() -> Option<&'h str>,
         path: &str,
         has_key: bool,
         extensions: &Extensions,
