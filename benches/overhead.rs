@@ -1,11 +1,14 @@
 //! Cost per request in process: the bare service, `tower::retry::Retry` with a minimal policy
 //! (clones the request, never retries), and this layer on a GET and a POST that succeed.
-//! Measured interleaved in one run; prints medians, ratios and allocations per request.
+//! Measured interleaved in one run; prints medians, ratios and allocations per request. Then
+//! the layer's throughput from two threads at once, with its default budget and without one,
+//! and a budget deposit alone: `LockFreeBudget` against tower's `TpsBudget`.
 //!
 //! Run: `cargo bench --bench overhead`
 //!
 //! Instructions per request, free of timing noise: `OVERHEAD_ONLY=<variant>:<n>` sends `n` GETs
-//! through one variant (`bare`, `tower_retry`, `floor`, `layer`) and nothing else, so under
+//! through one variant (`bare`, `tower_retry`, `floor`, `layer`, `layer_no_budget`,
+//! `layer_tps`: the layer with tower's budget) and nothing else, so under
 //! `valgrind --tool=callgrind` the difference between `n` and `0` divided by `n` is the count
 //! (`scripts/instructions.sh` does this for every variant).
 
@@ -24,9 +27,11 @@ use http_body_util::Full;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::{Policy, Retry};
 use tower::{Service, ServiceExt};
-use tower_retry_safety::{NoRetry, RetryPolicy, RetryReport};
+use tower_retry_safety::{LockFreeBudget, NoRetry, RetryPolicy, RetryReport};
 
 mod common;
+use common::deposits::ns_per_deposit;
+use common::threads::two_threads;
 use common::{median, CloneNeverRetry, Req};
 
 struct Counting;
@@ -71,14 +76,14 @@ impl Service<Req> for Instant200 {
 }
 
 /// The least any layer meeting this crate's contract must add to `tower::retry`'s clone: the
-/// attempt marker in the request's extensions (issue 3), a report-sized value in the
-/// response's extensions (every response carries a `RetryReport`), a deposit in tower's
-/// `TpsBudget` with the default settings, and the clock read behind the first attempt's time.
-/// No classification, no decision: a lower bound, not an alternative.
+/// attempt marker in the request's extensions (so an inner retry layer never compounds), a
+/// report-sized value in the response's extensions (every response carries a `RetryReport`),
+/// a deposit in the default budget (`LockFreeBudget`), and the clock read behind the first
+/// attempt's time. No classification, no decision: a lower bound, not an alternative.
 #[derive(Clone)]
 struct Floor<S> {
     inner: S,
-    budget: Arc<TpsBudget>,
+    budget: Arc<LockFreeBudget>,
 }
 
 #[derive(Clone)]
@@ -215,13 +220,17 @@ async fn main() {
     // The default policy, budget included.
     let policy = RetryPolicy::builder().build().expect("default policy");
     let mut layer = tower::Layer::layer(&policy, Instant200);
-    // The same without a budget: tokio's test-util clock (on in every dev build) makes the
-    // budget's clock reads take a lock here that production builds do not take.
+    // The same without a budget, and with tower's (the default before `LockFreeBudget`).
     let no_budget = RetryPolicy::builder().no_budget().build().expect("policy");
     let mut layer_no_budget = tower::Layer::layer(&no_budget, Instant200);
+    let tps = RetryPolicy::builder()
+        .tps_budget(Duration::from_secs(10), 10, 0.2)
+        .build()
+        .expect("policy");
+    let mut layer_tps = tower::Layer::layer(&tps, Instant200);
     let mut floor = Floor {
         inner: Instant200,
-        budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
+        budget: Arc::new(LockFreeBudget::default()),
     };
 
     if let Ok(only) = std::env::var("OVERHEAD_ONLY") {
@@ -233,6 +242,8 @@ async fn main() {
                 "tower_retry" => one(&mut tower_retry, Kind::Get).await,
                 "floor" => one(&mut floor, Kind::Get).await,
                 "layer" => one(&mut layer, Kind::Get).await,
+                "layer_no_budget" => one(&mut layer_no_budget, Kind::Get).await,
+                "layer_tps" => one(&mut layer_tps, Kind::Get).await,
                 other => panic!("unknown variant {other}"),
             }
         }
@@ -270,6 +281,11 @@ async fn main() {
             samples: vec![],
             allocs: 0.0,
         },
+        Variant {
+            name: "layer_get_tps",
+            samples: vec![],
+            allocs: 0.0,
+        },
     ];
 
     // Warm up, then count allocations per request (request construction included, alike
@@ -285,6 +301,7 @@ async fn main() {
     v[3].allocs = count_allocs!(layer, Kind::Post);
     v[4].allocs = count_allocs!(layer_no_budget, Kind::Get);
     v[5].allocs = count_allocs!(floor, Kind::Get);
+    v[6].allocs = count_allocs!(layer_tps, Kind::Get);
     // The marker is the caller's allocation: compare with the same request sent bare.
     let never_retried_bare = count_allocs!(bare, Kind::NeverRetried);
     let never_retried = count_allocs!(layer, Kind::NeverRetried);
@@ -299,6 +316,7 @@ async fn main() {
         measure!(v[3], batch, layer, Kind::Post);
         measure!(v[4], batch, layer_no_budget, Kind::Get);
         measure!(v[5], batch, floor, Kind::Get);
+        measure!(v[6], batch, layer_tps, Kind::Get);
         if Instant::now() > deadline {
             break;
         }
@@ -324,6 +342,7 @@ async fn main() {
         med[4] / med[1]
     );
     println!("ratio layer_post/tower_retry {:.3}", med[3] / med[1]);
+    println!("ratio layer_get_tps/tower_retry {:.3}", med[6] / med[1]);
     println!("ratio floor/tower_retry {:.3}", med[5] / med[1]);
     println!(
         "ratio layer_get/floor {:.3} (+{:.0} ns per request)",
@@ -355,5 +374,44 @@ async fn main() {
         "size_of ResponseFuture (layer, timeout, hyper-util client) {} bytes; tower::retry in its place {} bytes",
         size_of_future::<_, Req>(&typical),
         size_of_future::<_, Req>(&typical_tower)
+    );
+
+    // Two threads through one layer at once (so one budget): the default budget, tower's,
+    // and none. Each round runs the three back to back; the ratios are each round's, so that
+    // the machine's load (shared, 2 cores here) weighs on both sides of each alike.
+    let rounds = two_threads(
+        &[layer.clone(), layer_tps.clone(), layer_no_budget.clone()],
+        101,
+        5_000,
+        || request(Kind::Get),
+    );
+    let column = |i: usize| rounds.iter().map(|r| r[i]).collect::<Vec<_>>();
+    let ratio_to_none = |i: usize| rounds.iter().map(|r| r[i] / r[2]).collect::<Vec<_>>();
+    println!(
+        "two threads, requests/s: layer {:.0}, with tower's TpsBudget {:.0}, no budget {:.0}",
+        median(&mut column(0)),
+        median(&mut column(1)),
+        median(&mut column(2))
+    );
+    println!(
+        "ratio layer_2threads/layer_2threads_no_budget {:.3}",
+        median(&mut ratio_to_none(0))
+    );
+    println!(
+        "ratio layer_2threads_tps_budget/layer_2threads_no_budget {:.3}",
+        median(&mut ratio_to_none(1))
+    );
+
+    // A deposit alone, one thread, interleaved.
+    let (lock_free, tps_budget) = (LockFreeBudget::default(), TpsBudget::default());
+    let (mut ours, mut theirs) = (vec![], vec![]);
+    for _ in 0..101 {
+        ours.push(ns_per_deposit(&lock_free, 10_000));
+        theirs.push(ns_per_deposit(&tps_budget, 10_000));
+    }
+    let (a, b) = (median(&mut ours), median(&mut theirs));
+    println!(
+        "ratio budget_deposit/tps_budget_deposit {:.3} ({a:.1} ns / {b:.1} ns)",
+        a / b
     );
 }

@@ -256,7 +256,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The crate's defaults but for the retry budget: 5 of 6 first attempts fail here, and
     // the default budget (a 10 retries/s floor plus 20 % of requests) would rightly throttle
     // such a burst. A 100/s floor lets every retry the table allows through.
-    let policy = || RetryPolicy::builder().tps_budget(Duration::from_secs(10), 100, 0.2);
+    let policy = || RetryPolicy::builder().lock_free_budget(Duration::from_secs(10), 100, 0.2);
     let ours = ServiceBuilder::new()
         .layer(policy().build()?)
         .timeout(PER_ATTEMPT)

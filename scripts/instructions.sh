@@ -16,7 +16,7 @@ count() {
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for variant in bare tower_retry floor layer; do
+for variant in bare tower_retry floor layer layer_no_budget layer_tps; do
     zero=$(count "$variant" 0)
     many=$(count "$variant" "$n")
     per[$variant]=$(((many - zero) / n))
@@ -26,3 +26,5 @@ ratio() { python3 -c "print('ratio $1/$2 instructions %.3f' % (${per[$1]} / ${pe
 ratio layer tower_retry
 ratio floor tower_retry
 ratio layer floor
+ratio layer layer_no_budget
+ratio layer_tps layer_no_budget

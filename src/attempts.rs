@@ -136,10 +136,11 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    pub(crate) fn new(
+    /// `host` is called only if the policy trusts named hosts.
+    pub(crate) fn new<'h>(
         policy: &RetryPolicy,
         method: &Method,
-        host: Option<&str>,
+        host: impl FnOnce() -> Option<&'h str>,
         path: &str,
         headers: &HeaderMap,
         extensions: &Extensions,

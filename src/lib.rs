@@ -78,6 +78,7 @@
 
 mod attempts;
 mod backoff;
+mod budget;
 pub mod classify;
 mod error;
 pub mod policy;
@@ -87,6 +88,7 @@ pub mod server;
 pub mod service;
 mod timed_out;
 
+pub use budget::LockFreeBudget;
 pub use classify::{
     classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
     VerdictSource,

@@ -1,6 +1,6 @@
 //! Retry amplification under a total outage: every attempt answers 503 for a simulated minute
-//! of steady load (paused time). With the default budget, attempts per request stay at or
-//! below 1.25; a naive "3 retries" policy sends 4.
+//! of steady load (paused time). With the default budget (`LockFreeBudget`), and with tower's
+//! `TpsBudget`, attempts per request stay at or below 1.25; a naive "3 retries" policy sends 4.
 
 use std::convert::Infallible;
 use std::future::{ready, Ready};
@@ -99,6 +99,14 @@ async fn the_default_budget_caps_amplification() {
     let layer = RetryPolicy::builder().build().unwrap();
     let ours = steady_load(layer.layer(Outage(calls.clone())), calls).await;
 
+    // The same with tower's budget, the default before `LockFreeBudget`.
+    let tps_calls = Arc::new(AtomicU64::new(0));
+    let tps = RetryPolicy::builder()
+        .tps_budget(Duration::from_secs(10), 10, 0.2)
+        .build()
+        .unwrap();
+    let tps = steady_load(tps.layer(Outage(tps_calls.clone())), tps_calls).await;
+
     let naive_calls = Arc::new(AtomicU64::new(0));
     let naive = steady_load(
         Retry::new(ThreeRetries(3), Outage(naive_calls.clone())),
@@ -106,8 +114,11 @@ async fn the_default_budget_caps_amplification() {
     )
     .await;
 
-    println!("amplification {ours:.3} (default budget); naive 3-retry policy {naive:.3}");
+    println!(
+        "amplification {ours:.3} (default budget); {tps:.3} with tower's TpsBudget; naive 3-retry policy {naive:.3}"
+    );
     assert!(ours <= 1.25, "amplification {ours}");
+    assert!(tps <= 1.25, "amplification {tps} with TpsBudget");
     assert!(ours > 1.0, "the budget allowed no retry at all: {ours}");
     assert_eq!(naive, 4.0);
 }

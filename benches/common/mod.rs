@@ -1,6 +1,10 @@
-//! What the benches share: the median of samples and the least a `tower::retry` policy does.
+//! What the benches share: the median of samples, the least a `tower::retry` policy does,
+//! two-thread throughput and the cost of a budget deposit.
 
 #![allow(dead_code)] // each bench uses its part
+
+pub mod deposits;
+pub mod threads;
 
 use std::future::Ready;
 

@@ -12,6 +12,7 @@ use super::{AttemptEvent, AttemptHook, Inner, ResponseHook, RetryPolicy};
 use crate::backoff::Backoff;
 use crate::classify::routes::RouteTable;
 use crate::classify::{FailureClass, Idempotency};
+use crate::LockFreeBudget;
 
 /// The most retries a policy may allow. More than this is a retry storm, not a policy.
 pub(crate) const MAX_RETRIES_LIMIT: u32 = 100;
@@ -44,6 +45,11 @@ pub struct RetryPolicyBuilder {
 }
 
 enum BudgetChoice {
+    LockFree {
+        ttl: Duration,
+        min_per_sec: u32,
+        retry_percent: f32,
+    },
     Tps {
         ttl: Duration,
         min_per_sec: u32,
@@ -56,6 +62,16 @@ enum BudgetChoice {
 impl fmt::Debug for BudgetChoice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            BudgetChoice::LockFree {
+                ttl,
+                min_per_sec,
+                retry_percent,
+            } => f
+                .debug_struct("LockFreeBudget")
+                .field("ttl", ttl)
+                .field("min_per_sec", min_per_sec)
+                .field("retry_percent", retry_percent)
+                .finish(),
             BudgetChoice::Tps {
                 ttl,
                 min_per_sec,
@@ -105,7 +121,7 @@ impl RetryPolicyBuilder {
             max_retry_after: Duration::from_secs(60),
             deadline: None,
             attempt_timeout: None,
-            budget: BudgetChoice::Tps {
+            budget: BudgetChoice::LockFree {
                 ttl: Duration::from_secs(10),
                 min_per_sec: 10,
                 retry_percent: 0.2,
@@ -442,11 +458,30 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Limit retries with tower's [`TpsBudget`]: each request deposits, each retry
-    /// withdraws. `ttl` is 1–60 s, `retry_percent` 0–1000 (0.2 = 20 % extra load),
-    /// `min_per_sec` below `i32::MAX`; `build` checks them.
+    /// Limit retries with this crate's [`LockFreeBudget`]: each request deposits, each retry
+    /// withdraws, and a retry is allowed while the retries of the last `ttl` stay within
+    /// `min_per_sec × ttl` plus `retry_percent` of the requests of the last `ttl` (Finagle's
+    /// semantics, as [`tps_budget`](Self::tps_budget)). No lock: a deposit is one atomic add on
+    /// a cache line of the calling thread's own. `ttl` is 1–60 s, `retry_percent` 0–1000
+    /// (0.2 = 20 % extra load); `build` checks them.
     ///
     /// Defaults to a 10 s window, 10 retries per second floor, 20 % extra load.
+    pub fn lock_free_budget(mut self, ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Self {
+        self.budget = BudgetChoice::LockFree {
+            ttl,
+            min_per_sec,
+            retry_percent,
+        };
+        self
+    }
+
+    /// Limit retries with tower's [`TpsBudget`] instead, with the same meaning as
+    /// [`lock_free_budget`](Self::lock_free_budget). It takes a mutex and reads the clock on
+    /// every deposit and withdrawal, and two threads withdrawing at once can overdraw it.
+    /// `ttl` is 1–60 s, `retry_percent` 0–1000, `min_per_sec` below `i32::MAX`; `build` checks
+    /// them.
+    ///
+    /// Defaults to the [`lock_free_budget`](Self::lock_free_budget) above.
     pub fn tps_budget(mut self, ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Self {
         self.budget = BudgetChoice::Tps {
             ttl,
@@ -458,7 +493,7 @@ impl RetryPolicyBuilder {
 
     /// Limit retries with any tower [`Budget`].
     ///
-    /// Defaults to the [`tps_budget`](Self::tps_budget) above.
+    /// Defaults to the [`lock_free_budget`](Self::lock_free_budget) above.
     pub fn budget(mut self, budget: impl Budget + Send + Sync + 'static) -> Self {
         self.budget = BudgetChoice::Custom(Arc::new(budget));
         self
@@ -466,7 +501,7 @@ impl RetryPolicyBuilder {
 
     /// No budget: only [`max_retries`](Self::max_retries) limits retries.
     ///
-    /// Defaults to the [`tps_budget`](Self::tps_budget) above.
+    /// Defaults to the [`lock_free_budget`](Self::lock_free_budget) above.
     pub fn no_budget(mut self) -> Self {
         self.budget = BudgetChoice::Unlimited;
         self
@@ -561,6 +596,15 @@ impl RetryPolicyBuilder {
             host_routes.insert(&host, method, &template, idempotency)?;
         }
         let budget: Option<Arc<dyn Budget + Send + Sync>> = match self.budget {
+            BudgetChoice::LockFree {
+                ttl,
+                min_per_sec,
+                retry_percent,
+            } => Some(Arc::new(LockFreeBudget::new(
+                ttl,
+                min_per_sec,
+                retry_percent,
+            )?)),
             BudgetChoice::Tps {
                 ttl,
                 min_per_sec,
@@ -630,7 +674,7 @@ pub struct BuildError {
 }
 
 impl BuildError {
-    fn setting(setting: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn setting(setting: &'static str, message: impl Into<String>) -> Self {
         BuildError {
             setting,
             message: message.into(),
@@ -724,6 +768,22 @@ mod tests {
             assert_eq!(e.setting_name(), "tps_budget");
             assert!(e.to_string().contains(needle), "{e}");
         }
+    }
+
+    #[test]
+    fn lock_free_budget_out_of_range() {
+        let cases = [
+            (Duration::from_millis(500), 0.2, "ttl 500ms"),
+            (Duration::from_secs(10), 1000.5, "retry_percent 1000.5"),
+        ];
+        for (ttl, pct, needle) in cases {
+            let e = err(RetryPolicyBuilder::new().lock_free_budget(ttl, 10, pct));
+            assert_eq!(e.setting_name(), "lock_free_budget");
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+        let b = RetryPolicyBuilder::new().lock_free_budget(Duration::from_secs(1), 0, 0.0);
+        assert!(format!("{b:?}").contains("LockFreeBudget"));
+        assert!(b.build().is_ok());
     }
 
     #[test]

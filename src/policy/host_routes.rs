@@ -33,6 +33,10 @@ impl HostRoutes {
             .map_err(|e| e.for_setting("route_for_host"))
     }
 
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The rule for this request if its host has rules and one matches.
     #[inline]
     pub(crate) fn lookup(

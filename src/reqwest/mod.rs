@@ -99,7 +99,7 @@ impl Middleware for RetrySafetyMiddleware {
         let mut plan = Plan::new(
             policy,
             req.method(),
-            req.url().host_str(),
+            || req.url().host_str(),
             req.url().path(),
             req.headers(),
             extensions,

@@ -93,7 +93,7 @@ where
         let mut plan = Plan::new(
             policy,
             &parts.method,
-            parts.uri.host(),
+            || parts.uri.host(),
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,
