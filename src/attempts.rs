@@ -395,24 +395,30 @@ impl Attempts {
         let class = outcome.class().as_str();
         let status = status.map(|s| s.as_u16());
         let resend_count = attempt - 1;
+        // The fields every attempt event carries, then the event's own.
+        macro_rules! event {
+            ($level:expr, $($rest:tt)*) => {
+                tracing::event!(
+                    $level,
+                    http.request.method = %method,
+                    url.path = path,
+                    attempt,
+                    http.request.resend_count = resend_count,
+                    error.r#type = class,
+                    http.response.status_code = status,
+                    $($rest)*
+                )
+            };
+        }
+        use tracing::Level;
         match decision {
-            Decision::Retry { after } => tracing::debug!(
-                http.request.method = %method,
-                url.path = path,
-                attempt,
-                http.request.resend_count = resend_count,
-                error.r#type = class,
-                http.response.status_code = status,
+            Decision::Retry { after } => event!(
+                Level::DEBUG,
                 delay_ms = after.as_millis() as u64,
                 "retrying request"
             ),
-            Decision::Stop(StopReason::SuppressedNotIdempotent) => tracing::warn!(
-                http.request.method = %method,
-                url.path = path,
-                attempt,
-                http.request.resend_count = resend_count,
-                error.r#type = class,
-                http.response.status_code = status,
+            Decision::Stop(StopReason::SuppressedNotIdempotent) => event!(
+                Level::WARN,
                 verdict_source = self.verdict.source().as_str(),
                 request_id = self.request_id.as_deref(),
                 "retry suppressed: the request is not idempotent and may have been applied"
@@ -425,25 +431,15 @@ impl Attempts {
             ) if outcome.class() != FailureClass::Final
                 || reason == StopReason::RetryAfterTooLong =>
             {
-                tracing::warn!(
-                    http.request.method = %method,
-                    url.path = path,
-                    attempt,
-                    http.request.resend_count = resend_count,
-                    error.r#type = class,
-                    http.response.status_code = status,
+                event!(
+                    Level::WARN,
                     reason = reason.as_str(),
                     request_id = self.request_id.as_deref(),
                     "retry refused"
                 )
             }
-            Decision::Stop(reason) if outcome.class() != FailureClass::Final => tracing::debug!(
-                http.request.method = %method,
-                url.path = path,
-                attempt,
-                http.request.resend_count = resend_count,
-                error.r#type = class,
-                http.response.status_code = status,
+            Decision::Stop(reason) if outcome.class() != FailureClass::Final => event!(
+                Level::DEBUG,
                 reason = reason.as_str(),
                 "not retrying request"
             ),
