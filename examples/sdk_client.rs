@@ -52,6 +52,14 @@ impl ToolsClient {
             .max_retries(3)
             .backoff(Duration::from_millis(50), Duration::from_secs(2))
             .route(Method::POST, "/v1/search", Idempotency::Idempotent)
+            // The same client also calls a partner API whose /v1/search starts a job: a rule
+            // scoped to its host never applies to ours.
+            .route_for_host(
+                "partner.example.com",
+                Method::POST,
+                "/v1/search",
+                Idempotency::NonIdempotent,
+            )
             // This API's 429 comes from a rate limiter in front of the handlers.
             .not_applied_statuses([StatusCode::TOO_MANY_REQUESTS])
             .attempt_timeout(Duration::from_millis(300))
