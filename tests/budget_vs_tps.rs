@@ -13,20 +13,14 @@
 //! - a withdrawal came first after a quiet stretch (a deposit counts in the slot of the latest
 //!   clock read, which a withdrawal makes; tower reads the clock on every deposit).
 
+mod support;
+
 use std::time::Duration;
 
 use proptest::prelude::*;
+use support::logs::block_on as paused;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower_retry_safety::LockFreeBudget;
-
-fn paused<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 fn both(ttl_secs: u64, min_per_sec: u32, percent: f32) -> (LockFreeBudget, TpsBudget) {
     let ttl = Duration::from_secs(ttl_secs);

@@ -4,7 +4,7 @@
 
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -18,11 +18,11 @@ use crate::attempts::cap;
 /// The timer for the first renewal, made before the handler is called: `Ok(None)` outside a
 /// runtime (no renewal there), `Err` on a runtime without a timer (tokio panics making one),
 /// where the claim can still be released because nothing ran.
-pub(crate) fn first_renewal(lease: Duration) -> Result<Option<Pin<Box<Sleep>>>, ()> {
+pub(crate) fn first_renewal(lease: Duration) -> Result<Option<Sleep>, ()> {
     if tokio::runtime::Handle::try_current().is_err() {
         return Ok(None);
     }
-    std::panic::catch_unwind(AssertUnwindSafe(|| Box::pin(tokio::time::sleep(lease / 3))))
+    std::panic::catch_unwind(AssertUnwindSafe(|| tokio::time::sleep(lease / 3)))
         .map(Some)
         .map_err(|_| ())
 }
@@ -32,12 +32,13 @@ pub(crate) fn first_renewal(lease: Duration) -> Result<Option<Pin<Box<Sleep>>>, 
 /// pay for the task.
 pub(crate) async fn during<St: IdempotencyStore, F: Future>(
     c: &Claimed<St>,
-    first: Option<Pin<Box<Sleep>>>,
+    first: Option<Sleep>,
     work: F,
 ) -> F::Output {
-    let Some(mut first) = first else {
+    let Some(first) = first else {
         return work.await;
     };
+    let mut first = pin!(first);
     let mut work = pin!(work);
     let early = poll_fn(|cx| {
         if let Poll::Ready(out) = work.as_mut().poll(cx) {

@@ -100,7 +100,7 @@ where
             // Called, then no response: it may have applied. Keep a record that says so
             // rather than free the key for a second run.
             pending
-                .keep(outcome::unknown(), Some("the handler failed"))
+                .keep(outcome::unknown, Some("the handler failed"))
                 .await;
             return Err(err);
         }
@@ -112,7 +112,7 @@ where
                 pending.release().await;
             } else {
                 let record =
-                    StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
+                    || StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
                 pending.keep(record, None).await;
             }
             Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
@@ -126,7 +126,7 @@ where
             if declined {
                 pending.release().await;
             } else {
-                let head = outcome::head_only(parts.status, &parts.headers);
+                let head = || outcome::head_only(parts.status, &parts.headers);
                 pending.keep(head, Some(why)).await;
             }
             Ok(Response::from_parts(
@@ -145,15 +145,16 @@ struct Pending<St: IdempotencyStore> {
 }
 
 impl<St: IdempotencyStore> Pending<St> {
-    /// Stores `record` (`why` says why it stands in for the response, if it does). A store
-    /// that is full gets the response's head instead; one that fails, or is full even for
-    /// that, is tried again in the background while the key is held: never freed.
-    async fn keep(&mut self, record: StoredResponse, why: Option<&'static str>) {
+    /// Stores the record `record` makes (`why` says why it stands in for the response, if it
+    /// does). A store that is full gets the response's head instead; one that fails, or is
+    /// full even for that, is tried again in the background while the key is held: never
+    /// freed. The record is made again only on a refusal, so a stored one costs one copy.
+    async fn keep(&mut self, record: impl Fn() -> StoredResponse, why: Option<&'static str>) {
         let Some(c) = self.claimed.take() else {
             return;
         };
         let shown = cap(&c.shown, 64);
-        let err = match complete(&c, record.clone()).await {
+        let err = match complete(&c, record()).await {
             Ok(()) => {
                 if let Some(why) = why {
                     tracing::warn!(
@@ -172,13 +173,14 @@ impl<St: IdempotencyStore> Pending<St> {
             return;
         }
         tracing::warn!(error = %err, cause = super::cause(&err), key = shown, "idempotency store refused an outcome; the key is held in flight and it is tried again");
+        let record = record();
         let record = if err.is_full() && why.is_none() {
             // The whole response did not fit; its head is better than nothing.
-            let head = outcome::head_only(record.status(), record.headers());
-            match complete(&c, head.clone()).await {
+            let head = || outcome::head_only(record.status(), record.headers());
+            match complete(&c, head()).await {
                 Ok(()) => return,
                 Err(err) if err.is_fenced() => return,
-                Err(_) => head,
+                Err(_) => head(),
             }
         } else {
             record
