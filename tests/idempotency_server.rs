@@ -305,3 +305,31 @@ async fn a_full_store_answers_503_and_runs_nothing() {
     assert_eq!(res.headers()["retry-after"], "1");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// The client went away, and the handler, now finishing in a task of its own, panics: the
+/// task's drop still keeps an "unknown outcome" for the key; a repeat never runs it again.
+#[tokio::test(start_paused = true)]
+async fn a_detached_handler_that_panics_keeps_an_unknown_outcome() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let svc = layer.layer(service_fn(move |_req: In| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            panic!("handler bug after the write, after its client left");
+            #[allow(unreachable_code)]
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        }
+    }));
+    let gone = tokio::time::timeout(
+        Duration::from_millis(50),
+        svc.clone().oneshot(keyed("dp", "x")),
+    );
+    assert!(gone.await.is_err(), "the client left mid-handler");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let again = svc.oneshot(keyed("dp", "x")).await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(again.status(), 500);
+    assert_eq!(again.headers()["x-should-retry"], "false");
+}
