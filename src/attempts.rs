@@ -282,16 +282,20 @@ impl Attempts {
         &self.target
     }
 
+    /// Time before the request's deadline, if it has one.
+    #[inline]
+    fn time_left(&self) -> Option<Duration> {
+        self.deadline
+            .zip(self.started)
+            .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()))
+    }
+
     /// How long the next attempt may take before the policy's clock cuts it, and why it would
     /// be cut: the per-attempt timeout, or the deadline if it comes first. `None` without
     /// either (no timer at all).
     #[inline]
     pub(crate) fn attempt_limit(&self) -> Option<(Duration, TimedOut)> {
-        let to_deadline = self
-            .deadline
-            .zip(self.started)
-            .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()));
-        match (self.attempt_timeout, to_deadline) {
+        match (self.attempt_timeout, self.time_left()) {
             (Some(attempt), Some(left)) if attempt < left => Some((attempt, TimedOut::Attempt)),
             (_, Some(left)) => Some((left, TimedOut::Deadline)),
             (Some(attempt), None) => Some((attempt, TimedOut::Attempt)),
@@ -344,10 +348,7 @@ impl Attempts {
         let decision = if self.outer_layer {
             Decision::Stop(StopReason::RetriedByOuterLayer)
         } else {
-            let time_left = self
-                .deadline
-                .zip(self.started)
-                .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()));
+            let time_left = self.time_left();
             let facts = Facts {
                 verdict: &self.verdict,
                 outcome: &outcome,
