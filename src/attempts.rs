@@ -14,7 +14,7 @@ use crate::classify::{
 use crate::error::{Error, Symptom};
 use crate::policy::{AttemptEvent, Decision, Facts, RequestOptions, RetryPolicy, StopReason};
 use crate::service::report::{AttemptRecord, Records};
-use crate::service::{LayerAttempt, RetryReport};
+use crate::service::{LayerAttempt, NotReplayable, RetryReport};
 use crate::timed_out::TimedOut;
 use crate::BoxError;
 
@@ -206,8 +206,9 @@ pub(crate) struct Attempts {
     policy: RetryPolicy,
     verdict: RequestVerdict,
     target: Target,
-    /// Whether the request can be sent again (a replayable body and a clone in hand).
-    replayable: bool,
+    /// Why the request's body cannot be sent again, if it cannot (no copy in hand, or a
+    /// recording that stopped being replayable).
+    not_replayable: Option<NotReplayable>,
     /// An outer layer of this crate made this attempt and decides about retries.
     outer_layer: bool,
     /// Retries allowed: the request's option or the policy's.
@@ -229,11 +230,21 @@ pub(crate) struct Attempts {
 
 impl Attempts {
     /// Starts the bookkeeping for one request and deposits it in the retry budget (unless an
-    /// outer layer already did). `copied` says whether the front end kept a copy to resend.
-    pub(crate) fn start(policy: &RetryPolicy, plan: Plan, target: Target, copied: bool) -> Self {
+    /// outer layer already did). `kept` says whether the front end kept what it needs to
+    /// send the body again, or why not.
+    pub(crate) fn start(
+        policy: &RetryPolicy,
+        plan: Plan,
+        target: Target,
+        kept: Result<(), NotReplayable>,
+    ) -> Self {
         // Without a copy, retries are refused as "body not replayable" — unless the request
         // could never be retried anyway, in which case the decision names the real reason.
-        let replayable = copied || !plan.may_retry(policy);
+        let not_replayable = if plan.may_retry(policy) {
+            kept.err()
+        } else {
+            None
+        };
         let max_retries = plan.max_retries(policy);
         let Plan {
             verdict,
@@ -262,7 +273,7 @@ impl Attempts {
             policy: policy.clone(),
             verdict,
             target,
-            replayable,
+            not_replayable,
             outer_layer,
             max_retries,
             deadline,
@@ -284,7 +295,7 @@ impl Attempts {
 
     /// Time before the request's deadline, if it has one.
     #[inline]
-    fn time_left(&self) -> Option<Duration> {
+    pub(crate) fn time_left(&self) -> Option<Duration> {
         self.deadline
             .zip(self.started)
             .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()))
@@ -301,6 +312,12 @@ impl Attempts {
             (Some(attempt), None) => Some((attempt, TimedOut::Attempt)),
             (None, None) => None,
         }
+    }
+
+    /// The request's body can no longer be sent again. The first reason found is kept.
+    #[cold]
+    pub(crate) fn refuse_replay(&mut self, why: NotReplayable) {
+        self.not_replayable.get_or_insert(why);
     }
 
     /// Marks the start of the next attempt, and numbers it in the request's headers when the
@@ -355,7 +372,7 @@ impl Attempts {
                 retries_done: attempt - 1,
                 max_retries: self.max_retries,
                 time_left,
-                replayable: self.replayable,
+                replayable: self.not_replayable.is_none(),
             };
             let policy = &self.policy;
             policy.decide_with(facts, || policy.jitter_unit(), || policy.withdraw())
@@ -463,6 +480,10 @@ impl Attempts {
             last_attempt_at: self.last_attempt_at,
             request_id: self.request_id.take(),
             idempotency_key: self.idempotency_key.take(),
+            body: match stop {
+                StopReason::BodyNotReplayable => self.not_replayable,
+                _ => None,
+            },
         }
     }
 

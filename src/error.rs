@@ -10,7 +10,7 @@ use crate::attempts::Target;
 use crate::classify::failure::chain;
 use crate::classify::{FailureClass, Idempotency};
 use crate::policy::StopReason;
-use crate::service::RetryReport;
+use crate::service::{NotReplayable, RetryReport};
 use crate::timed_out::TimedOut;
 use crate::BoxError;
 
@@ -339,7 +339,13 @@ impl fmt::Display for Error {
                 advice(f, *class, *maybe_applied, idempotent)
             }
             StopReason::BodyNotReplayable => {
-                write!(f, "{method} {path} was not retried: its body is a stream that cannot be replayed, and the attempt {what}")?;
+                let why = report
+                    .body_not_replayable()
+                    .unwrap_or(NotReplayable::Stream);
+                write!(
+                    f,
+                    "{method} {path} was not retried: {why}, and the attempt {what}"
+                )?;
                 advice(f, *class, *maybe_applied, idempotent)
             }
             reason => {

@@ -99,7 +99,10 @@ pub use policy::{
 };
 #[cfg(feature = "reqwest-middleware")]
 pub use reqwest::RetrySafetyMiddleware;
-pub use service::{AttemptRecord, ReplayBody, ResponseFuture, RetryReport, RetrySafety};
+pub use service::{
+    AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
+    RetryReport, RetrySafety,
+};
 
 /// The boxed error type that inner services' errors are converted into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

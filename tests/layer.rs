@@ -12,8 +12,8 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use support::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{
-    FailureClass, Idempotency, NoRetry, RetryPolicy, RetryPolicyBuilder, RetryReport, StopReason,
-    VerdictSource,
+    FailureClass, Idempotency, NoRetry, NotReplayable, RetryPolicy, RetryPolicyBuilder,
+    RetryReport, StopReason, VerdictSource,
 };
 
 fn builder() -> RetryPolicyBuilder {
@@ -292,7 +292,7 @@ async fn deadline_stops_a_retry_that_would_end_past_it() {
 // --- bodies ---
 
 #[tokio::test(start_paused = true)]
-async fn streaming_body_is_sent_once_and_reported() {
+async fn streaming_body_is_sent_once_and_reported_when_the_replay_buffer_is_off() {
     let body = Full::new(Bytes::from_static(b"stream"))
         .map_err(|never| match never {})
         .boxed();
@@ -301,6 +301,7 @@ async fn streaming_body_is_sent_once_and_reported() {
         .unwrap();
     let script = Script::new([status(503), ok()]);
     let res = builder()
+        .replay_buffer(0)
         .build()
         .unwrap()
         .layer(script.clone())
@@ -348,10 +349,14 @@ async fn streaming_post_after_refusal_is_an_error_that_says_not_replayable() {
         .unwrap_err();
     assert_eq!(script.count(), 1);
     assert_eq!(err.stop_reason(), StopReason::BodyNotReplayable);
+    assert_eq!(
+        err.report().unwrap().body_not_replayable(),
+        Some(NotReplayable::Stream)
+    );
     assert!(err.is_not_sent());
     assert_eq!(
         err.to_string(),
-        "POST /v1/upload was not retried: its body is a stream that cannot be replayed, and the \
+        "POST /v1/upload was not retried: its body is a stream that is not recorded, and the \
          attempt never reached the server. It was never applied, so it is safe to send again."
     );
 }

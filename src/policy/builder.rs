@@ -14,6 +14,11 @@ use crate::classify::routes::RouteTable;
 use crate::classify::{FailureClass, Idempotency};
 use crate::LockFreeBudget;
 
+/// The replay buffer's default limit, in bytes.
+const DEFAULT_REPLAY_BUFFER: usize = 64 * 1024;
+/// The largest replay buffer a policy may keep per request.
+const MAX_REPLAY_BUFFER: usize = 1 << 30;
+
 /// The most retries a policy may allow. More than this is a retry storm, not a policy.
 pub(crate) const MAX_RETRIES_LIMIT: u32 = 100;
 
@@ -38,6 +43,7 @@ pub struct RetryPolicyBuilder {
     max_retry_after: Duration,
     deadline: Option<Duration>,
     attempt_timeout: Option<Duration>,
+    replay_buffer: usize,
     budget: BudgetChoice,
     should_retry_header: Option<HeaderName>,
     request_id_header: Option<HeaderName>,
@@ -121,6 +127,7 @@ impl RetryPolicyBuilder {
             max_retry_after: Duration::from_secs(60),
             deadline: None,
             attempt_timeout: None,
+            replay_buffer: DEFAULT_REPLAY_BUFFER,
             budget: BudgetChoice::LockFree {
                 ttl: Duration::from_secs(10),
                 min_per_sec: 10,
@@ -458,6 +465,20 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// The most bytes of a streaming request body kept so that a retry can replay it (see
+    /// [`Replayable`](crate::Replayable)); `0` turns recording off, and a stream is then sent
+    /// once. A body is recorded only when the request may be retried, and its chunks are kept
+    /// as handles, not copies. A body that is larger (by its size hint before it is sent, or
+    /// as it streams) is sent once, and its report says why
+    /// ([`NotReplayable::OverLimit`](crate::NotReplayable::OverLimit)). Bodies that can be
+    /// copied (`Full`, `Bytes`, `String`…) are not limited by it.
+    ///
+    /// Defaults to 64 KiB. At most 1 GiB.
+    pub fn replay_buffer(mut self, limit_bytes: usize) -> Self {
+        self.replay_buffer = limit_bytes;
+        self
+    }
+
     /// Limit retries with this crate's [`LockFreeBudget`]: each request deposits, each retry
     /// withdraws, and a retry is allowed while the retries of the last `ttl` stay within
     /// `min_per_sec × ttl` plus `retry_percent` of the requests of the last `ttl` (Finagle's
@@ -575,6 +596,15 @@ impl RetryPolicyBuilder {
                 "it must be above zero",
             ));
         }
+        if self.replay_buffer > MAX_REPLAY_BUFFER {
+            return Err(BuildError::setting(
+                "replay_buffer",
+                format!(
+                    "{} bytes is over the 1 GiB a request may keep",
+                    self.replay_buffer
+                ),
+            ));
+        }
         let mut key_trust = KeyTrust {
             everywhere: self.honor_idempotency_key
                 || (self.mint_idempotency_keys && self.key_hosts.is_empty()),
@@ -633,6 +663,7 @@ impl RetryPolicyBuilder {
                 max_retry_after: self.max_retry_after,
                 deadline: self.deadline,
                 attempt_timeout: self.attempt_timeout,
+                replay_buffer: self.replay_buffer,
                 budget,
                 should_retry_header: self.should_retry_header,
                 request_id_header: self.request_id_header,

@@ -69,6 +69,7 @@ pub(crate) struct Inner {
     pub(crate) max_retry_after: Duration,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) replay_buffer: usize,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) should_retry_header: Option<HeaderName>,
     pub(crate) request_id_header: Option<HeaderName>,
@@ -107,6 +108,7 @@ impl fmt::Debug for RetryPolicy {
             .field("max_retry_after", &i.max_retry_after)
             .field("deadline", &i.deadline)
             .field("attempt_timeout", &i.attempt_timeout)
+            .field("replay_buffer", &i.replay_buffer)
             .field("budget", &i.budget.as_ref().map(|_| "enabled"))
             .field("should_retry_header", &i.should_retry_header)
             .field("request_id_header", &i.request_id_header)

@@ -2,13 +2,13 @@
 
 use bytes::Bytes;
 
-use crate::ReplayBody;
+use crate::{Recorded, ReplayBody, ReplayBuffer};
 
-/// A buffered body (built from bytes or a string: `as_bytes()` is `Some`) is replayed;
-/// a stream (`Body::wrap_stream`) is sent once, and the report says
-/// [`StopReason::BodyNotReplayable`](crate::StopReason::BodyNotReplayable).
-///
-/// reqwest exposes a buffered body only as a slice, so each copy copies its bytes.
+/// A buffered body (built from bytes or a string: `as_bytes()` is `Some`) is copied for each
+/// retry; reqwest exposes it only as a slice, so each copy copies its bytes. A stream
+/// (`Body::wrap_stream`, `Body::wrap`) is recorded as it streams, up to the policy's
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), and each attempt gets a
+/// `Body::wrap` of its replay (see [`Replayable`](crate::Replayable)).
 ///
 /// ```
 /// use tower_retry_safety::ReplayBody;
@@ -22,5 +22,9 @@ impl ReplayBody for reqwest::Body {
     fn try_clone_body(&self) -> Option<Self> {
         let bytes = self.as_bytes()?;
         Some(reqwest::Body::from(Bytes::copy_from_slice(bytes)))
+    }
+
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        Recorded::stream(self, buffer, reqwest::Body::wrap)
     }
 }

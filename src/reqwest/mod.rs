@@ -3,13 +3,16 @@
 mod body;
 mod lookup;
 
+use std::time::Duration;
+
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
-use crate::service::LayerAttempt;
+use crate::service::replay::{keep, Kept, LET_GO_WAIT};
+use crate::service::{LayerAttempt, NotReplayable};
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
 
@@ -54,8 +57,13 @@ use crate::{BoxError, Error, RetryPolicy};
 /// # }
 /// ```
 ///
-/// Streaming bodies (`Request::try_clone()` gives `None`) are sent exactly once, never refused
-/// before sending; the report says [`StopReason::BodyNotReplayable`].
+/// A streaming body (`Body::wrap_stream`, `Body::wrap`: `Request::try_clone()` gives `None`) is
+/// recorded as it streams, up to the policy's
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), and a retry replays it (see
+/// [`Replayable`](crate::Replayable)): the adapter hands reqwest each attempt's body through
+/// `reqwest::Body::wrap`. A larger stream is sent exactly once, never refused before sending;
+/// the report says [`StopReason::BodyNotReplayable`] and
+/// [`body_not_replayable`](crate::RetryReport::body_not_replayable) says why.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -105,14 +113,18 @@ impl Middleware for RetrySafetyMiddleware {
             extensions,
         );
         plan.mint_key(policy, req.headers_mut());
-        let copy = if plan.may_retry(policy) {
-            req.try_clone()
+        let kept = if plan.may_retry(policy) {
+            keep_request(&mut req, policy.inner.replay_buffer)
         } else {
-            None
+            Err(NotReplayable::Stream)
         };
         let target = Target::from_path(req.method().clone(), req.url().path());
         let marks_attempts = plan.marks_attempts();
-        let mut attempts = Attempts::start(policy, plan, target, copy.is_some());
+        let (kept, why_not) = match kept {
+            Ok(kept) => (Some(kept), Ok(())),
+            Err(why) => (None, Err(why)),
+        };
+        let mut attempts = Attempts::start(policy, plan, target, why_not);
         if marks_attempts {
             extensions.insert(LayerAttempt);
         }
@@ -126,22 +138,35 @@ impl Middleware for RetrySafetyMiddleware {
                     .await
                     .unwrap_or_else(|_| Err(reqwest_middleware::Error::middleware(why))),
             };
+            if let Some(Err(why)) = kept.as_ref().map(|k| k.check(result.is_ok())) {
+                attempts.refuse_replay(why);
+            }
             let decision = match &result {
                 Ok(res) => attempts.on_response(res.status(), res.headers()),
                 Err(reqwest_middleware::Error::Reqwest(err)) => attempts.on_error(err),
                 Err(reqwest_middleware::Error::Middleware(err)) => attempts.on_error(&**err),
             };
-            let reason = match decision {
-                Decision::Retry { after } => match copy.as_ref().and_then(Request::try_clone) {
-                    Some(again) => {
-                        drop(result);
-                        tokio::time::sleep(after).await;
-                        req = again;
-                        continue;
+            let reason = match (decision, kept.as_ref()) {
+                (Decision::Retry { after }, Some(kept)) => {
+                    drop(result);
+                    tokio::time::sleep(after).await;
+                    match kept.next(attempts.time_left()).await {
+                        Ok(again) => {
+                            req = again;
+                            continue;
+                        }
+                        Err(why) => {
+                            attempts.refuse_replay(why);
+                            let err =
+                                Box::<dyn std::error::Error + Send + Sync>::from(why.to_string());
+                            return Err(reqwest_middleware::Error::middleware(
+                                attempts.into_error(StopReason::BodyNotReplayable, err),
+                            ));
+                        }
                     }
-                    None => StopReason::BodyNotReplayable,
-                },
-                Decision::Stop(reason) => reason,
+                }
+                (Decision::Retry { .. }, None) => StopReason::BodyNotReplayable,
+                (Decision::Stop(reason), _) => reason,
             };
             return match result {
                 Ok(mut res) => {
@@ -154,6 +179,64 @@ impl Middleware for RetrySafetyMiddleware {
                     attempts.into_error(reason, into_box(err)),
                 )),
             };
+        }
+    }
+}
+
+/// What the adapter keeps to send a request again.
+enum KeptRequest {
+    /// A copy of the request (`Request::try_clone`), copied again for each retry.
+    Copy(Request),
+    /// The request without its streaming body, and the body's recording.
+    Recorded {
+        parts: Request,
+        body: Kept<reqwest::Body>,
+    },
+}
+
+/// Keeps what a retry of `req` will need: a copy, or for a streaming body a recording of it
+/// (then `req` is given the body that records the first attempt).
+fn keep_request(req: &mut Request, limit: usize) -> Result<KeptRequest, NotReplayable> {
+    if let Some(copy) = req.try_clone() {
+        return Ok(KeptRequest::Copy(copy));
+    }
+    // Only a streaming body keeps a request from being cloned.
+    let Some(body) = req.body_mut().take() else {
+        return Err(NotReplayable::Stream);
+    };
+    let parts = req.try_clone();
+    let (first, kept) = keep(body, req.headers(), limit);
+    *req.body_mut() = Some(first);
+    match (parts, kept) {
+        (Some(parts), Ok(body)) => Ok(KeptRequest::Recorded { parts, body }),
+        (None, _) => Err(NotReplayable::Stream),
+        (_, Err(why)) => Err(why),
+    }
+}
+
+impl KeptRequest {
+    fn check(&self, responded: bool) -> Result<(), NotReplayable> {
+        match self {
+            KeptRequest::Copy(_) => Ok(()),
+            KeptRequest::Recorded { body, .. } => body.check(responded),
+        }
+    }
+
+    /// The next attempt's request; for a recording, once the last attempt's transport has let
+    /// go of it (waiting at most `LET_GO_WAIT`, or the time left).
+    async fn next(&self, time_left: Option<Duration>) -> Result<Request, NotReplayable> {
+        match self {
+            KeptRequest::Copy(copy) => copy.try_clone().ok_or(NotReplayable::Stream),
+            KeptRequest::Recorded { parts, body } => {
+                let wait = time_left.map_or(LET_GO_WAIT, |left| left.min(LET_GO_WAIT));
+                let next = std::future::poll_fn(|cx| body.poll_next(cx));
+                let body = tokio::time::timeout(wait, next)
+                    .await
+                    .unwrap_or(Err(NotReplayable::StillInUse))?;
+                let mut again = parts.try_clone().ok_or(NotReplayable::Stream)?;
+                *again.body_mut() = Some(body);
+                Ok(again)
+            }
         }
     }
 }

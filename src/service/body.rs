@@ -1,16 +1,23 @@
 use bytes::{Buf, Bytes};
+use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyStream, Either, Empty, Full, StreamBody};
+
+use super::replay::{Recorded, ReplayBuffer};
 
 /// A request body the layer can send again.
 ///
 /// The layer keeps a copy of each request it may retry. Bodies that are cheap to copy
 /// (`Full<Bytes>`, `Empty<Bytes>`, `String`, `Vec<u8>`, `Bytes`, `()`, `&'static str`) return
-/// `Some`. Streaming bodies (`hyper::body::Incoming`, `BoxBody`, `UnsyncBoxBody`, a channel or
-/// `StreamBody`) return `None`: the request still goes through the layer, is sent exactly once
-/// and is never refused before sending, and its report says
+/// `Some`. Streaming bodies return `None`; of those, `BoxBody`, `UnsyncBoxBody` and
+/// [`Replayable`](crate::Replayable) are recorded as they stream, up to the policy's
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), so that a retry can replay
+/// them ([`record`](Self::record)). Other streams (`hyper::body::Incoming`, a channel,
+/// `StreamBody`: wrap them in [`Replayable`](crate::Replayable) to have them recorded) still go through the
+/// layer, are sent exactly once and are never refused before sending, and their report says
 /// [`StopReason::BodyNotReplayable`](crate::StopReason::BodyNotReplayable).
 ///
-/// Implement it for your own body type: return a copy that yields the same bytes, or `None`.
+/// Implement it for your own body type: return a copy that yields the same bytes, or `None`;
+/// a streaming type can also record itself with [`Recorded::stream`].
 ///
 /// ```
 /// use bytes::Bytes;
@@ -27,8 +34,18 @@ use http_body_util::{BodyStream, Either, Empty, Full, StreamBody};
 /// }
 /// ```
 pub trait ReplayBody: Sized {
-    /// A body that sends the same bytes again, or `None` if this body cannot be replayed.
+    /// A body that sends the same bytes again, or `None` if this body cannot be copied.
     fn try_clone_body(&self) -> Option<Self>;
+
+    /// Makes a body that cannot be copied ready to be recorded as it streams, so that a retry
+    /// can replay it (see [`Replayable`](crate::Replayable)). Called only when the request may be retried and
+    /// the policy's replay buffer is on. Defaults to [`Recorded::once`]: the body is sent
+    /// once. `BoxBody`, `UnsyncBoxBody`, [`Replayable`](crate::Replayable) and (with the `reqwest-middleware`
+    /// feature) `reqwest::Body` record themselves with [`Recorded::stream`].
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        let _ = buffer;
+        Recorded::once(self)
+    }
 }
 
 macro_rules! replay_by_clone {
@@ -55,12 +72,53 @@ impl<D> ReplayBody for Empty<D> {
     }
 }
 
-impl<L: ReplayBody, R: ReplayBody> ReplayBody for Either<L, R> {
+impl<L, R> ReplayBody for Either<L, R>
+where
+    L: ReplayBody + 'static,
+    R: ReplayBody + 'static,
+{
     fn try_clone_body(&self) -> Option<Self> {
         match self {
             Either::Left(l) => l.try_clone_body().map(Either::Left),
             Either::Right(r) => r.try_clone_body().map(Either::Right),
         }
+    }
+
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        match self {
+            Either::Left(l) => l.record(buffer).map(Either::Left),
+            Either::Right(r) => r.record(buffer).map(Either::Right),
+        }
+    }
+}
+
+impl<D, E> ReplayBody for BoxBody<D, E>
+where
+    D: Buf + Clone + Send + Sync + 'static,
+    E: 'static,
+{
+    /// A stream: not copied, recorded (see [`Replayable`](crate::Replayable)).
+    fn try_clone_body(&self) -> Option<Self> {
+        None
+    }
+
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        Recorded::stream(self, buffer, BoxBody::new)
+    }
+}
+
+impl<D, E> ReplayBody for UnsyncBoxBody<D, E>
+where
+    D: Buf + Clone + Send + 'static,
+    E: 'static,
+{
+    /// A stream: not copied, recorded (see [`Replayable`](crate::Replayable)).
+    fn try_clone_body(&self) -> Option<Self> {
+        None
+    }
+
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        Recorded::stream(self, buffer, UnsyncBoxBody::new)
     }
 }
 
@@ -77,8 +135,6 @@ macro_rules! never_replay {
 
 never_replay!(
     [] hyper::body::Incoming,
-    [D, E] http_body_util::combinators::BoxBody<D, E>,
-    [D, E] http_body_util::combinators::UnsyncBoxBody<D, E>,
     [D, E] http_body_util::channel::Channel<D, E>,
     [S] StreamBody<S>,
     [B] BodyStream<B>,

@@ -1,6 +1,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
@@ -8,7 +9,8 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::{LayerAttempt, ReplayBody};
+use super::replay::{keep, Kept, LET_GO_WAIT};
+use super::{LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
 use crate::timed_out::TimedOut;
@@ -39,6 +41,9 @@ pin_project! {
         // Waiting out the backoff or the server's Retry-After. Boxed: only a retry pays for
         // the timer's size, not every request's future.
         Waiting { sleep: Pin<Box<Sleep>> },
+        // Waiting, at most until `sleep`, for the last attempt's transport to let go of the
+        // recorded body.
+        Rewinding { sleep: Pin<Box<Sleep>> },
         // Waiting for the inner service to accept the next attempt.
         Readying,
         // The outcome was returned.
@@ -51,7 +56,9 @@ pin_project! {
 struct Replay<S, B> {
     service: S,
     parts: Parts,
-    body: B,
+    body: Kept<B>,
+    /// The next attempt's body, taken from the recording before waiting for the service.
+    next_body: Option<B>,
 }
 
 /// The request's parts but its URI, which stays the default (`/`, no allocation).
@@ -72,6 +79,7 @@ where
         let state = match self.state {
             State::Called { .. } => "attempt in flight",
             State::Waiting { .. } => "waiting before retry",
+            State::Rewinding { .. } => "waiting for the body",
             State::Readying => "waiting for the service",
             State::Done => "done",
         };
@@ -99,19 +107,24 @@ where
             &parts.extensions,
         );
         plan.mint_key(policy, &mut parts.headers);
-        // Copy the request only if it could ever be sent again.
-        let copy = if plan.may_retry(policy) {
-            body.try_clone_body()
+        // Copy or record the body only if the request could ever be sent again.
+        let (body, kept) = if plan.may_retry(policy) {
+            keep(body, &parts.headers, policy.inner.replay_buffer)
         } else {
-            None
+            (body, Err(NotReplayable::Stream))
         };
         let marks_attempts = plan.marks_attempts();
         let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
-        let mut attempts = Attempts::start(policy, plan, target, copy.is_some());
-        let retry = copy.map(|body| Replay {
+        let (kept, why_not) = match kept {
+            Ok(kept) => (Some(kept), Ok(())),
+            Err(why) => (None, Err(why)),
+        };
+        let mut attempts = Attempts::start(policy, plan, target, why_not);
+        let retry = kept.map(|body| Replay {
             service: service.clone(),
             parts: parts_without_uri(&parts),
             body,
+            next_body: None,
         });
         // Marked on each attempt rather than in the copy: the copy's extensions stay as the
         // caller left them, and cloning them costs nothing when they are empty.
@@ -156,6 +169,11 @@ where
                     let Some(attempts) = this.attempts.as_mut() else {
                         panic!("ResponseFuture polled after completion");
                     };
+                    if let Some(replay) = this.retry.as_ref() {
+                        if let Err(why) = replay.body.check(result.is_ok()) {
+                            attempts.refuse_replay(why);
+                        }
+                    }
                     let decision = match &result {
                         Ok(res) => attempts.on_response(res.status(), res.headers()),
                         Err(err) => attempts.on_error(&**err),
@@ -183,7 +201,47 @@ where
                 }
                 StateProj::Waiting { sleep } => {
                     ready!(sleep.as_mut().poll(cx));
-                    this.state.set(State::Readying);
+                    let recording = this.retry.as_ref().is_some_and(|r| r.body.is_recording());
+                    if recording {
+                        // The backoff's timer, reused to bound the wait for the body.
+                        let wait = this
+                            .attempts
+                            .as_ref()
+                            .and_then(Attempts::time_left)
+                            .map_or(LET_GO_WAIT, |left| left.min(LET_GO_WAIT));
+                        let mut sleep =
+                            std::mem::replace(sleep, Box::pin(tokio::time::sleep(Duration::ZERO)));
+                        sleep.as_mut().reset(tokio::time::Instant::now() + wait);
+                        this.state.set(State::Rewinding { sleep });
+                    } else {
+                        this.state.set(State::Readying);
+                    }
+                }
+                StateProj::Rewinding { sleep } => {
+                    let (Some(replay), Some(attempts)) =
+                        (this.retry.as_mut(), this.attempts.as_mut())
+                    else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    let why = match replay.body.poll_next(cx) {
+                        Poll::Ready(Ok(body)) => {
+                            replay.next_body = Some(body);
+                            this.state.set(State::Readying);
+                            continue;
+                        }
+                        Poll::Ready(Err(why)) => why,
+                        Poll::Pending => {
+                            ready!(sleep.as_mut().poll(cx));
+                            NotReplayable::StillInUse
+                        }
+                    };
+                    attempts.refuse_replay(why);
+                    this.state.set(State::Done);
+                    let attempts = this.attempts.take().expect("checked above");
+                    let err: BoxError = why.to_string().into();
+                    return Poll::Ready(Err(
+                        attempts.into_error(StopReason::BodyNotReplayable, err)
+                    ));
                 }
                 StateProj::Readying => {
                     let (Some(replay), Some(attempts)) =
@@ -200,14 +258,26 @@ where
                             attempts.into_error(StopReason::ServiceNotReady, err.into())
                         ));
                     }
-                    let Some(body) = replay.body.try_clone_body() else {
-                        // A body that replayed once but not twice: stop with what we know.
-                        this.state.set(State::Done);
-                        let attempts = this.attempts.take().expect("checked above");
-                        let err: BoxError = "the request body could not be copied again".into();
-                        return Poll::Ready(Err(
-                            attempts.into_error(StopReason::BodyNotReplayable, err)
-                        ));
+                    let next = match replay.next_body.take() {
+                        Some(body) => Ok(body),
+                        // A copy: never pending.
+                        None => match replay.body.poll_next(cx) {
+                            Poll::Ready(next) => next,
+                            Poll::Pending => Err(NotReplayable::StillInUse),
+                        },
+                    };
+                    let body = match next {
+                        Ok(body) => body,
+                        // A body that copied once but not twice: stop with what we know.
+                        Err(why) => {
+                            attempts.refuse_replay(why);
+                            this.state.set(State::Done);
+                            let attempts = this.attempts.take().expect("checked above");
+                            let err: BoxError = why.to_string().into();
+                            return Poll::Ready(Err(
+                                attempts.into_error(StopReason::BodyNotReplayable, err)
+                            ));
+                        }
                     };
                     let mut parts = replay.parts.clone();
                     parts.uri = attempts

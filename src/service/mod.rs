@@ -34,12 +34,14 @@
 mod body;
 mod future;
 mod layer;
+pub(crate) mod replay;
 pub(crate) mod report;
 #[allow(clippy::module_inception)]
 mod service;
 
 pub use body::ReplayBody;
 pub use future::ResponseFuture;
+pub use replay::{NotReplayable, Recorded, ReplayBuffer, Replayable};
 pub use report::{AttemptRecord, RetryReport};
 pub use service::RetrySafety;
 

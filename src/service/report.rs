@@ -5,6 +5,7 @@ use http::StatusCode;
 
 use crate::classify::{FailureClass, RequestVerdict};
 use crate::policy::StopReason;
+use crate::service::NotReplayable;
 
 /// One attempt, as the report keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,6 +67,8 @@ pub struct RetryReport {
     pub(crate) last_attempt_at: SystemTime,
     pub(crate) request_id: Option<Box<str>>,
     pub(crate) idempotency_key: Option<Box<str>>,
+    /// Why the body could not be sent again, when that stopped the retries.
+    pub(crate) body: Option<NotReplayable>,
 }
 
 impl RetryReport {
@@ -85,6 +88,13 @@ impl RetryReport {
     /// been applied: the caller should check the outcome before repeating it by hand.
     pub fn retry_suppressed(&self) -> bool {
         self.stop == StopReason::SuppressedNotIdempotent
+    }
+
+    /// Why the request's body could not be sent again, when that is why retries stopped
+    /// ([`StopReason::BodyNotReplayable`]): a stream the layer does not record, a body over
+    /// the replay buffer's limit (with the limit), a response before the body's end…
+    pub fn body_not_replayable(&self) -> Option<NotReplayable> {
+        self.body
     }
 
     /// Whether a repeat was harmless, and which rule said so.
@@ -133,6 +143,7 @@ impl fmt::Debug for RetryReport {
             .field("records", &self.records.iter().collect::<Vec<_>>())
             .field("request_id", &self.request_id)
             .field("idempotency_key", &self.idempotency_key)
+            .field("body_not_replayable", &self.body)
             .finish()
     }
 }

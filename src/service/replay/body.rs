@@ -1,0 +1,136 @@
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http_body::{Body, Frame, SizeHint};
+
+use super::tape::{Player, Shared};
+use super::{Recorded, ReplayBuffer};
+use crate::ReplayBody;
+
+/// A streaming request body that the layer can send again: build your client for
+/// `Replayable<B>` and wrap each request's body in it.
+///
+/// The first attempt streams the body as it comes while the layer keeps each chunk it sends
+/// (the chunk's own handle, not a copy), up to the policy's
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer). A retry replays what was kept
+/// and then goes on reading the caller's body where the last attempt stopped. Past the limit
+/// the kept chunks are dropped at once, the attempt goes on streaming, and the request is not
+/// retried again.
+///
+/// Clients built for `BoxBody` or `UnsyncBoxBody` need no wrapper: the layer records those
+/// and hands the replay on boxed. Use `Replayable` for other streaming types, such as a
+/// proxy's `hyper::body::Incoming` left unboxed. A body that is not `Unpin` can be wrapped
+/// after `Box::pin`.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, StreamBody};
+/// use http_body::Frame;
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_retry_safety::{Replayable, RetryPolicy};
+///
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// // A stream of chunks, as an upload or a proxied request would be.
+/// let chunks = vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from("hello "))),
+///                   Ok(Frame::data(Bytes::from("world")))];
+/// let body = Replayable::new(StreamBody::new(tokio_stream::iter(chunks)));
+/// # let _ = body;
+/// # Ok(()) }
+/// ```
+pub struct Replayable<B: Body> {
+    inner: Inner<B>,
+}
+
+enum Inner<B: Body> {
+    /// The caller's body, sent as it is (the layer did not record it).
+    Caller(B),
+    /// One attempt's view of the recording.
+    Player(Player<B>),
+}
+
+impl<B: Body> Replayable<B> {
+    /// Wraps a body so the layer can record it.
+    pub fn new(body: B) -> Self {
+        Replayable {
+            inner: Inner::Caller(body),
+        }
+    }
+
+    pub(crate) fn playing(player: Player<B>) -> Self {
+        Replayable {
+            inner: Inner::Player(player),
+        }
+    }
+
+    pub(crate) fn first_of(shared: &Arc<Shared<B>>) -> Self {
+        Replayable::playing(shared.first_player())
+    }
+}
+
+impl<B> ReplayBody for Replayable<B>
+where
+    B: Body + Unpin + Send + 'static,
+    B::Data: Clone + Send,
+{
+    /// A stream: not copied, recorded.
+    fn try_clone_body(&self) -> Option<Self> {
+        None
+    }
+
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        match self.inner {
+            Inner::Caller(body) => Recorded::stream(body, buffer, |replay| replay),
+            // Already an attempt's view of a recording (an outer layer's): sent as it is.
+            inner => Recorded::once(Replayable { inner }),
+        }
+    }
+}
+
+// The recording moves between attempts' bodies, so nothing in it is pinned; the caller's body
+// is polled pinned only when it is `Unpin` itself.
+impl<B: Body> Unpin for Replayable<B> {}
+
+impl<B> Body for Replayable<B>
+where
+    B: Body + Unpin,
+    B::Data: Clone,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        match &mut self.get_mut().inner {
+            Inner::Caller(body) => Pin::new(body).poll_frame(cx),
+            Inner::Player(player) => player.poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Caller(body) => body.is_end_stream(),
+            Inner::Player(player) => player.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Caller(body) => body.size_hint(),
+            Inner::Player(player) => player.size_hint(),
+        }
+    }
+}
+
+/// Says whether the layer records the body; never its content.
+impl<B: Body> fmt::Debug for Replayable<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let recorded = matches!(self.inner, Inner::Player(_));
+        f.debug_struct("Replayable")
+            .field("recorded", &recorded)
+            .finish_non_exhaustive()
+    }
+}

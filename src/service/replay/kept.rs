@@ -1,0 +1,72 @@
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::CONTENT_LENGTH;
+use http::HeaderMap;
+
+use super::{NotReplayable, ReplayBuffer, Replays};
+use crate::ReplayBody;
+
+/// Longest wait, after the backoff, for the last attempt's transport to let go of a recorded
+/// body. hyper drops a body as it reports the attempt's failure, so this is a bound for inner
+/// services that keep a request after failing it, not a wait in the common case.
+pub(crate) const LET_GO_WAIT: Duration = Duration::from_secs(1);
+
+/// What the layer keeps to send a request's body again.
+pub(crate) enum Kept<B> {
+    /// A copy, copied again for each retry.
+    Copy(B),
+    /// A recording of the body as it streams.
+    Tape(Replays<B>),
+}
+
+/// Keeps what a retry of this body will need: a copy if the body can be copied, otherwise a
+/// recording up to `limit` bytes (0: none). Returns the body for the first attempt.
+pub(crate) fn keep<B: ReplayBody>(
+    body: B,
+    headers: &HeaderMap,
+    limit: usize,
+) -> (B, Result<Kept<B>, NotReplayable>) {
+    if let Some(copy) = body.try_clone_body() {
+        return (body, Ok(Kept::Copy(copy)));
+    }
+    if limit == 0 {
+        return (body, Err(NotReplayable::Stream));
+    }
+    let declared_len = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let buffer = ReplayBuffer {
+        limit,
+        declared_len,
+    };
+    let (body, replays) = body.record(&buffer).into_parts();
+    (body, replays.map(Kept::Tape))
+}
+
+impl<B: ReplayBody> Kept<B> {
+    /// Whether another attempt could be sent after the last one, which ended in a response
+    /// (`responded`) or an error.
+    #[inline]
+    pub(crate) fn check(&self, responded: bool) -> Result<(), NotReplayable> {
+        match self {
+            Kept::Copy(_) => Ok(()),
+            Kept::Tape(replays) => replays.check(responded),
+        }
+    }
+
+    /// Whether the next body may have to wait for the last attempt to let go of it.
+    pub(crate) fn is_recording(&self) -> bool {
+        matches!(self, Kept::Tape(_))
+    }
+
+    /// The next attempt's body: pending while the last attempt's transport holds a recording.
+    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Result<B, NotReplayable>> {
+        match self {
+            // A body that copied once but not twice is treated as a stream.
+            Kept::Copy(copy) => Poll::Ready(copy.try_clone_body().ok_or(NotReplayable::Stream)),
+            Kept::Tape(replays) => replays.poll_next(cx).map(Ok),
+        }
+    }
+}

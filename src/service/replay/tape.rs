@@ -1,0 +1,297 @@
+//! The recording itself: what a streaming body has sent so far, shared by the attempts of
+//! one request, and the player that streams it to one attempt.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+
+use bytes::Buf;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+
+use super::NotReplayable;
+
+/// The caller's body has been read to its end (trailers included).
+const ENDED: u8 = 1;
+/// The body streamed past the limit: the recording was dropped.
+const OVER_LIMIT: u8 = 2;
+/// Reading the caller's body failed.
+const FAILED: u8 = 4;
+/// The request's future ended: nothing more is worth keeping.
+const CLOSED: u8 = 8;
+
+/// One request's recording, shared by its attempts' bodies and the layer.
+pub(crate) struct Shared<B: Body> {
+    slot: Mutex<Slot<B>>,
+    limit: usize,
+    /// The body's length, when the request declared it (content-length or an exact size
+    /// hint). hyper stops reading a body once that many bytes are sent, without asking it
+    /// for its end, so reaching the length counts as the end.
+    declared_len: Option<u64>,
+    /// What is known of the recording while an attempt's body holds the tape.
+    flags: AtomicU8,
+}
+
+struct Slot<B: Body> {
+    /// The tape, when no attempt's body holds it.
+    tape: Option<Tape<B>>,
+    /// The layer, waiting for the last attempt's body to give the tape back.
+    waiting: Option<Waker>,
+}
+
+struct Tape<B: Body> {
+    /// The data frames sent so far, as the caller's own chunks (handles, not copies); emptied
+    /// when the body streams past the limit.
+    data: Vec<B::Data>,
+    /// Boxed: trailers are rare, and a tape moves with each attempt's body.
+    trailers: Option<Box<HeaderMap>>,
+    /// Bytes in `data`.
+    bytes: usize,
+    /// Bytes read from the caller's body so far, recorded or not.
+    read: u64,
+    /// The caller's body from where the last attempt stopped reading; `None` once it ended or
+    /// failed.
+    rest: Option<B>,
+}
+
+impl<B: Body> Shared<B> {
+    pub(crate) fn new(body: B, limit: usize, declared_len: Option<u64>) -> Arc<Self> {
+        let tape = Tape {
+            data: Vec::new(),
+            trailers: None,
+            bytes: 0,
+            read: 0,
+            rest: Some(body),
+        };
+        Arc::new(Shared {
+            slot: Mutex::new(Slot {
+                tape: Some(tape),
+                waiting: None,
+            }),
+            limit,
+            declared_len,
+            flags: AtomicU8::new(0),
+        })
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Slot<B>> {
+        // Nothing panics while holding the lock; a poisoned one still holds a whole tape.
+        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn flags(&self) -> u8 {
+        self.flags.load(Ordering::Acquire)
+    }
+
+    fn set(&self, flag: u8) {
+        self.flags.fetch_or(flag, Ordering::AcqRel);
+    }
+
+    /// Whether another attempt could be sent after the last one, which ended in a response
+    /// (`responded`) or an error.
+    pub(crate) fn check(&self, responded: bool) -> Result<(), NotReplayable> {
+        let flags = self.flags();
+        if flags & OVER_LIMIT != 0 {
+            return Err(NotReplayable::OverLimit { limit: self.limit });
+        }
+        if flags & FAILED != 0 {
+            return Err(NotReplayable::BodyFailed);
+        }
+        // The server answered before it had the whole body: it did not wait for it, and the
+        // rest may still be on its way to it (linkerd's rule).
+        if responded && flags & ENDED == 0 {
+            return Err(NotReplayable::ResponseBeforeEnd);
+        }
+        Ok(())
+    }
+
+    /// A player for the next attempt, once the last attempt's body has given the tape back.
+    pub(crate) fn poll_player(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<Player<B>> {
+        let mut slot = self.slot();
+        match slot.tape.take() {
+            Some(tape) => {
+                slot.waiting = None;
+                Poll::Ready(Player::new(Arc::clone(self), tape))
+            }
+            None => {
+                slot.waiting = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+
+    /// The first attempt's player: the tape is at home, as `new` left it.
+    pub(crate) fn first_player(self: &Arc<Self>) -> Player<B> {
+        let tape = self.slot().tape.take();
+        match tape {
+            Some(tape) => Player::new(Arc::clone(self), tape),
+            None => unreachable!("a new recording holds its tape"),
+        }
+    }
+
+    /// The request is over: drop the recording now, or when the body that holds it next
+    /// sends a frame.
+    pub(crate) fn close(&self) {
+        self.set(CLOSED);
+        let tape = self.slot().tape.take();
+        drop(tape);
+    }
+}
+
+/// Streams the recording to one attempt, then the caller's body from where the last attempt
+/// stopped, recording it as it goes.
+pub(crate) struct Player<B: Body> {
+    shared: Arc<Shared<B>>,
+    /// Always `Some` until dropped, when the tape goes back to `shared`.
+    tape: Option<Tape<B>>,
+    /// Recorded data frames this attempt has been sent.
+    next: usize,
+    /// Bytes of the recording this attempt has yet to be sent.
+    replay_left: u64,
+    trailers_sent: bool,
+}
+
+impl<B: Body> Player<B> {
+    fn new(shared: Arc<Shared<B>>, tape: Tape<B>) -> Self {
+        let replay_left = tape.bytes as u64;
+        Player {
+            shared,
+            tape: Some(tape),
+            next: 0,
+            replay_left,
+            trailers_sent: false,
+        }
+    }
+}
+
+impl<B> Player<B>
+where
+    B: Body + Unpin,
+    B::Data: Clone,
+{
+    pub(crate) fn poll_frame(&mut self, cx: &mut Context<'_>) -> PolledFrame<B> {
+        let shared = &*self.shared;
+        let Some(tape) = self.tape.as_mut() else {
+            return Poll::Ready(None);
+        };
+        // What was recorded, first.
+        if let Some(chunk) = tape.data.get(self.next) {
+            self.next += 1;
+            self.replay_left -= chunk.remaining() as u64;
+            return Poll::Ready(Some(Ok(Frame::data(chunk.clone()))));
+        }
+        if shared.flags() & CLOSED != 0 && tape.bytes > 0 {
+            // The request is over and this attempt has sent the recording: free it now,
+            // not when the transport drops the body.
+            tape.data = Vec::new();
+            tape.bytes = 0;
+            self.next = 0;
+        }
+        // Then the caller's body, from where the last attempt stopped.
+        if let Some(rest) = tape.rest.as_mut() {
+            match Pin::new(&mut *rest).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(frame))) => {
+                    let limit = shared.limit;
+                    let keep = shared.flags() & (OVER_LIMIT | CLOSED) == 0;
+                    if let Some(chunk) = frame.data_ref() {
+                        let len = chunk.remaining();
+                        tape.read += len as u64;
+                        if keep && tape.bytes + len <= limit {
+                            tape.data.push(chunk.clone());
+                            tape.bytes += len;
+                            // This attempt sends it now, not again from the recording.
+                            self.next = tape.data.len();
+                        } else if keep {
+                            // Past the limit: no attempt will replay this, so free it now.
+                            tape.data = Vec::new();
+                            tape.bytes = 0;
+                            tape.trailers = None;
+                            shared.set(OVER_LIMIT);
+                        }
+                    } else if let Some(trailers) = frame.trailers_ref() {
+                        if keep {
+                            tape.trailers = Some(Box::new(trailers.clone()));
+                        }
+                        self.trailers_sent = true;
+                    }
+                    let at_end = rest_at_end(rest, tape.read, shared.declared_len);
+                    if at_end {
+                        shared.set(ENDED);
+                    }
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(err))) => {
+                    tape.rest = None;
+                    shared.set(FAILED);
+                    return Poll::Ready(Some(Err(err)));
+                }
+                Poll::Ready(None) => {
+                    tape.rest = None;
+                    shared.set(ENDED);
+                }
+            }
+        }
+        // The recorded trailers, last.
+        if !self.trailers_sent {
+            self.trailers_sent = true;
+            if let Some(trailers) = &tape.trailers {
+                return Poll::Ready(Some(Ok(Frame::trailers(HeaderMap::clone(trailers)))));
+            }
+        }
+        Poll::Ready(None)
+    }
+
+    pub(crate) fn is_end_stream(&self) -> bool {
+        let Some(tape) = self.tape.as_ref() else {
+            return true;
+        };
+        self.next >= tape.data.len()
+            && tape.rest.as_ref().is_none_or(Body::is_end_stream)
+            && (self.trailers_sent || tape.trailers.is_none())
+    }
+
+    pub(crate) fn size_hint(&self) -> SizeHint {
+        let Some(tape) = self.tape.as_ref() else {
+            return SizeHint::with_exact(0);
+        };
+        let rest = tape
+            .rest
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower().saturating_add(self.replay_left));
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper.saturating_add(self.replay_left));
+        }
+        hint
+    }
+}
+
+type PolledFrame<B> = Poll<Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>>;
+
+/// Whether the caller's body has nothing more to send after its last frame.
+fn rest_at_end<B: Body>(rest: &B, read: u64, declared_len: Option<u64>) -> bool {
+    rest.is_end_stream() || declared_len == Some(read)
+}
+
+impl<B: Body> Drop for Player<B> {
+    fn drop(&mut self) {
+        let Some(tape) = self.tape.take() else {
+            return;
+        };
+        if self.shared.flags() & CLOSED != 0 {
+            // The request is over: the tape goes, not back.
+            return;
+        }
+        let waiting = {
+            let mut slot = self.shared.slot();
+            slot.tape = Some(tape);
+            slot.waiting.take()
+        };
+        if let Some(waker) = waiting {
+            waker.wake();
+        }
+    }
+}
