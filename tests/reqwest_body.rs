@@ -1,5 +1,6 @@
 //! `reqwest::Body` behind the tower layer, through hyper-util's client, against the fault
-//! server: a buffered body is replayed intact, a stream is sent once.
+//! server: a buffered body is replayed intact, a stream within the replay buffer too, a
+//! larger stream is sent once.
 #![cfg(feature = "reqwest-middleware")]
 
 mod support;
@@ -10,7 +11,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use support::fault_server::{Fault, FaultServer};
 use tower::{Layer, ServiceExt};
-use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
+use tower_retry_safety::{NotReplayable, RetryPolicy, RetryReport, StopReason};
 
 const PAYLOAD: &str = "{\"to\":\"a@example.com\",\"subject\":\"hello\"}";
 
@@ -22,7 +23,18 @@ fn put(url: String, fault: Fault, body: reqwest::Body) -> Request<reqwest::Body>
 }
 
 async fn send(req: Request<reqwest::Body>) -> http::Response<hyper::body::Incoming> {
-    let policy = RetryPolicy::builder().no_budget().build().unwrap();
+    send_with(req, 64 * 1024).await
+}
+
+async fn send_with(
+    req: Request<reqwest::Body>,
+    replay_buffer: usize,
+) -> http::Response<hyper::body::Incoming> {
+    let policy = RetryPolicy::builder()
+        .no_budget()
+        .replay_buffer(replay_buffer)
+        .build()
+        .unwrap();
     let client = Client::builder(TokioExecutor::new()).build_http::<reqwest::Body>();
     policy.layer(client).oneshot(req).await.unwrap()
 }
@@ -48,24 +60,51 @@ async fn a_buffered_put_is_retried_and_arrives_intact() {
     assert_eq!(stats.body_len, PAYLOAD.len());
 }
 
-#[tokio::test]
-async fn a_streaming_put_is_sent_once_and_the_report_says_why() {
-    let server = FaultServer::start().await;
+fn stream() -> reqwest::Body {
     let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
         Ok(Bytes::from_static(b"chunk-1,")),
         Ok(Bytes::from_static(b"chunk-2")),
     ];
-    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    reqwest::Body::wrap_stream(futures_util::stream::iter(chunks))
+}
+
+#[tokio::test]
+async fn a_streaming_put_is_recorded_retried_and_arrives_intact() {
+    let server = FaultServer::start().await;
     let res = send(put(
         server.url("put-stream"),
         Fault::UnavailableAfterApply,
-        body,
+        stream(),
     ))
+    .await;
+    assert_eq!(res.status(), 200);
+    let report = RetryReport::of(&res).unwrap();
+    assert_eq!(report.attempts(), 2);
+    let stats = server.stats("put-stream");
+    assert_eq!(stats.attempts, 2);
+    assert_eq!(stats.body_len, 15);
+}
+
+#[tokio::test]
+async fn a_streaming_put_over_the_replay_buffer_is_sent_once_and_the_report_says_why() {
+    let server = FaultServer::start().await;
+    let res = send_with(
+        put(
+            server.url("put-stream"),
+            Fault::UnavailableAfterApply,
+            stream(),
+        ),
+        8,
+    )
     .await;
     assert_eq!(res.status(), 503);
     let report = RetryReport::of(&res).unwrap();
     assert_eq!(report.attempts(), 1);
     assert_eq!(report.stop_reason(), StopReason::BodyNotReplayable);
+    assert_eq!(
+        report.body_not_replayable(),
+        Some(NotReplayable::OverLimit { limit: 8 })
+    );
     let stats = server.stats("put-stream");
     assert_eq!(stats.attempts, 1);
     assert_eq!(stats.body_len, 15);

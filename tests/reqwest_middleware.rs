@@ -15,8 +15,8 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use support::fault_server::{refused_addr, Fault, FaultServer};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{
-    FailureClass, Idempotency, NoRetry, RetryPolicy, RetryPolicyBuilder, RetryReport,
-    RetrySafetyMiddleware, StopReason,
+    FailureClass, Idempotency, NoRetry, NotReplayable, RetryPolicy, RetryPolicyBuilder,
+    RetryReport, RetrySafetyMiddleware, StopReason,
 };
 
 // Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
@@ -187,28 +187,49 @@ async fn route_rules_apply() {
     assert_eq!(server.stats("q/search").attempts, 2);
 }
 
-#[tokio::test]
-async fn a_streaming_body_is_sent_once() {
-    let server = FaultServer::start().await;
-    let client = ours(policy().build().unwrap());
+async fn put_stream(client: &ClientWithMiddleware, server: &FaultServer, fault: Fault) -> Response {
     let chunks: Vec<Result<Bytes, std::io::Error>> = vec![
         Ok(Bytes::from_static(b"chunk-1,")),
         Ok(Bytes::from_static(b"chunk-2")),
     ];
-    let res = client
+    client
         .put(server.url("put-stream"))
-        .header("x-fault", Fault::UnavailableAfterApply.name())
+        .header("x-fault", fault.name())
         .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
             chunks,
         )))
         .send()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_streaming_body_is_recorded_and_retried_intact() {
+    for fault in [Fault::UnavailableAfterApply, Fault::DropAfterApply] {
+        let server = FaultServer::start().await;
+        let client = ours(policy().build().unwrap());
+        let res = put_stream(&client, &server, fault).await;
+        assert_eq!(res.status(), 200, "{fault:?}");
+        assert_eq!(server.stats("put-stream").attempts, 2, "{fault:?}");
+        assert_eq!(server.stats("put-stream").body_len, 15, "{fault:?}");
+        assert_eq!(RetryReport::of_reqwest(&res).unwrap().attempts(), 2);
+    }
+}
+
+#[tokio::test]
+async fn a_streaming_body_over_the_replay_buffer_is_sent_once() {
+    let server = FaultServer::start().await;
+    let client = ours(policy().replay_buffer(8).build().unwrap());
+    let res = put_stream(&client, &server, Fault::UnavailableAfterApply).await;
     assert_eq!(res.status(), 503);
     assert_eq!(server.stats("put-stream").attempts, 1);
     assert_eq!(server.stats("put-stream").body_len, 15);
     let report = res.extensions().get::<RetryReport>().unwrap();
     assert_eq!(report.stop_reason(), StopReason::BodyNotReplayable);
+    assert_eq!(
+        report.body_not_replayable(),
+        Some(NotReplayable::OverLimit { limit: 8 })
+    );
 }
 
 /// Sends the first attempt of each request to a port where nothing listens: a real refused
