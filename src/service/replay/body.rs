@@ -25,19 +25,41 @@ use crate::ReplayBody;
 /// after `Box::pin`.
 ///
 /// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
 /// use bytes::Bytes;
-/// use http_body_util::{BodyExt, StreamBody};
 /// use http_body::Frame;
+/// use http_body_util::{BodyExt, StreamBody};
 /// use tower::{service_fn, Layer, ServiceExt};
-/// use tower_retry_safety::{Replayable, RetryPolicy};
+/// use tower_retry_safety::{Replayable, RetryPolicy, RetryReport};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-/// // A stream of chunks, as an upload or a proxied request would be.
-/// let chunks = vec![Ok::<_, std::io::Error>(Frame::data(Bytes::from("hello "))),
-///                   Ok(Frame::data(Bytes::from("world")))];
-/// let body = Replayable::new(StreamBody::new(tokio_stream::iter(chunks)));
-/// # let _ = body;
+/// // An upload streamed in chunks, as a proxied request or a file would be.
+/// let chunks: Vec<Result<_, std::io::Error>> =
+///     vec![Ok(Frame::data(Bytes::from("hello "))), Ok(Frame::data(Bytes::from("world")))];
+/// let body = Replayable::new(StreamBody::new(futures_util::stream::iter(chunks)));
+///
+/// // A service whose first attempt reads the body, then loses its connection.
+/// let calls = Arc::new(AtomicU32::new(0));
+/// let svc = service_fn(move |req: http::Request<Replayable<_>>| {
+///     let first = calls.fetch_add(1, Ordering::SeqCst) == 0;
+///     async move {
+///         let body = req.into_body().collect().await?.to_bytes();
+///         assert_eq!(body, "hello world"); // on every attempt
+///         if first {
+///             return Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+///         }
+///         Ok(http::Response::new(()))
+///     }
+/// });
+/// let policy = RetryPolicy::builder()
+///     .backoff(Duration::from_millis(1), Duration::from_millis(1))
+///     .build()?;
+/// let res = policy.layer(svc).oneshot(http::Request::put("/v1/files/1").body(body)?).await?;
+/// assert_eq!(RetryReport::of(&res).unwrap().attempts(), 2);
 /// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 /// ```
 pub struct Replayable<B: Body> {
     inner: Inner<B>,
