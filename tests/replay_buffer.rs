@@ -191,34 +191,51 @@ fn whole(chunks: &Chunks, trailers: bool) -> Received {
     }
 }
 
-/// What the model expects of a run: each attempt's frames, and why it stopped.
+/// What the model expects of a run: each attempt's frames, and why it stopped. It plays the
+/// recording as the layer should: an attempt is sent the recorded data frames, then the
+/// caller's body from where the last attempt stopped, then the recorded trailers; the caller's
+/// body counts as ended once any attempt has asked it for a frame past its last.
 fn model(
     chunks: &Chunks,
     trailers: bool,
     limit: usize,
     plan: &[(usize, End)],
 ) -> (Vec<Received>, Option<NotReplayable>) {
-    let total_frames = chunks.len() + trailers as usize;
+    let n = chunks.len();
+    let total = n + trailers as usize;
     let all = whole(chunks, trailers);
-    let (mut furthest, mut ended) = (0usize, false);
+    // Frames taken from the caller's body so far, and whether it was asked past its end.
+    let (mut consumed, mut ended) = (0usize, false);
     let mut out = Vec::new();
     for (i, &(frames, end)) in plan.iter().enumerate() {
-        let read = frames.min(total_frames);
-        let data_read = read.min(chunks.len());
-        let got = Received {
-            data: all.data[..data_read].to_vec(),
-            trailers: if read > chunks.len() {
-                all.trailers.clone()
+        let mut got = Received::default();
+        let (mut replayed, mut trailers_sent) = (0usize, false);
+        for _ in 0..frames {
+            if replayed < consumed.min(n) {
+                got.data.push(all.data[replayed].clone());
+                replayed += 1;
+            } else if consumed < total {
+                if consumed < n {
+                    got.data.push(all.data[consumed].clone());
+                    replayed += 1;
+                } else {
+                    got.trailers = all.trailers.clone();
+                    trailers_sent = true;
+                }
+                consumed += 1;
             } else {
-                None
-            },
-            saw_end: frames > total_frames,
-            exact_len: None,
-        };
+                ended = true;
+                if trailers && !trailers_sent {
+                    got.trailers = all.trailers.clone();
+                    trailers_sent = true;
+                } else {
+                    got.saw_end = true;
+                    break;
+                }
+            }
+        }
         out.push(got);
-        furthest = furthest.max(data_read);
-        ended |= frames > total_frames;
-        let recorded: usize = chunks[..furthest].iter().map(Vec::len).sum();
+        let recorded: usize = chunks[..consumed.min(n)].iter().map(Vec::len).sum();
         let over = recorded > limit;
         let why = match end {
             End::Ok => return (out, None),

@@ -1,11 +1,10 @@
 use std::fmt;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
 
-use super::tape::{Player, Shared};
+use super::tape::Player;
 use super::{Recorded, ReplayBuffer};
 use crate::ReplayBody;
 
@@ -84,10 +83,6 @@ impl<B: Body> Replayable<B> {
         Replayable {
             inner: Inner::Player(player),
         }
-    }
-
-    pub(crate) fn first_of(shared: &Arc<Shared<B>>) -> Self {
-        Replayable::playing(shared.first_player())
     }
 }
 

@@ -4,7 +4,7 @@ use std::task::{Context, Poll};
 
 use http_body::Body;
 
-use super::tape::Shared;
+use super::tape::{Holder, Owner, Player, Shared};
 use super::{NotReplayable, Replayable};
 
 /// The replay buffer a request gets: what [`ReplayBody::record`](crate::ReplayBody::record)
@@ -28,7 +28,7 @@ impl ReplayBuffer {
 /// what [`ReplayBody::record`](crate::ReplayBody::record) returns.
 pub struct Recorded<T> {
     body: T,
-    replays: Result<Box<dyn Rewind<T>>, NotReplayable>,
+    replays: Result<Arc<dyn Rewind<T>>, NotReplayable>,
 }
 
 impl<T> Recorded<T> {
@@ -59,10 +59,14 @@ impl<T> Recorded<T> {
             };
         }
         let declared_len = buffer.declared_len.or(hint.exact());
-        let shared = Shared::new(body, buffer.limit, declared_len);
+        let deck = Arc::new(Deck {
+            shared: Shared::new(buffer.limit, declared_len),
+            wrap,
+        });
+        let owner: Owner<B> = deck.clone();
         Recorded {
-            body: wrap(Replayable::first_of(&shared)),
-            replays: Ok(Box::new(Deck { shared, wrap })),
+            body: wrap(Replayable::playing(Player::first(owner, body))),
+            replays: Ok(deck),
         }
     }
 
@@ -76,7 +80,7 @@ impl<T> Recorded<T> {
             body: f(self.body),
             replays: self
                 .replays
-                .map(|inner| Box::new(Mapped { inner, f }) as Box<dyn Rewind<U>>),
+                .map(|inner| Arc::new(Mapped { inner, f }) as Arc<dyn Rewind<U>>),
         }
     }
 
@@ -96,7 +100,7 @@ impl<T> fmt::Debug for Recorded<T> {
 
 /// The recording, as the layer drives it. Dropping it ends the recording: what is kept is
 /// freed now, or when the body that holds it next sends a frame.
-pub(crate) struct Replays<T>(Box<dyn Rewind<T>>);
+pub(crate) struct Replays<T>(Arc<dyn Rewind<T>>);
 
 impl<T> Replays<T> {
     /// Whether another attempt could be sent after the last one, which ended in a response
@@ -108,7 +112,7 @@ impl<T> Replays<T> {
     /// The next attempt's body, once the last attempt's transport has let go of the
     /// recording.
     pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<T> {
-        self.0.poll_next(cx)
+        Arc::clone(&self.0).poll_next(cx)
     }
 }
 
@@ -122,28 +126,44 @@ impl<T> Drop for Replays<T> {
 /// service takes.
 trait Rewind<T>: Send + Sync {
     fn check(&self, responded: bool) -> Result<(), NotReplayable>;
-    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<T>;
+    /// Takes the handle by `Arc`: a player keeps one to its recording.
+    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<T>;
     fn close(&self);
 }
 
+/// The recording and the way to hand it to the inner service, in one allocation.
 struct Deck<B: Body, T> {
-    shared: Arc<Shared<B>>,
+    shared: Shared<B>,
     wrap: fn(Replayable<B>) -> T,
+}
+
+impl<B, T> Holder<B> for Deck<B, T>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    T: 'static,
+{
+    fn shared(&self) -> &Shared<B> {
+        &self.shared
+    }
 }
 
 impl<B, T> Rewind<T> for Deck<B, T>
 where
-    B: Body + Send,
+    B: Body + Send + 'static,
     B::Data: Send,
+    T: 'static,
 {
     fn check(&self, responded: bool) -> Result<(), NotReplayable> {
         self.shared.check(responded)
     }
 
-    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<T> {
+    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let wrap = self.wrap;
+        let owner: Owner<B> = self.clone();
         self.shared
-            .poll_player(cx)
-            .map(|player| (self.wrap)(Replayable::playing(player)))
+            .poll_player(owner, cx)
+            .map(|player| wrap(Replayable::playing(player)))
     }
 
     fn close(&self) {
@@ -152,7 +172,7 @@ where
 }
 
 struct Mapped<T, U> {
-    inner: Box<dyn Rewind<T>>,
+    inner: Arc<dyn Rewind<T>>,
     f: fn(T) -> U,
 }
 
@@ -161,8 +181,8 @@ impl<T, U> Rewind<U> for Mapped<T, U> {
         self.inner.check(responded)
     }
 
-    fn poll_next(&self, cx: &mut Context<'_>) -> Poll<U> {
-        self.inner.poll_next(cx).map(self.f)
+    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<U> {
+        Arc::clone(&self.inner).poll_next(cx).map(self.f)
     }
 
     fn close(&self) {

@@ -55,24 +55,28 @@ struct Tape<B: Body> {
     rest: Option<B>,
 }
 
+/// What holds a request's recording: the layer's handle (one allocation for both, whatever
+/// body type the inner service takes).
+pub(crate) trait Holder<B: Body>: Send + Sync {
+    fn shared(&self) -> &Shared<B>;
+}
+
+/// The recording's owner, as each attempt's body sees it.
+pub(crate) type Owner<B> = Arc<dyn Holder<B>>;
+
 impl<B: Body> Shared<B> {
-    pub(crate) fn new(body: B, limit: usize, declared_len: Option<u64>) -> Arc<Self> {
-        let tape = Tape {
-            data: Vec::new(),
-            trailers: None,
-            bytes: 0,
-            read: 0,
-            rest: Some(body),
-        };
-        Arc::new(Shared {
+    /// A recording of `body`, its tape out with the first attempt: build the first player with
+    /// [`Player::first`] once the holder is made.
+    pub(crate) fn new(limit: usize, declared_len: Option<u64>) -> Self {
+        Shared {
             slot: Mutex::new(Slot {
-                tape: Some(tape),
+                tape: None,
                 waiting: None,
             }),
             limit,
             declared_len,
             flags: AtomicU8::new(0),
-        })
+        }
     }
 
     fn slot(&self) -> MutexGuard<'_, Slot<B>> {
@@ -107,26 +111,17 @@ impl<B: Body> Shared<B> {
     }
 
     /// A player for the next attempt, once the last attempt's body has given the tape back.
-    pub(crate) fn poll_player(self: &Arc<Self>, cx: &mut Context<'_>) -> Poll<Player<B>> {
+    pub(crate) fn poll_player(&self, owner: Owner<B>, cx: &mut Context<'_>) -> Poll<Player<B>> {
         let mut slot = self.slot();
         match slot.tape.take() {
             Some(tape) => {
                 slot.waiting = None;
-                Poll::Ready(Player::new(Arc::clone(self), tape))
+                Poll::Ready(Player::new(owner, tape))
             }
             None => {
                 slot.waiting = Some(cx.waker().clone());
                 Poll::Pending
             }
-        }
-    }
-
-    /// The first attempt's player: the tape is at home, as `new` left it.
-    pub(crate) fn first_player(self: &Arc<Self>) -> Player<B> {
-        let tape = self.slot().tape.take();
-        match tape {
-            Some(tape) => Player::new(Arc::clone(self), tape),
-            None => unreachable!("a new recording holds its tape"),
         }
     }
 
@@ -142,7 +137,7 @@ impl<B: Body> Shared<B> {
 /// Streams the recording to one attempt, then the caller's body from where the last attempt
 /// stopped, recording it as it goes.
 pub(crate) struct Player<B: Body> {
-    shared: Arc<Shared<B>>,
+    owner: Owner<B>,
     /// Always `Some` until dropped, when the tape goes back to `shared`.
     tape: Option<Tape<B>>,
     /// Recorded data frames this attempt has been sent.
@@ -153,10 +148,22 @@ pub(crate) struct Player<B: Body> {
 }
 
 impl<B: Body> Player<B> {
-    fn new(shared: Arc<Shared<B>>, tape: Tape<B>) -> Self {
+    /// The first attempt's player: it takes the caller's body, nothing recorded yet.
+    pub(crate) fn first(owner: Owner<B>, body: B) -> Self {
+        let tape = Tape {
+            data: Vec::new(),
+            trailers: None,
+            bytes: 0,
+            read: 0,
+            rest: Some(body),
+        };
+        Player::new(owner, tape)
+    }
+
+    fn new(owner: Owner<B>, tape: Tape<B>) -> Self {
         let replay_left = tape.bytes as u64;
         Player {
-            shared,
+            owner,
             tape: Some(tape),
             next: 0,
             replay_left,
@@ -171,7 +178,7 @@ where
     B::Data: Clone,
 {
     pub(crate) fn poll_frame(&mut self, cx: &mut Context<'_>) -> PolledFrame<B> {
-        let shared = &*self.shared;
+        let shared = self.owner.shared();
         let Some(tape) = self.tape.as_mut() else {
             return Poll::Ready(None);
         };
@@ -281,12 +288,13 @@ impl<B: Body> Drop for Player<B> {
         let Some(tape) = self.tape.take() else {
             return;
         };
-        if self.shared.flags() & CLOSED != 0 {
+        let shared = self.owner.shared();
+        if shared.flags() & CLOSED != 0 {
             // The request is over: the tape goes, not back.
             return;
         }
         let waiting = {
-            let mut slot = self.shared.slot();
+            let mut slot = shared.slot();
             slot.tape = Some(tape);
             slot.waiting.take()
         };
