@@ -33,12 +33,16 @@ static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 
 type Body = BoxBody<Bytes, hyper::Error>;
 type Svc = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, tower_retry_safety::Error>;
+/// Uploads go out as `reqwest::Body` (what the SDK's users hand it), behind the same policy.
+type UploadSvc =
+    BoxCloneSyncService<Request<reqwest::Body>, Response<Body>, tower_retry_safety::Error>;
 
 /// The SDK's client. Cheap to clone; one retry budget for all its clones.
 #[derive(Clone)]
 struct ToolsClient {
     base: String,
     svc: Svc,
+    uploads: UploadSvc,
 }
 
 /// What the SDK hands its users: the body, or an error that says whether the call may have
@@ -79,17 +83,30 @@ impl ToolsClient {
             .map_response(|res: Response<_>| res.map(BodyExt::boxed))
             // One trace span and one request id per logical call, outside the retries.
             .layer(TraceLayer::new_for_http())
+            .layer(SetRequestIdLayer::new(request_id.clone(), MakeRequestUuid))
+            .layer(policy.clone())
+            .service(Client::builder(TokioExecutor::new()).build_http());
+        // The same policy (and so the same budget and metrics) over a client for
+        // `reqwest::Body`: a streamed upload is recorded as it is sent (up to the policy's
+        // replay buffer, 64 KiB by default), so a failed attempt can be replayed.
+        let uploads = ServiceBuilder::new()
+            .map_response(|res: Response<_>| res.map(BodyExt::boxed))
             .layer(SetRequestIdLayer::new(request_id, MakeRequestUuid))
             .layer(policy)
-            .service(Client::builder(TokioExecutor::new()).build_http());
+            .service(Client::builder(TokioExecutor::new()).build_http::<reqwest::Body>());
         Ok(ToolsClient {
             base,
             svc: BoxCloneSyncService::new(svc),
+            uploads: BoxCloneSyncService::new(uploads),
         })
     }
 
     async fn send(&self, req: Request<Full<Bytes>>) -> Result<(Bytes, RetryReport), CallError> {
         let res = self.svc.clone().oneshot(req).await.map_err(CallError)?;
+        Self::read(res).await
+    }
+
+    async fn read(res: Response<Body>) -> Result<(Bytes, RetryReport), CallError> {
         let report = RetryReport::of(&res).cloned();
         let body = res
             .into_body()
@@ -136,6 +153,26 @@ impl ToolsClient {
     async fn search(&self, fault: Fault) -> Result<(Bytes, RetryReport), CallError> {
         self.send(self.request(Method::POST, "/v1/search", fault, "{\"q\":\"mail\"}"))
             .await
+    }
+
+    /// Uploads a file, streamed in chunks as `reqwest::Body` (a PUT: repeating it is harmless).
+    async fn upload_file(
+        &self,
+        name: &str,
+        chunks: Vec<&'static [u8]>,
+        fault: Fault,
+    ) -> Result<(Bytes, RetryReport), CallError> {
+        let stream = chunks
+            .into_iter()
+            .map(|c| Ok::<_, std::io::Error>(Bytes::from_static(c)));
+        let req = Request::put(format!("{}/v1/files/{name}", self.base))
+            .header("x-fault", fault.name())
+            .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+                stream,
+            )))
+            .expect("valid request");
+        let res = self.uploads.clone().oneshot(req).await.map_err(CallError)?;
+        Self::read(res).await
     }
 
     /// Runs a tool: a write with side effects. Marked so that nothing can retry it after it
@@ -202,6 +239,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     show(
         "list_tools, slow: its own deadline",
         &sdk.list_tools_quickly(Fault::SlowAfterApply).await,
+    );
+    show(
+        "upload_file (streamed reqwest::Body), response lost on the first attempt",
+        &sdk.upload_file(
+            "report.csv",
+            vec![b"id,total\n", b"1,42\n"],
+            Fault::DropAfterApply,
+        )
+        .await,
     );
     show(
         "execute_tool, response lost after it ran",
