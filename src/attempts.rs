@@ -9,7 +9,8 @@ use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, U
 use tokio::time::Instant;
 
 use crate::classify::{
-    classify_error, idempotency_key, Classification, FailureClass, Idempotency, RequestVerdict,
+    classify_error, idempotency_key, BodyVerdict, Classification, FailureClass, Idempotency,
+    RequestVerdict,
 };
 use crate::error::{Error, Symptom};
 use crate::policy::{AttemptEvent, Decision, Facts, RequestOptions, RetryPolicy, StopReason};
@@ -333,7 +334,14 @@ impl Attempts {
         }
     }
 
-    pub(crate) fn on_response(&mut self, status: StatusCode, headers: &HeaderMap) -> Decision {
+    /// `extensions` are the response's: a body classifier inside the layer leaves its verdict
+    /// there.
+    pub(crate) fn on_response(
+        &mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+    ) -> Decision {
         if self.request_id.is_none() {
             if let Some(name) = &self.policy.inner.request_id_header {
                 self.request_id = printable(headers.get(name), MAX_REQUEST_ID_LEN);
@@ -341,7 +349,10 @@ impl Attempts {
         }
         // A response means the request reached the server, whatever its status.
         self.maybe_applied = true;
-        let outcome = self.policy.classify_status(&self.verdict, status, headers);
+        let body_verdict = extensions.get::<BodyVerdict>().map(|v| v.0);
+        let outcome = self
+            .policy
+            .classify_status(&self.verdict, status, headers, body_verdict);
         self.decide(outcome, Some(status))
     }
 

@@ -81,6 +81,7 @@ mod backoff;
 mod budget;
 pub mod classify;
 mod error;
+pub mod peek;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest;
@@ -94,11 +95,12 @@ pub use classify::{
     VerdictSource,
 };
 pub use error::Error;
+pub use peek::{PeekBody, PeekBodyLayer, PeekedBody};
 pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
 };
 #[cfg(feature = "reqwest-middleware")]
-pub use reqwest::RetrySafetyMiddleware;
+pub use reqwest::{PeekBodyMiddleware, RetrySafetyMiddleware};
 pub use service::{
     AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
     RetryReport, RetrySafety,

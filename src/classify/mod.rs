@@ -10,6 +10,7 @@
 //!
 //! Both are public so that SDKs with their own retry loop can reuse them.
 
+mod body_verdict;
 pub(crate) mod failure;
 pub(crate) mod idempotency_key;
 mod request;
@@ -18,5 +19,6 @@ pub(crate) mod retry_after;
 pub(crate) mod routes;
 mod spelling;
 
+pub(crate) use body_verdict::BodyVerdict;
 pub use failure::{classify_error, Classification, FailureClass};
 pub use request::{Idempotency, NoRetry, RequestVerdict, VerdictSource};

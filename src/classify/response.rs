@@ -13,19 +13,19 @@ pub(crate) fn classify(
     verdict: &RequestVerdict,
     status: StatusCode,
     headers: &HeaderMap,
+    body_verdict: Option<FailureClass>,
     now: impl FnOnce() -> SystemTime,
 ) -> Classification {
-    // The caller's hook speaks first: it knows the API (even a 2xx may be worth repeating).
-    if let Some(hook) = &policy.response_hook {
-        match (hook.0)(status, headers) {
-            None => {}
-            Some(FailureClass::Final) => return FailureClass::Final.into(),
-            Some(FailureClass::NotSent) => {
-                return with_hint(policy, FailureClass::NotSent, headers, now)
-            }
+    // The caller's classifiers speak first, the one that read the body before the one that
+    // saw the head: they know the API (even a 2xx may be worth repeating).
+    let hook = || policy.response_hook.as_ref()?.0(status, headers);
+    if let Some(class) = body_verdict.or_else(hook) {
+        return match class {
+            FailureClass::Final => FailureClass::Final.into(),
+            FailureClass::NotSent => with_hint(policy, FailureClass::NotSent, headers, now),
             // Ambiguous and RetryableResponse: the same row of the table.
-            Some(_) => return with_hint(policy, FailureClass::RetryableResponse, headers, now),
-        }
+            _ => with_hint(policy, FailureClass::RetryableResponse, headers, now),
+        };
     }
     // The retry set holds no 2xx and the server's hint is ignored on one: no header to read.
     if status.is_success() {

@@ -26,7 +26,7 @@ pub use options::RequestOptions;
 use crate::backoff::Backoff;
 use crate::classify::routes::RouteTable;
 use crate::classify::{idempotency_key, Classification, Idempotency, NoRetry, RequestVerdict};
-use crate::classify::{response, VerdictSource};
+use crate::classify::{response, BodyVerdict, FailureClass, VerdictSource};
 use statuses::StatusSet;
 
 /// The retry-safety policy: which requests may be repeated, after which failures, how often
@@ -247,7 +247,8 @@ impl RetryPolicy {
         verdict: &RequestVerdict,
         res: &Response<B>,
     ) -> Classification {
-        self.classify_status(verdict, res.status(), res.headers())
+        let body_verdict = res.extensions().get::<BodyVerdict>().map(|v| v.0);
+        self.classify_status(verdict, res.status(), res.headers(), body_verdict)
     }
 
     pub(crate) fn classify_status(
@@ -255,7 +256,15 @@ impl RetryPolicy {
         verdict: &RequestVerdict,
         status: http::StatusCode,
         headers: &HeaderMap,
+        body_verdict: Option<FailureClass>,
     ) -> Classification {
-        response::classify(&self.inner, verdict, status, headers, SystemTime::now)
+        response::classify(
+            &self.inner,
+            verdict,
+            status,
+            headers,
+            body_verdict,
+            SystemTime::now,
+        )
     }
 }

@@ -2,6 +2,9 @@
 
 mod body;
 mod lookup;
+mod peek;
+
+pub use peek::PeekBodyMiddleware;
 
 use std::time::Duration;
 
@@ -142,7 +145,7 @@ impl Middleware for RetrySafetyMiddleware {
                 attempts.refuse_replay(why);
             }
             let decision = match &result {
-                Ok(res) => attempts.on_response(res.status(), res.headers()),
+                Ok(res) => attempts.on_response(res.status(), res.headers(), res.extensions()),
                 Err(reqwest_middleware::Error::Reqwest(err)) => attempts.on_error(err),
                 Err(reqwest_middleware::Error::Middleware(err)) => attempts.on_error(&**err),
             };

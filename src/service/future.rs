@@ -175,7 +175,9 @@ where
                         }
                     }
                     let decision = match &result {
-                        Ok(res) => attempts.on_response(res.status(), res.headers()),
+                        Ok(res) => {
+                            attempts.on_response(res.status(), res.headers(), res.extensions())
+                        }
                         Err(err) => attempts.on_error(&**err),
                     };
                     match decision {

@@ -1,0 +1,16 @@
+//! Response bodies classified by what they say: [`PeekBodyLayer`] reads the beginning of a
+//! response's body, inside [`RetrySafety`](crate::RetrySafety), so that a classifier that
+//! knows the API can tell the layer what the response means (a 200 whose JSON says "rate
+//! limited", a documented "not processed" code). The reqwest-middleware counterpart is
+//! `PeekBodyMiddleware` (feature `reqwest-middleware`).
+
+mod body;
+pub(crate) mod classifier;
+mod future;
+mod layer;
+mod service;
+
+pub use body::PeekedBody;
+pub use future::ResponseFuture;
+pub use layer::PeekBodyLayer;
+pub use service::PeekBody;
