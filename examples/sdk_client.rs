@@ -25,7 +25,8 @@ use tower_http::request_id::{MakeRequestUuid, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
 use tower_retry_safety::{
-    Decision, Idempotency, RequestOptions, RetryPolicy, RetryReport, StopReason,
+    Decision, FailureClass, Idempotency, PeekBodyLayer, RequestOptions, RetryPolicy, RetryReport,
+    StopReason,
 };
 
 static RETRIES: AtomicU64 = AtomicU64::new(0);
@@ -85,6 +86,15 @@ impl ToolsClient {
             .layer(TraceLayer::new_for_http())
             .layer(SetRequestIdLayer::new(request_id.clone(), MakeRequestUuid))
             .layer(policy.clone())
+            // Some of this API's errors are a 200 whose JSON names them: a rate limit that
+            // refused the call before anything ran is proof that nothing was applied.
+            .layer(PeekBodyLayer::new(
+                4096,
+                |_status, _headers, body: &[u8]| {
+                    let limited = body.windows(14).any(|w| w == b"\"rate_limited\"");
+                    limited.then_some(FailureClass::NotSent)
+                },
+            ))
             .service(Client::builder(TokioExecutor::new()).build_http());
         // The same policy (and so the same budget and metrics) over a client for
         // `reqwest::Body`: a streamed upload is recorded as it is sent (up to the policy's
