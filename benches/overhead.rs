@@ -236,6 +236,9 @@ async fn main() {
     if let Ok(only) = std::env::var("OVERHEAD_ONLY") {
         let (variant, n) = only.split_once(':').expect("OVERHEAD_ONLY=<variant>:<n>");
         let n: u64 = n.parse().expect("a request count");
+        if variant.ends_with("_put") {
+            return put_only(&policy, variant, n).await;
+        }
         for _ in 0..n {
             match variant {
                 "bare" => one(&mut bare, Kind::Get).await,
@@ -488,6 +491,26 @@ where
         .call(req)
         .await;
     black_box(res.expect("ok"));
+}
+
+/// `n` 16 KiB PUTs through one variant, for instruction counts: `stream_put` and `full_put`
+/// (through the layer), `bare_stream_put` and `bare_full_put` (without it).
+async fn put_only(policy: &RetryPolicy, variant: &str, n: u64) {
+    let whole = Bytes::from(vec![7u8; PUT_LEN]);
+    let chunks: Vec<Bytes> = (0..PUT_LEN / PUT_CHUNK)
+        .map(|i| whole.slice(i * PUT_CHUNK..(i + 1) * PUT_CHUNK))
+        .collect();
+    let mut layer = tower::Layer::layer(policy, Drain);
+    let mut bare = Drain;
+    for _ in 0..n {
+        match variant {
+            "stream_put" => send_put(&mut layer, stream_put_request(&chunks)).await,
+            "full_put" => send_put(&mut layer, full_put_request(&whole)).await,
+            "bare_stream_put" => send_put(&mut bare, stream_put_request(&chunks)).await,
+            "bare_full_put" => send_put(&mut bare, full_put_request(&whole)).await,
+            other => panic!("unknown variant {other}"),
+        }
+    }
 }
 
 /// A 16 KiB PUT through the layer as a stream body (recorded as it is read) against the same

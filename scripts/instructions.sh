@@ -16,7 +16,8 @@ count() {
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for variant in bare tower_retry floor layer layer_no_budget layer_tps; do
+for variant in bare tower_retry floor layer layer_no_budget layer_tps \
+    stream_put full_put bare_stream_put bare_full_put; do
     zero=$(count "$variant" 0)
     many=$(count "$variant" "$n")
     per[$variant]=$(((many - zero) / n))
@@ -28,3 +29,5 @@ ratio floor tower_retry
 ratio layer floor
 ratio layer layer_no_budget
 ratio layer_tps layer_no_budget
+ratio stream_put full_put
+ratio bare_stream_put bare_full_put

@@ -25,6 +25,11 @@
 //! | non-idempotent | retry | **suppress** | **suppress** | return |
 //! | [`NoRetry`] | return | return | return | return |
 //!
+//! A retry also needs the request's body again: a copyable body is copied, a streaming one is
+//! recorded as it is sent, within the policy's
+//! [`replay_buffer`](RetryPolicyBuilder::replay_buffer) (see [`Replayable`]); a classifier
+//! that knows the API can read response bodies ([`PeekBodyLayer`]).
+//!
 //! A suppressed retry is never silent: responses carry a [`RetryReport`], and errors are a
 //! [`struct@Error`] whose [`is_ambiguous`](Error::is_ambiguous) tells the caller that the write
 //! may have happened and that they should check before retrying by hand.
