@@ -192,9 +192,11 @@ fn whole(chunks: &Chunks, trailers: bool) -> Received {
 }
 
 /// What the model expects of a run: each attempt's frames, and why it stopped. It plays the
-/// recording as the layer should: an attempt is sent the recorded data frames, then the
-/// caller's body from where the last attempt stopped, then the recorded trailers; the caller's
-/// body counts as ended once any attempt has asked it for a frame past its last.
+/// recording as the layer should: an attempt is sent the recorded data chunks (empty ones are
+/// not kept: they send nothing), then the caller's body from where the last attempt stopped,
+/// then the recorded trailers; the caller's body counts as ended once any attempt has asked it
+/// for a frame past its last. Each kept chunk costs its bytes and its handle against the limit;
+/// past it the recording is dropped and never replayed.
 fn model(
     chunks: &Chunks,
     trailers: bool,
@@ -206,18 +208,30 @@ fn model(
     let all = whole(chunks, trailers);
     // Frames taken from the caller's body so far, and whether it was asked past its end.
     let (mut consumed, mut ended) = (0usize, false);
+    let (mut recorded, mut kept, mut over) = (Vec::<Bytes>::new(), 0usize, false);
     let mut out = Vec::new();
     for (i, &(frames, end)) in plan.iter().enumerate() {
         let mut got = Received::default();
         let (mut replayed, mut trailers_sent) = (0usize, false);
         for _ in 0..frames {
-            if replayed < consumed.min(n) {
-                got.data.push(all.data[replayed].clone());
+            if replayed < recorded.len() {
+                got.data.push(recorded[replayed].clone());
                 replayed += 1;
             } else if consumed < total {
                 if consumed < n {
-                    got.data.push(all.data[consumed].clone());
-                    replayed += 1;
+                    let chunk = all.data[consumed].clone();
+                    got.data.push(chunk.clone());
+                    let cost = chunk.len() + std::mem::size_of::<Bytes>();
+                    if over || chunk.is_empty() {
+                    } else if kept + cost <= limit {
+                        kept += cost;
+                        recorded.push(chunk);
+                        replayed += 1;
+                    } else {
+                        over = true;
+                        recorded.clear();
+                        replayed = 0;
+                    }
                 } else {
                     got.trailers = all.trailers.clone();
                     trailers_sent = true;
@@ -235,8 +249,6 @@ fn model(
             }
         }
         out.push(got);
-        let recorded: usize = chunks[..consumed.min(n)].iter().map(Vec::len).sum();
-        let over = recorded > limit;
         let why = match end {
             End::Ok => return (out, None),
             _ if over => Some(NotReplayable::OverLimit { limit }),

@@ -189,6 +189,8 @@ where
                         }
                         Decision::Retry { .. } => {
                             this.state.set(State::Done);
+                            // The copy or recording, and the retry's service, go now.
+                            this.retry.take();
                             return Poll::Ready(finish(
                                 this.attempts,
                                 result,
@@ -197,6 +199,8 @@ where
                         }
                         Decision::Stop(reason) => {
                             this.state.set(State::Done);
+                            // The copy or recording, and the retry's service, go now.
+                            this.retry.take();
                             return Poll::Ready(finish(this.attempts, result, reason));
                         }
                     }
@@ -239,6 +243,8 @@ where
                     };
                     attempts.refuse_replay(why);
                     this.state.set(State::Done);
+                    // The copy or recording, and the retry's service, go now.
+                    this.retry.take();
                     let attempts = this.attempts.take().expect("checked above");
                     let err: BoxError = why.to_string().into();
                     return Poll::Ready(Err(
@@ -255,6 +261,8 @@ where
                     // concurrency limit): `call` is only allowed once it says it is ready.
                     if let Err(err) = ready!(replay.service.poll_ready(cx)) {
                         this.state.set(State::Done);
+                        // The copy or recording, and the retry's service, go now.
+                        this.retry.take();
                         let attempts = this.attempts.take().expect("checked above");
                         return Poll::Ready(Err(
                             attempts.into_error(StopReason::ServiceNotReady, err.into())
@@ -274,6 +282,8 @@ where
                         Err(why) => {
                             attempts.refuse_replay(why);
                             this.state.set(State::Done);
+                            // The copy or recording, and the retry's service, go now.
+                            this.retry.take();
                             let attempts = this.attempts.take().expect("checked above");
                             let err: BoxError = why.to_string().into();
                             return Poll::Ready(Err(

@@ -66,7 +66,7 @@ impl<B: ReplayBody> Kept<B> {
         match self {
             // A body that copied once but not twice is treated as a stream.
             Kept::Copy(copy) => Poll::Ready(copy.try_clone_body().ok_or(NotReplayable::Stream)),
-            Kept::Tape(replays) => replays.poll_next(cx).map(Ok),
+            Kept::Tape(replays) => replays.poll_next(cx),
         }
     }
 }

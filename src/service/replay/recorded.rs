@@ -9,11 +9,20 @@ use super::{NotReplayable, Replayable};
 
 /// The replay buffer a request gets: what [`ReplayBody::record`](crate::ReplayBody::record)
 /// passes on to [`Recorded::stream`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct ReplayBuffer {
     pub(crate) limit: usize,
     /// The request's content-length, if it has one.
     pub(crate) declared_len: Option<u64>,
+}
+
+/// The limit only: the declared length comes from a header.
+impl fmt::Debug for ReplayBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplayBuffer")
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReplayBuffer {
@@ -110,8 +119,8 @@ impl<T> Replays<T> {
     }
 
     /// The next attempt's body, once the last attempt's transport has let go of the
-    /// recording.
-    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<T> {
+    /// recording (or why it cannot be replayed after all).
+    pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Result<T, NotReplayable>> {
         Arc::clone(&self.0).poll_next(cx)
     }
 }
@@ -127,7 +136,7 @@ impl<T> Drop for Replays<T> {
 trait Rewind<T>: Send + Sync {
     fn check(&self, responded: bool) -> Result<(), NotReplayable>;
     /// Takes the handle by `Arc`: a player keeps one to its recording.
-    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<T>;
+    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<Result<T, NotReplayable>>;
     fn close(&self);
 }
 
@@ -158,12 +167,12 @@ where
         self.shared.check(responded)
     }
 
-    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<T> {
+    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<Result<T, NotReplayable>> {
         let wrap = self.wrap;
         let owner: Owner<B> = self.clone();
         self.shared
             .poll_player(owner, cx)
-            .map(|player| wrap(Replayable::playing(player)))
+            .map_ok(|player| wrap(Replayable::playing(player)))
     }
 
     fn close(&self) {
@@ -181,8 +190,8 @@ impl<T, U> Rewind<U> for Mapped<T, U> {
         self.inner.check(responded)
     }
 
-    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<U> {
-        Arc::clone(&self.inner).poll_next(cx).map(self.f)
+    fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<Result<U, NotReplayable>> {
+        Arc::clone(&self.inner).poll_next(cx).map_ok(self.f)
     }
 
     fn close(&self) {

@@ -48,6 +48,8 @@ struct Tape<B: Body> {
     trailers: Option<Box<HeaderMap>>,
     /// Bytes in `data`.
     bytes: usize,
+    /// What `data` costs against the limit: its bytes and each chunk's handle.
+    kept: usize,
     /// Bytes read from the caller's body so far, recorded or not.
     read: u64,
     /// The caller's body from where the last attempt stopped reading; `None` once it ended or
@@ -110,13 +112,24 @@ impl<B: Body> Shared<B> {
         Ok(())
     }
 
-    /// A player for the next attempt, once the last attempt's body has given the tape back.
-    pub(crate) fn poll_player(&self, owner: Owner<B>, cx: &mut Context<'_>) -> Poll<Player<B>> {
+    /// A player for the next attempt, once the last attempt's body has given the tape back —
+    /// unless that body went past the limit or failed in the meantime (a transport may go on
+    /// reading a body after it reported the attempt's failure).
+    pub(crate) fn poll_player(
+        &self,
+        owner: Owner<B>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Player<B>, NotReplayable>> {
         let mut slot = self.slot();
         match slot.tape.take() {
             Some(tape) => {
                 slot.waiting = None;
-                Poll::Ready(Player::new(owner, tape))
+                // The last player is gone: its flags are final.
+                if let Err(why) = self.check(false) {
+                    slot.tape = Some(tape);
+                    return Poll::Ready(Err(why));
+                }
+                Poll::Ready(Ok(Player::new(owner, tape)))
             }
             None => {
                 slot.waiting = Some(cx.waker().clone());
@@ -154,6 +167,7 @@ impl<B: Body> Player<B> {
             data: Vec::new(),
             trailers: None,
             bytes: 0,
+            kept: 0,
             read: 0,
             rest: Some(body),
         };
@@ -193,6 +207,7 @@ where
             // not when the transport drops the body.
             tape.data = Vec::new();
             tape.bytes = 0;
+            tape.kept = 0;
             self.next = 0;
         }
         // Then the caller's body, from where the last attempt stopped.
@@ -205,15 +220,22 @@ where
                     if let Some(chunk) = frame.data_ref() {
                         let len = chunk.remaining();
                         tape.read += len as u64;
-                        if keep && tape.bytes + len <= limit {
+                        // Each kept chunk costs its handle too: a body cut in tiny chunks must
+                        // not hold many times the limit.
+                        let cost = len + std::mem::size_of::<B::Data>();
+                        if !keep || len == 0 {
+                            // Nothing to keep: an empty chunk sends nothing when replayed.
+                        } else if tape.kept + cost <= limit {
                             tape.data.push(chunk.clone());
                             tape.bytes += len;
+                            tape.kept += cost;
                             // This attempt sends it now, not again from the recording.
                             self.next = tape.data.len();
-                        } else if keep {
+                        } else {
                             // Past the limit: no attempt will replay this, so free it now.
                             tape.data = Vec::new();
                             tape.bytes = 0;
+                            tape.kept = 0;
                             tape.trailers = None;
                             shared.set(OVER_LIMIT);
                         }
@@ -254,8 +276,14 @@ where
         let Some(tape) = self.tape.as_ref() else {
             return true;
         };
+        let rest_ended = tape.rest.as_ref().is_none_or(Body::is_end_stream);
+        if rest_ended {
+            // A transport told so does not ask for the end (hyper never polls an empty body):
+            // the caller's body has been read to its end.
+            self.owner.shared().set(ENDED);
+        }
         self.next >= tape.data.len()
-            && tape.rest.as_ref().is_none_or(Body::is_end_stream)
+            && rest_ended
             && (self.trailers_sent || tape.trailers.is_none())
     }
 
