@@ -470,3 +470,52 @@ async fn check_what_is_recorded() {
         ]
     );
 }
+
+/// Check (passes): a transport that holds the failed attempt's body for 5 s: the retry waits
+/// for it no longer than the 300 ms deadline, and says why it stopped.
+#[tokio::test(start_paused = true)]
+async fn check_the_wait_for_the_body_ends_at_the_deadline() {
+    let inner = tower::service_fn(|req: Request<Boxed>| {
+        let body = req.into_body();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            drop(body);
+        });
+        async { Err::<Response<Full<Bytes>>, _>(io::Error::from(io::ErrorKind::ConnectionReset)) }
+    });
+    let policy = policy(1024)
+        .deadline(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let (body, _) = body(2, 5, None);
+    let req = Request::put("http://api.test/v1/files/1")
+        .body(body)
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let out = policy.layer(inner).oneshot(req).await;
+    let took = start.elapsed();
+    let err = out.expect_err("the only attempt failed");
+    let report = err.report().unwrap();
+    assert!(took <= Duration::from_millis(300), "{took:?}");
+    assert_eq!(
+        (
+            report.attempts(),
+            report.stop_reason(),
+            report.body_not_replayable()
+        ),
+        (
+            1,
+            StopReason::BodyNotReplayable,
+            Some(NotReplayable::StillInUse)
+        )
+    );
+    assert!(err.is_ambiguous());
+    // The transport's own error is not in the chain: only the refusal's text is.
+    let chain: Vec<String> = std::iter::successors(std::error::Error::source(&err), |e| e.source())
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(
+        chain,
+        ["the last attempt still held its body when the retry was due"]
+    );
+}
