@@ -1,4 +1,5 @@
-//! Adversarial review of the replay buffer in the reqwest-middleware adapter.
+//! The replay buffer's edge cases in the reqwest-middleware adapter: a body read past the limit
+//! after its attempt failed is not sent again (found by an adversarial review).
 #![cfg(feature = "reqwest-middleware")]
 
 use std::io;

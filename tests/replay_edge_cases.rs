@@ -1,5 +1,8 @@
-//! Adversarial review of the replay buffer: each test pins a defect found in review (they fail
-//! on the reviewed commit), with exact assertions of what the layer must do.
+//! The replay buffer's edge cases, found by an adversarial review (each failed before its fix):
+//! a body that goes past the limit or fails after its attempt was reported failed, an empty
+//! body the transport never polls, the recording freed when the outcome is returned, no header
+//! value in `Debug`; and checks that pass: what is recorded, the wait bounded by the deadline,
+//! hyper h2 never sending a cut replay.
 
 use std::convert::Infallible;
 use std::io;
