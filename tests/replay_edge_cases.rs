@@ -112,7 +112,7 @@ fn report<T>(out: &Result<Response<T>, tower_retry_safety::Error>) -> RetryRepor
     }
 }
 
-/// Defect: the layer checks the recording (over the limit? failed?) when the attempt fails,
+/// Found in review, fixed: the layer checks the recording (over the limit? failed?) when the attempt fails,
 /// not when the last attempt's transport hands the recording back. A transport that keeps
 /// streaming the body after the attempt is given up (hyper's h2 pipe task, here cut by the
 /// attempt timeout after 3 of 10 chunks) takes it past the limit during the backoff: the
@@ -142,7 +142,7 @@ async fn a_body_that_went_past_the_limit_after_the_attempt_failed_is_not_sent_ag
     );
 }
 
-/// Defect: the same, for a caller's body that fails after the attempt was given up (4 chunks
+/// Found in review, fixed: the same, for a caller's body that fails after the attempt was given up (4 chunks
 /// of 10 bytes then an error; 3 chunks read before the cut, the 4th and the error after it).
 /// The retry replays the 40 recorded bytes and then ends the body cleanly: a truncated
 /// upload, stored with 200.
@@ -208,7 +208,7 @@ where
     }
 }
 
-/// Defect: an empty streaming body (a proxied GET or DELETE: hyper's `Incoming` for a request
+/// Found in review, fixed: an empty streaming body (a proxied GET or DELETE: hyper's `Incoming` for a request
 /// without a body, boxed) is recorded, but the transport never polls a body that is at its
 /// end, so the recording never learns it ended: a 503 is refused with "the response arrived
 /// before its body was sent to the end", and the idempotent request is not retried.

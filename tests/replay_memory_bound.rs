@@ -87,7 +87,7 @@ fn held_while_recording(
     at - before
 }
 
-/// Defect: zero-length data frames count 0 bytes against `replay_buffer` but each takes a
+/// Found in review, fixed: zero-length data frames count 0 bytes against `replay_buffer` but each takes a
 /// slot (a `Bytes`, 32 bytes) in the recording. 200,000 empty chunks then 10 bytes, with a
 /// 1 KiB buffer: the recording holds megabytes, and grows without bound with the frame count.
 #[test]
@@ -103,7 +103,7 @@ fn empty_chunks_do_not_grow_the_recording_past_the_limit() {
     );
 }
 
-/// Defect (amplification): each recorded chunk costs a 32-byte `Bytes` in the recording on
+/// Found in review (amplification), fixed: each recorded chunk costs a 32-byte `Bytes` in the recording on
 /// top of its data, so the memory a request pins is not bounded by `replay_buffer` but by 33x
 /// it for 1-byte chunks (a proxied client that sends 1-byte chunks: 6 bytes each on the wire
 /// with h1 chunked encoding). 65,536 1-byte chunks under the default 64 KiB buffer.

@@ -55,7 +55,7 @@ impl Middleware for KeepsReading {
     }
 }
 
-/// Defect: as in the layer, the adapter checks the recording when the attempt fails and not
+/// Found in review, fixed: as in the layer, the adapter checks the recording when the attempt fails and not
 /// when the body comes back: the body went past the 50-byte buffer while the last attempt's
 /// transport still held it, and the retry is sent an empty body (stored with 200) in place
 /// of the 100 bytes streamed.
