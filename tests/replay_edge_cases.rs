@@ -285,7 +285,7 @@ impl ReplayBody for Probe {
     }
 }
 
-/// Defect (low): `ReplayBuffer`'s derived `Debug` prints the request's content-length header
+/// Found in review (low), fixed: `ReplayBuffer`'s derived `Debug` prints the request's content-length header
 /// value (`declared_len: Some(..)`), against the rule that no header value appears in any
 /// Debug output.
 #[tokio::test(start_paused = true)]
@@ -325,7 +325,7 @@ impl Drop for Flagged {
     }
 }
 
-/// Defect (low): the recording outlives the response. `ResponseFuture` keeps its `Replay`
+/// Found in review (low), fixed: the recording outlives the response. `ResponseFuture` keeps its `Replay`
 /// (the recording, the caller's body, a clone of the inner service) after it has returned
 /// its output, until the future value is dropped: a request future that has ended but is
 /// still stored (a select loop, a struct field) pins up to `replay_buffer` bytes.
