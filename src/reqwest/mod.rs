@@ -14,7 +14,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
-use crate::service::replay::{keep, Kept, LET_GO_WAIT};
+use crate::service::replay::{keep_stream, Kept, LET_GO_WAIT};
 use crate::service::{LayerAttempt, NotReplayable};
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
@@ -208,7 +208,7 @@ fn keep_request(req: &mut Request, limit: usize) -> Result<KeptRequest, NotRepla
         return Err(NotReplayable::Stream);
     };
     let parts = req.try_clone();
-    let (first, kept) = keep(body, req.headers(), limit);
+    let (first, kept) = keep_stream(body, req.headers(), limit);
     *req.body_mut() = Some(first);
     match (parts, kept) {
         (Some(parts), Ok(body)) => Ok(KeptRequest::Recorded { parts, body }),

@@ -9,7 +9,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::replay::{keep, Kept, LET_GO_WAIT};
+use super::replay::{keep_stream, Kept, LET_GO_WAIT};
 use super::{LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, Plan, Target};
 use crate::policy::{Decision, StopReason};
@@ -26,7 +26,7 @@ pin_project! {
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S::Future>,
+        state: State<S::Future, B>,
         retry: Option<Replay<S, B>>,
         attempts: Option<Attempts>,
     }
@@ -34,7 +34,7 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<F, B> {
         // An attempt is in flight, cut by `timer` if the policy's clock runs out first (boxed,
         // and only with a deadline or a per-attempt timeout).
         Called { #[pin] future: F, timer: Option<(Pin<Box<Sleep>>, TimedOut)> },
@@ -44,8 +44,9 @@ pin_project! {
         // Waiting, at most until `sleep`, for the last attempt's transport to let go of the
         // recorded body.
         Rewinding { sleep: Pin<Box<Sleep>> },
-        // Waiting for the inner service to accept the next attempt.
-        Readying,
+        // Waiting for the inner service to accept the next attempt, with the next attempt's
+        // body when it came from the recording (a copy is made once the service is ready).
+        Readying { body: Option<B> },
         // The outcome was returned.
         Done,
     }
@@ -57,8 +58,6 @@ struct Replay<S, B> {
     service: S,
     parts: Parts,
     body: Kept<B>,
-    /// The next attempt's body, taken from the recording before waiting for the service.
-    next_body: Option<B>,
 }
 
 /// The request's parts but its URI, which stays the default (`/`, no allocation).
@@ -80,7 +79,7 @@ where
             State::Called { .. } => "attempt in flight",
             State::Waiting { .. } => "waiting before retry",
             State::Rewinding { .. } => "waiting for the body",
-            State::Readying => "waiting for the service",
+            State::Readying { .. } => "waiting for the service",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -107,24 +106,28 @@ where
             &parts.extensions,
         );
         plan.mint_key(policy, &mut parts.headers);
-        // Copy or record the body only if the request could ever be sent again.
-        let (body, kept) = if plan.may_retry(policy) {
-            keep(body, &parts.headers, policy.inner.replay_buffer)
+        // Copy or record the body only if the request could ever be sent again. Written to
+        // move the body as little as possible: a copyable body is the common case.
+        let mut kept = None;
+        let mut why_not = Ok(());
+        let body = if plan.may_retry(policy) {
+            match body.try_clone_body() {
+                Some(copy) => {
+                    kept = Some(Kept::Copy(copy));
+                    body
+                }
+                None => record(body, &parts.headers, policy, &mut kept, &mut why_not),
+            }
         } else {
-            (body, Err(NotReplayable::Stream))
+            body
         };
         let marks_attempts = plan.marks_attempts();
         let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
-        let (kept, why_not) = match kept {
-            Ok(kept) => (Some(kept), Ok(())),
-            Err(why) => (None, Err(why)),
-        };
         let mut attempts = Attempts::start(policy, plan, target, why_not);
         let retry = kept.map(|body| Replay {
             service: service.clone(),
             parts: parts_without_uri(&parts),
             body,
-            next_body: None,
         });
         // Marked on each attempt rather than in the copy: the copy's extensions stay as the
         // caller left them, and cloning them costs nothing when they are empty.
@@ -220,7 +223,7 @@ where
                         sleep.as_mut().reset(tokio::time::Instant::now() + wait);
                         this.state.set(State::Rewinding { sleep });
                     } else {
-                        this.state.set(State::Readying);
+                        this.state.set(State::Readying { body: None });
                     }
                 }
                 StateProj::Rewinding { sleep } => {
@@ -231,8 +234,7 @@ where
                     };
                     let why = match replay.body.poll_next(cx) {
                         Poll::Ready(Ok(body)) => {
-                            replay.next_body = Some(body);
-                            this.state.set(State::Readying);
+                            this.state.set(State::Readying { body: Some(body) });
                             continue;
                         }
                         Poll::Ready(Err(why)) => why,
@@ -251,7 +253,7 @@ where
                         attempts.into_error(StopReason::BodyNotReplayable, err)
                     ));
                 }
-                StateProj::Readying => {
+                StateProj::Readying { body: recorded } => {
                     let (Some(replay), Some(attempts)) =
                         (this.retry.as_mut(), this.attempts.as_mut())
                     else {
@@ -268,7 +270,7 @@ where
                             attempts.into_error(StopReason::ServiceNotReady, err.into())
                         ));
                     }
-                    let next = match replay.next_body.take() {
+                    let next = match recorded.take() {
                         Some(body) => Ok(body),
                         // A copy: never pending.
                         None => match replay.body.poll_next(cx) {
@@ -307,6 +309,23 @@ where
             }
         }
     }
+}
+
+/// Records a body that cannot be copied, within the policy's replay buffer.
+#[cold]
+fn record<B: ReplayBody>(
+    body: B,
+    headers: &http::HeaderMap,
+    policy: &RetryPolicy,
+    kept: &mut Option<Kept<B>>,
+    why_not: &mut Result<(), NotReplayable>,
+) -> B {
+    let (body, tape) = keep_stream(body, headers, policy.inner.replay_buffer);
+    match tape {
+        Ok(tape) => *kept = Some(tape),
+        Err(why) => *why_not = Err(why),
+    }
+    body
 }
 
 /// The timer that cuts the next attempt, if the request has a deadline or a per-attempt

@@ -20,16 +20,13 @@ pub(crate) enum Kept<B> {
     Tape(Replays<B>),
 }
 
-/// Keeps what a retry of this body will need: a copy if the body can be copied, otherwise a
-/// recording up to `limit` bytes (0: none). Returns the body for the first attempt.
-pub(crate) fn keep<B: ReplayBody>(
+/// Records a body that cannot be copied (`try_clone_body` gave `None`), up to `limit` bytes
+/// (0: none), for the retries. Returns the body for the first attempt.
+pub(crate) fn keep_stream<B: ReplayBody>(
     body: B,
     headers: &HeaderMap,
     limit: usize,
 ) -> (B, Result<Kept<B>, NotReplayable>) {
-    if let Some(copy) = body.try_clone_body() {
-        return (body, Ok(Kept::Copy(copy)));
-    }
     if limit == 0 {
         return (body, Err(NotReplayable::Stream));
     }

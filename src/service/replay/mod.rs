@@ -25,7 +25,7 @@ mod refusal;
 mod tape;
 
 pub use body::Replayable;
-pub(crate) use kept::{keep, Kept, LET_GO_WAIT};
+pub(crate) use kept::{keep_stream, Kept, LET_GO_WAIT};
 pub(crate) use recorded::Replays;
 pub use recorded::{Recorded, ReplayBuffer};
 pub use refusal::NotReplayable;
