@@ -498,6 +498,14 @@ impl Attempts {
         }
     }
 
+    /// The error for a request whose retry could not start because its body could not be
+    /// sent again after all (the last attempt's outcome was already dropped for the retry).
+    #[cold]
+    pub(crate) fn into_body_refused(mut self, why: NotReplayable) -> Error {
+        self.refuse_replay(why);
+        self.into_error(StopReason::BodyNotReplayable, why.to_string().into())
+    }
+
     /// The error for a request whose last attempt ended in `source`.
     pub(crate) fn into_error(self, stop: StopReason, source: BoxError) -> Error {
         // An inner layer of this crate already wrapped the transport error: unwrap it so the

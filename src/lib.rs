@@ -83,6 +83,7 @@
 
 mod attempts;
 mod backoff;
+mod body_hint;
 mod budget;
 pub mod classify;
 mod error;

@@ -103,16 +103,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        let rest = self
-            .rest
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower().saturating_add(self.read_len));
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper.saturating_add(self.read_len));
-        }
-        hint
+        crate::body_hint::with_bytes_ahead(self.rest.as_ref(), self.read_len)
     }
 }
 

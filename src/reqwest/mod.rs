@@ -159,11 +159,8 @@ impl Middleware for RetrySafetyMiddleware {
                             continue;
                         }
                         Err(why) => {
-                            attempts.refuse_replay(why);
-                            let err =
-                                Box::<dyn std::error::Error + Send + Sync>::from(why.to_string());
                             return Err(reqwest_middleware::Error::middleware(
-                                attempts.into_error(StopReason::BodyNotReplayable, err),
+                                attempts.into_body_refused(why),
                             ));
                         }
                     }

@@ -227,9 +227,7 @@ where
                     }
                 }
                 StateProj::Rewinding { sleep } => {
-                    let (Some(replay), Some(attempts)) =
-                        (this.retry.as_mut(), this.attempts.as_mut())
-                    else {
+                    let Some(replay) = this.retry.as_mut() else {
                         panic!("ResponseFuture polled after completion");
                     };
                     let why = match replay.body.poll_next(cx) {
@@ -243,15 +241,11 @@ where
                             NotReplayable::StillInUse
                         }
                     };
-                    attempts.refuse_replay(why);
                     this.state.set(State::Done);
                     // The copy or recording, and the retry's service, go now.
                     this.retry.take();
                     let attempts = this.attempts.take().expect("checked above");
-                    let err: BoxError = why.to_string().into();
-                    return Poll::Ready(Err(
-                        attempts.into_error(StopReason::BodyNotReplayable, err)
-                    ));
+                    return Poll::Ready(Err(attempts.into_body_refused(why)));
                 }
                 StateProj::Readying { body: recorded } => {
                     let (Some(replay), Some(attempts)) =
@@ -282,15 +276,11 @@ where
                         Ok(body) => body,
                         // A body that copied once but not twice: stop with what we know.
                         Err(why) => {
-                            attempts.refuse_replay(why);
                             this.state.set(State::Done);
                             // The copy or recording, and the retry's service, go now.
                             this.retry.take();
                             let attempts = this.attempts.take().expect("checked above");
-                            let err: BoxError = why.to_string().into();
-                            return Poll::Ready(Err(
-                                attempts.into_error(StopReason::BodyNotReplayable, err)
-                            ));
+                            return Poll::Ready(Err(attempts.into_body_refused(why)));
                         }
                     };
                     let mut parts = replay.parts.clone();

@@ -291,16 +291,7 @@ where
         let Some(tape) = self.tape.as_ref() else {
             return SizeHint::with_exact(0);
         };
-        let rest = tape
-            .rest
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint);
-        let mut hint = SizeHint::new();
-        hint.set_lower(rest.lower().saturating_add(self.replay_left));
-        if let Some(upper) = rest.upper() {
-            hint.set_upper(upper.saturating_add(self.replay_left));
-        }
-        hint
+        crate::body_hint::with_bytes_ahead(tape.rest.as_ref(), self.replay_left)
     }
 }
 
