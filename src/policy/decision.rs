@@ -38,7 +38,9 @@ pub enum StopReason {
     RetryAfterTooLong,
     /// The request carries the [`NoRetry`](crate::NoRetry) marker.
     NoRetryMarker,
-    /// The request body cannot be replayed (a stream), so it was sent once.
+    /// The request body could not be sent again: a stream that is not recorded, one past the
+    /// replay buffer's limit, a response before its end…
+    /// ([`RetryReport::body_not_replayable`](crate::RetryReport::body_not_replayable) says which).
     BodyNotReplayable,
     /// An outer retry layer made this attempt; it decides about retries, not this one.
     RetriedByOuterLayer,
