@@ -1,6 +1,8 @@
-//! Adversarial review of the response body classifier (`PeekBodyLayer`, `PeekedBody`,
-//! `PeekBodyMiddleware`). Tests that FAIL on this branch demonstrate defects; the rest pin
-//! behaviour that was checked and found correct.
+//! The response body classifier's edge cases (`PeekBodyLayer`, `PeekedBody`,
+//! `PeekBodyMiddleware`), from an adversarial review: a verdict used up by the layer that
+//! decides (an outer layer never repeats a write on it), a chunked stream with a
+//! content-length header not waited on, frames read bounded, the stricter of stacked verdicts;
+//! and behaviour checked and found correct.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -253,8 +255,10 @@ async fn the_number_of_frames_kept_is_bounded() {
 /// The reading loop never returns `Pending` while frames are ready, so the retry layer's
 /// attempt timer is never polled: a 20 ms attempt timeout does not cut a read that takes
 /// far longer.
+/// Fixed by capping the frames read (1,024): the reading ends at once and the response is
+/// handed on, unclassified, the rest still streaming.
 #[tokio::test]
-async fn the_attempt_timeout_cuts_a_read_of_endless_ready_empty_frames() {
+async fn a_read_of_endless_ready_empty_frames_ends_and_hands_the_response_on() {
     let polled = Arc::new(AtomicUsize::new(0));
     let policy = RetryPolicy::builder()
         .attempt_timeout(Duration::from_millis(20))
@@ -265,17 +269,17 @@ async fn the_attempt_timeout_cuts_a_read_of_endless_ready_empty_frames() {
         .layer(policy)
         .layer(PeekBodyLayer::new(16, rate_limited).when(|_, _| true))
         .service(empty_frames_service(2_000_000, polled.clone()));
-    let started = std::time::Instant::now();
-    let res = svc.oneshot(post("http://api.test/")).await;
-    let took = started.elapsed();
-    match res {
-        Err(err) => assert!(err.is_timeout(), "{err}"),
-        Ok(_) => panic!(
-            "the attempt timeout (20 ms) did not cut the reading: it took {took:?} and \
-             returned a response after {} frames",
-            polled.load(Ordering::Relaxed)
-        ),
-    }
+    let res = svc.oneshot(post("http://api.test/")).await.unwrap();
+    assert_eq!(
+        polled.load(Ordering::Relaxed),
+        1024,
+        "frames read before the response"
+    );
+    let report = RetryReport::of(&res).unwrap();
+    assert_eq!(
+        (report.attempts(), report.stop_reason()),
+        (1, StopReason::Final)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -344,9 +348,9 @@ async fn frames_trailers_and_errors_reach_the_caller_in_place() {
                 Ok(Frame::data(Bytes::from_static(b"cd"))),
                 Ok(Frame::trailers(trailers())),
             ],
+            // The empty chunk is not kept: it sends nothing.
             vec![
                 "data:b\"ab\"",
-                "data:b\"\"",
                 "data:b\"cd\"",
                 "trailers:{\"grpc-status\": \"0\"}",
             ],
@@ -426,7 +430,7 @@ async fn size_hint_and_end_of_stream_follow_the_frames() {
 }
 
 #[tokio::test]
-async fn content_length_values_a_server_controls_never_panic_and_are_not_read() {
+async fn content_length_values_a_server_controls_never_panic_and_the_length_read_is_the_bodys() {
     let values: Vec<Vec<&'static [u8]>> = vec![
         vec![b"-1"],
         vec![b"1e3"],
@@ -459,7 +463,8 @@ async fn content_length_values_a_server_controls_never_panic_and_are_not_read() 
         let res = svc.oneshot(Request::new(())).await.unwrap();
         let body = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(&body[..], b"abc");
-        assert_eq!(read.load(Ordering::SeqCst), 0, "{vals:?}");
+        // The header is not what decides: the body's own length (3, within the limit) is.
+        assert_eq!(read.load(Ordering::SeqCst), 1, "{vals:?}");
     }
 }
 

@@ -10,6 +10,9 @@ use http_body::{Body, Frame, SizeHint};
 /// A response body whose beginning was read to classify it: sends what was read, then the
 /// rest of the original body (or the error that stopped the reading).
 pub struct PeekedBody<B: Body> {
+    /// Whether the original body's length was known: a body that streamed without one (and
+    /// may carry trailers) must not be handed on as one of a known length.
+    exact: bool,
     read: VecDeque<Bytes>,
     /// Bytes in `read`.
     read_len: u64,
@@ -19,8 +22,9 @@ pub struct PeekedBody<B: Body> {
 }
 
 impl<B: Body> PeekedBody<B> {
-    pub(crate) fn empty() -> Self {
+    pub(crate) fn empty(exact: bool) -> Self {
         PeekedBody {
+            exact,
             read: VecDeque::new(),
             read_len: 0,
             trailers: None,
@@ -31,7 +35,7 @@ impl<B: Body> PeekedBody<B> {
 
     /// A body that was not read: the original, as it is.
     pub(crate) fn unread(body: B) -> Self {
-        PeekedBody::empty().then(body)
+        PeekedBody::empty(true).then(body)
     }
 
     pub(crate) fn push_data(&mut self, chunk: Bytes) {
@@ -103,7 +107,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        crate::body_hint::with_bytes_ahead(self.rest.as_ref(), self.read_len)
+        crate::body_hint::with_bytes_ahead(self.rest.as_ref(), self.read_len, self.exact)
     }
 }
 

@@ -2,13 +2,16 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::CONTENT_LENGTH;
 use http::{HeaderMap, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::PeekedBody;
 use crate::FailureClass;
+
+/// The most frames read from one body: bounds the time and memory that a body of many empty
+/// or tiny frames can take before it is handed on.
+const MAX_FRAMES: usize = 1024;
 
 type ClassifyFn = dyn Fn(StatusCode, &HeaderMap, &[u8]) -> Option<FailureClass> + Send + Sync;
 type WhenFn = dyn Fn(StatusCode, &HeaderMap) -> bool + Send + Sync;
@@ -51,15 +54,20 @@ impl Classifier {
         self
     }
 
-    /// Whether to read this response's body. By default only a body that declares a length
-    /// within the limit is read: waiting on a stream (server-sent events) could wait forever.
-    pub(crate) fn wants(&self, status: StatusCode, headers: &HeaderMap) -> bool {
+    /// Whether to read this response's body, whose exact length (as the transport knows it,
+    /// from its size hint) is `exact_len`. By default only a body of a known length within the
+    /// limit is read: waiting on a stream (server-sent events) could wait forever. The length
+    /// is the transport's, not the content-length header's: a chunked body that also sends
+    /// the header has none.
+    pub(crate) fn wants(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        exact_len: Option<u64>,
+    ) -> bool {
         match &self.when {
             Some(when) => when(status, headers),
-            None => headers
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                .is_some_and(|len| len <= self.limit as u64),
+            None => exact_len.is_some_and(|len| len <= self.limit as u64),
         }
     }
 
@@ -74,11 +82,13 @@ impl Classifier {
     where
         B: Body<Data = Bytes> + Unpin,
     {
-        let mut read = PeekedBody::empty();
+        let mut read = PeekedBody::empty(body.size_hint().exact().is_some());
         let mut len = 0usize;
-        loop {
+        for _ in 0..MAX_FRAMES {
             match body.frame().await {
                 Some(Ok(frame)) => match frame.into_data() {
+                    // Nothing to keep: an empty chunk sends nothing.
+                    Ok(chunk) if chunk.is_empty() => {}
                     Ok(chunk) => {
                         len += chunk.len();
                         read.push_data(chunk);
@@ -94,10 +104,14 @@ impl Classifier {
                     }
                 },
                 Some(Err(err)) => return (read.then_fail(err), None),
-                None => break,
+                None => {
+                    let class = read.with_bytes(|bytes| (self.classify)(status, headers, bytes));
+                    return (read, class);
+                }
             }
         }
-        let class = read.with_bytes(|bytes| (self.classify)(status, headers, bytes));
-        (read, class)
+        // Cut in more frames than a body worth classifying has (empty ones, say, which count
+        // no bytes): hand it on unread from here, so the reading ends and memory stays bounded.
+        (read.then(body), None)
     }
 }

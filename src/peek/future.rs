@@ -67,7 +67,8 @@ where
             match this.state.as_mut().project() {
                 StateProj::Calling { future } => {
                     let res = ready!(future.poll(cx))?;
-                    if !this.classifier.wants(res.status(), res.headers()) {
+                    let exact = res.body().size_hint().exact();
+                    if !this.classifier.wants(res.status(), res.headers(), exact) {
                         return Poll::Ready(Ok(res.map(PeekedBody::unread)));
                     }
                     let classifier = Arc::clone(this.classifier);
@@ -76,7 +77,7 @@ where
                         let (body, class) =
                             classifier.read(parts.status, &parts.headers, body).await;
                         if let Some(class) = class {
-                            parts.extensions.insert(BodyVerdict(class));
+                            BodyVerdict::add(&mut parts.extensions, class);
                         }
                         Response::from_parts(parts, body)
                     });

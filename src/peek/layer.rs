@@ -15,10 +15,13 @@ use crate::FailureClass;
 /// `Some(FailureClass::NotSent)` (proof that nothing was applied) makes a write that may have
 /// been applied retryable.
 ///
-/// Only a body that ends within `limit` bytes is classified; what was read is handed on in
-/// front of the rest ([`PeekedBody`](crate::PeekedBody)). By default only a response that
-/// declares a content-length within the limit is read, so a stream is never waited on; widen
-/// it with [`when`](Self::when).
+/// Only a body that ends within `limit` bytes (and 1,024 frames) is classified; what was read
+/// is handed on in front of the rest ([`PeekedBody`](crate::PeekedBody)), empty chunks left
+/// out. By default only a body whose length the transport knows (a content-length it honours,
+/// not a chunked body that also sends one) within the limit is read, so a stream is never
+/// waited on; widen it with [`when`](Self::when). The verdict is used up by the retry layer
+/// that decides on it: it never reaches an outer one. Of two stacked classifiers, the stricter
+/// verdict holds. A classifier that panics panics the request's task, as a service would.
 ///
 /// ```
 /// use std::time::Duration;
@@ -60,9 +63,10 @@ impl PeekBodyLayer {
         }
     }
 
-    /// Which responses to read. Defaults to those that declare a content-length within the
-    /// limit. A response chosen here that streams without end delays the response until the
-    /// limit is read (or the layer's attempt timeout cuts it).
+    /// Which responses to read. Defaults to those whose length the transport knows to be
+    /// within the limit. A response chosen here that streams slowly delays the response until
+    /// the limit is read (or the retry layer's attempt timeout cuts it); one that sends a body
+    /// of a known length slowly delays it the same way.
     pub fn when<F>(self, when: F) -> Self
     where
         F: Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,

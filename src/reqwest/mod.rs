@@ -13,6 +13,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::attempts::{Attempts, Plan, Target};
+use crate::classify::BodyVerdict;
 use crate::policy::{Decision, StopReason};
 use crate::service::replay::{keep_stream, Kept, LET_GO_WAIT};
 use crate::service::{LayerAttempt, NotReplayable};
@@ -171,6 +172,7 @@ impl Middleware for RetrySafetyMiddleware {
             return match result {
                 Ok(mut res) => {
                     if reason != StopReason::RetriedByOuterLayer {
+                        BodyVerdict::take(res.extensions_mut());
                         res.extensions_mut().insert(attempts.into_report(reason));
                     }
                     Ok(res)

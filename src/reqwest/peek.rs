@@ -69,7 +69,10 @@ impl Middleware for PeekBodyMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let res = next.run(req, extensions).await?;
-        if !self.classifier.wants(res.status(), res.headers()) {
+        if !self
+            .classifier
+            .wants(res.status(), res.headers(), res.content_length())
+        {
             return Ok(res);
         }
         let url = res.url().clone();
@@ -79,7 +82,7 @@ impl Middleware for PeekBodyMiddleware {
             .read(parts.status, &parts.headers, body)
             .await;
         if let Some(class) = class {
-            parts.extensions.insert(BodyVerdict(class));
+            BodyVerdict::add(&mut parts.extensions, class);
         }
         // reqwest keeps a response's URL in an extension of its own: put it back.
         if let Ok(with_url) = http::Response::builder().url(url).body(()) {

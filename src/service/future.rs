@@ -12,6 +12,7 @@ use tower_service::Service;
 use super::replay::{keep_stream, Kept, LET_GO_WAIT};
 use super::{LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, Plan, Target};
+use crate::classify::BodyVerdict;
 use crate::policy::{Decision, StopReason};
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
@@ -342,6 +343,7 @@ fn finish<ResBody>(
             };
             // An outer layer of this crate writes the report; ours would be overwritten.
             if reason != StopReason::RetriedByOuterLayer {
+                BodyVerdict::take(res.extensions_mut());
                 res.extensions_mut().insert(attempts.take_report(reason));
             }
             *slot = None;

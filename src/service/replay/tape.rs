@@ -291,7 +291,8 @@ where
         let Some(tape) = self.tape.as_ref() else {
             return SizeHint::with_exact(0);
         };
-        crate::body_hint::with_bytes_ahead(tape.rest.as_ref(), self.replay_left)
+        let known = self.owner.shared().declared_len.is_some();
+        crate::body_hint::with_bytes_ahead(tape.rest.as_ref(), self.replay_left, known)
     }
 }
 
