@@ -339,7 +339,9 @@ async fn frames_trailers_and_errors_reach_the_caller_in_place() {
         None
     })
     .when(|_, _| true);
-    let cases: Vec<(Vec<Result<Frame<Bytes>, std::io::Error>>, Vec<&str>, usize)> = vec![
+    type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
+    // The body's frames, what the caller must read, and how many times it is classified.
+    let cases: Vec<(Frames, Vec<&str>, usize)> = vec![
         // Within the limit, with trailers: classified, sent as it came.
         (
             vec![
