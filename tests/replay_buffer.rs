@@ -194,8 +194,8 @@ fn whole(chunks: &Chunks, trailers: bool) -> Received {
 /// What the model expects of a run: each attempt's frames, and why it stopped. It plays the
 /// recording as the layer should: an attempt is sent the recorded data chunks (empty ones are
 /// not kept: they send nothing), then the caller's body from where the last attempt stopped,
-/// then the recorded trailers; the caller's body counts as ended once any attempt has asked it
-/// for a frame past its last. Each kept chunk costs its bytes and its handle against the limit;
+/// then the recorded trailers; the caller's body counts as ended once any attempt has read its
+/// trailers or asked it for a frame past its last. Each kept chunk costs its bytes and its handle against the limit;
 /// past it the recording is dropped and never replayed.
 fn model(
     chunks: &Chunks,
@@ -233,8 +233,10 @@ fn model(
                         replayed = 0;
                     }
                 } else {
+                    // Trailers are the last frame: the caller's body has ended.
                     got.trailers = all.trailers.clone();
                     trailers_sent = true;
+                    ended = true;
                 }
                 consumed += 1;
             } else {

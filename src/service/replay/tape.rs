@@ -245,7 +245,10 @@ where
                         }
                         self.trailers_sent = true;
                     }
-                    let at_end = rest_at_end(rest, tape.read, shared.declared_len);
+                    // Trailers are the last frame: hyper stops there, without asking for the
+                    // end.
+                    let at_end =
+                        frame.is_trailers() || rest_at_end(rest, tape.read, shared.declared_len);
                     if at_end {
                         shared.set(ENDED);
                     }
