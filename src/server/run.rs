@@ -246,3 +246,49 @@ impl<St: IdempotencyStore> Drop for Pending<St> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use tower::{service_fn, Layer, ServiceExt};
+
+    use crate::server::{IdempotencyLayer, MemoryStore};
+
+    /// The lease is renewed while a slow handler runs (the keeper polls the first-renewal
+    /// timer only once the handler is pending): a repeat long past the lease gets 409, and
+    /// the handler runs once.
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_outlasting_its_lease_keeps_the_key() {
+        static RUNS: AtomicUsize = AtomicUsize::new(0);
+        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::from_millis(30));
+        let svc = layer.layer(service_fn(|_req: Request<_>| async {
+            RUNS.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+        }));
+        let send = || {
+            Request::post("/v1/send")
+                .header("idempotency-key", "\"slow\"")
+                .body(Full::new(Bytes::from_static(b"x")))
+                .unwrap()
+        };
+        let first = tokio::spawn(svc.clone().oneshot(send()));
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let during = svc.clone().oneshot(send()).await.unwrap();
+        assert_eq!(during.status(), StatusCode::CONFLICT, "the lease lapsed");
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(
+            first.into_body().collect().await.unwrap().to_bytes(),
+            "done"
+        );
+        let after = svc.oneshot(send()).await.unwrap();
+        assert_eq!(after.headers()["idempotent-replayed"], "true");
+        assert_eq!(RUNS.load(Ordering::SeqCst), 1);
+    }
+}
