@@ -10,6 +10,11 @@
 //!   `idem_redis`, the handler behind `IdempotencyLayer` over `RedisStore`.
 //!
 //! Run: `cargo bench --bench server --features redis`
+//!
+//! Instructions per request, free of timing noise: `SERVER_ONLY=<variant>:<n>` (`bare`,
+//! `memory`, `floor`, `redis`) sends 20 warm-up requests then `n` through one variant and
+//! nothing else, so under `valgrind --tool=callgrind` the difference between `n` and `0`
+//! divided by `n` is the count (`scripts/server-instructions.sh`).
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -96,6 +101,23 @@ async fn main() {
     let redis = redis_variants().await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    if let Ok(only) = std::env::var("SERVER_ONLY") {
+        let (variant, n) = only.split_once(':').expect("SERVER_ONLY=<variant>:<n>");
+        let n: u64 = n.parse().expect("a request count");
+        let url = match variant {
+            "bare" => &bare,
+            "memory" => &memory,
+            #[cfg(feature = "redis")]
+            "floor" => &redis.0,
+            #[cfg(feature = "redis")]
+            "redis" => &redis.1,
+            other => panic!("unknown variant {other}"),
+        };
+        for _ in 0..20 + n {
+            keyed_post(&client, url).await;
+        }
+        return;
+    }
     for _ in 0..500 {
         keyed_post(&client, &bare).await;
         keyed_post(&client, &memory).await;
@@ -106,8 +128,10 @@ async fn main() {
         }
     }
     let (mut a, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![]);
+    // Up to 301 rounds (60 s at most): on a shared machine the medians of 61 batches moved by
+    // several percent from run to run.
     let deadline = Instant::now() + Duration::from_secs(60);
-    for _ in 0..61 {
+    for _ in 0..301 {
         batch!(a, 100, keyed_post(&client, &bare).await);
         batch!(b, 100, keyed_post(&client, &memory).await);
         #[cfg(feature = "redis")]

@@ -127,7 +127,11 @@ impl RedisStore {
     }
 
     fn key(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
+        // Not `format!`: its machinery costs more than the copy, on every call.
+        let mut out = String::with_capacity(self.prefix.len() + key.len());
+        out.push_str(&self.prefix);
+        out.push_str(key);
+        out
     }
 
     /// Runs a compare-and-set script; `Ok(())` if the claim held the key.
@@ -157,9 +161,35 @@ impl RedisStore {
 
 /// An expiry for `PX`/`PEXPIRE`: at least 1 ms (Redis refuses 0), at most a century (Redis
 /// refuses one that overflows when added to its clock).
-fn millis(d: Duration) -> Vec<u8> {
+fn millis(d: Duration) -> Millis {
     const CENTURY_MS: u128 = 100 * 365 * 24 * 60 * 60 * 1000;
-    d.as_millis().clamp(1, CENTURY_MS).to_string().into_bytes()
+    // At most a century: fits in a u64, and in 20 digits.
+    let mut n = d.as_millis().clamp(1, CENTURY_MS) as u64;
+    let mut digits = [0; 20];
+    let mut start = digits.len();
+    loop {
+        start -= 1;
+        digits[start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    Millis { digits, start }
+}
+
+/// A number of milliseconds in decimal, without an allocation per call.
+struct Millis {
+    digits: [u8; 20],
+    start: usize,
+}
+
+impl std::ops::Deref for Millis {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.digits[self.start..]
+    }
 }
 
 impl IdempotencyStore for RedisStore {
@@ -175,7 +205,7 @@ impl IdempotencyStore for RedisStore {
             .arg(record::encode_in_flight(claim, fingerprint))
             .arg("NX")
             .arg("PX")
-            .arg(millis(lease))
+            .arg(&*millis(lease))
             .arg("GET")
             .query_async(&mut self.connection.clone())
             .await
@@ -236,5 +266,20 @@ fn kind(value: &Value) -> &'static str {
         Value::SimpleString(_) => "a simple string",
         Value::Okay => "OK",
         _ => "another kind",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_are_decimal_at_least_one_at_most_a_century() {
+        let text = |d| String::from_utf8(millis(d).to_vec()).unwrap();
+        assert_eq!(text(Duration::ZERO), "1");
+        assert_eq!(text(Duration::from_micros(10)), "1");
+        assert_eq!(text(Duration::from_millis(9)), "9");
+        assert_eq!(text(Duration::from_millis(60_000)), "60000");
+        assert_eq!(text(Duration::MAX), "3153600000000");
     }
 }

@@ -4,10 +4,11 @@
 
 use std::future::{poll_fn, Future};
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
+use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, Sleep};
 
@@ -27,31 +28,53 @@ pub(crate) fn first_renewal(lease: Duration) -> Result<Option<Sleep>, ()> {
         .map_err(|_| ())
 }
 
-/// Runs `work`; if it is still running when `first` fires (a third of the lease), renews the
-/// lease from a task of its own until `work` ends. Most handlers end well before, and never
-/// pay for the task.
-pub(crate) async fn during<St: IdempotencyStore, F: Future>(
-    c: &Claimed<St>,
-    first: Option<Sleep>,
-    work: F,
-) -> F::Output {
-    let Some(first) = first else {
-        return work.await;
-    };
-    let mut first = pin!(first);
-    let mut work = pin!(work);
-    let early = poll_fn(|cx| {
-        if let Poll::Ready(out) = work.as_mut().poll(cx) {
-            return Poll::Ready(Some(out));
-        }
-        first.as_mut().poll(cx).map(|()| None)
-    })
-    .await;
-    if let Some(out) = early {
-        return out;
+pin_project! {
+    /// Keeps a claim's lease while its handler runs: if the work is still running when the
+    /// first timer fires (a third of the lease), it renews the lease from a task of its own
+    /// until the keeper is dropped. Most handlers end well before, and never pay for the task
+    /// (nor for registering the timer: it is polled only once the work is pending).
+    pub(crate) struct Keeper {
+        #[pin]
+        first: Option<Sleep>,
+        renewing: Option<Renewing>,
     }
-    let _renewing = Renewing::start(c);
-    work.await
+}
+
+impl Keeper {
+    pub(crate) fn new(first: Option<Sleep>) -> Self {
+        Keeper {
+            first,
+            renewing: None,
+        }
+    }
+
+    /// Stops renewing (the outcome is about to be stored: a renewal then would be refused).
+    pub(crate) fn stop(self: Pin<&mut Self>) {
+        *self.project().renewing = None;
+    }
+
+    /// Polls `work` to its end, renewing `claim`'s lease meanwhile. The work is borrowed,
+    /// pinned where its owner keeps it: nothing is moved into this future.
+    pub(crate) fn during<'a, St: IdempotencyStore, F: Future>(
+        mut self: Pin<&'a mut Self>,
+        claim: Option<&'a Claimed<St>>,
+        mut work: Pin<&'a mut F>,
+    ) -> impl Future<Output = F::Output> + 'a {
+        poll_fn(move |cx| {
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            let this = self.as_mut().project();
+            if this.renewing.is_none() {
+                if let (Some(first), Some(c)) = (this.first.as_pin_mut(), claim) {
+                    if first.poll(cx).is_ready() {
+                        *this.renewing = Some(Renewing::start(c));
+                    }
+                }
+            }
+            Poll::Pending
+        })
+    }
 }
 
 /// Renews now, then every third of the lease; stops when dropped or when the claim was taken

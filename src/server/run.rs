@@ -8,6 +8,7 @@
 //! to completion, renews the claim's lease meanwhile, and stores the outcome.
 
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -60,79 +61,111 @@ where
     DetachOnDrop::new(run(inner, claimed, req))
 }
 
-async fn run<S, St, B, ResBody>(
+/// The keyed call itself: an `async` block rather than an `async fn` (whose arguments would
+/// take room twice), and the handler's future and the response body's buffering are polled in
+/// place under the lease keeper rather than moved into nested futures, so that this future —
+/// boxed once per keyed request — stays small.
+// Not an `async fn`: its arguments would take room twice in the future.
+#[allow(clippy::manual_async_fn)]
+fn run<S, St, B, ResBody>(
     mut inner: S,
     claimed: Claimed<St>,
     req: Request<Either<Full<Bytes>, B>>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send
 where
-    S: Service<Request<Either<Full<Bytes>, B>>, Response = Response<ResBody>>,
+    S: Service<Request<Either<Full<Bytes>, B>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: IdempotencyStore,
-    ResBody: Body<Data = Bytes> + Unpin,
+    B: Send + 'static,
+    ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let config = claimed.config.clone();
-    let Ok(first_renewal) = renewal::first_renewal(config.lease) else {
-        // Nothing ran: the claim may be freed.
-        tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
-        let _ = claimed.store.release(&claimed.key, claimed.claim).await;
-        return Ok(retry_later(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-        ));
-    };
-    let work = async {
-        let res = inner.call(req).await?;
-        let (parts, body) = res.into_parts();
-        Ok((parts, buffer(body, config.max_response_bytes).await))
-    };
-    // The guard is armed before the handler is called: a panic in it keeps the key too.
-    let mut pending = Pending {
-        claimed: Some(claimed),
-    };
-    let ended = match &pending.claimed {
-        Some(c) => renewal::during(c, first_renewal, work).await,
-        None => work.await,
-    };
-    let (parts, buffered) = match ended {
-        Ok(done) => done,
-        Err(err) => {
-            // Called, then no response: it may have applied. Keep a record that says so
-            // rather than free the key for a second run.
-            pending
-                .keep(outcome::unknown, Some("the handler failed"))
-                .await;
-            return Err(err);
-        }
-    };
-    let declined = parts.status.is_server_error() && !config.store_server_errors;
-    match buffered {
-        Buffered::Whole(bytes) => {
-            if declined {
-                pending.release().await;
-            } else {
-                let record =
-                    || StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
-                pending.keep(record, None).await;
+    async move {
+        let (lease, limit) = (claimed.config.lease, claimed.config.max_response_bytes);
+        let store_server_errors = claimed.config.store_server_errors;
+        let Ok(first_renewal) = renewal::first_renewal(lease) else {
+            // Nothing ran: the claim may be freed.
+            tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
+            let _ = claimed.store.release(&claimed.key, claimed.claim).await;
+            return Ok(retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+            ));
+        };
+        // The guard is armed before the handler is called: a panic in it keeps the key too.
+        let mut pending = Pending {
+            claimed: Some(claimed),
+        };
+        let mut keeper = pin!(renewal::Keeper::new(first_renewal));
+        // The handler's future lives across this one await only, so it shares its room in
+        // this future with what comes after.
+        let called = keeper
+            .as_mut()
+            .during(pending.claimed.as_ref(), pin!(inner.call(req)))
+            .await;
+        let (parts, body) = match called {
+            Ok(res) => res.into_parts(),
+            Err(err) => {
+                keeper.stop();
+                // Called, then no response: it may have applied. Keep a record that says so
+                // rather than free the key for a second run.
+                pending
+                    .keep(outcome::unknown, Some("the handler failed"))
+                    .await;
+                return Err(err);
             }
-            Ok(Response::from_parts(parts, ResponseBody::full(bytes)))
-        }
-        Buffered::Partial {
-            prefix,
-            trailers,
-            rest,
-            why,
-        } => {
-            if declined {
-                pending.release().await;
-            } else {
-                let head = || outcome::head_only(parts.status, &parts.headers);
-                pending.keep(head, Some(why)).await;
+        };
+        let buffered = keeper
+            .as_mut()
+            .during(pending.claimed.as_ref(), pin!(buffer(body, limit)))
+            .await;
+        // The lease is no longer renewed once the outcome is being stored.
+        keeper.stop();
+        let declined = parts.status.is_server_error() && !store_server_errors;
+        Ok(finish(pending, parts, buffered, declined).await)
+    }
+}
+
+/// Stores the outcome of a call that answered (or frees its key, `declined`: a 5xx the layer
+/// was told not to keep), and makes its response.
+// Not an `async fn`: its arguments would take room twice in the future.
+#[allow(clippy::manual_async_fn)]
+fn finish<St: IdempotencyStore, ResBody>(
+    mut pending: Pending<St>,
+    parts: http::response::Parts,
+    buffered: Buffered<ResBody>,
+    declined: bool,
+) -> impl Future<Output = Response<ResponseBody<ResBody>>> + Send
+where
+    ResBody: Send,
+{
+    async move {
+        match buffered {
+            Buffered::Whole(bytes) => {
+                if declined {
+                    pending.release().await;
+                } else {
+                    let record =
+                        || StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
+                    pending.keep(record, None).await;
+                }
+                Response::from_parts(parts, ResponseBody::full(bytes))
             }
-            Ok(Response::from_parts(
-                parts,
-                ResponseBody::stream(prefix, trailers, rest),
-            ))
+            Buffered::Partial {
+                prefix,
+                trailers,
+                rest,
+                why,
+            } => {
+                if declined {
+                    pending.release().await;
+                } else {
+                    let head = || outcome::head_only(parts.status, &parts.headers);
+                    pending.keep(head, Some(why)).await;
+                }
+                Response::from_parts(parts, ResponseBody::stream(prefix, trailers, rest))
+            }
         }
     }
 }
@@ -211,5 +244,51 @@ impl<St: IdempotencyStore> Drop for Pending<St> {
         if let Some(c) = self.claimed.take() {
             renewal::settle(c, outcome::unknown());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use tower::{service_fn, Layer, ServiceExt};
+
+    use crate::server::{IdempotencyLayer, MemoryStore};
+
+    /// The lease is renewed while a slow handler runs (the keeper polls the first-renewal
+    /// timer only once the handler is pending): a repeat long past the lease gets 409, and
+    /// the handler runs once.
+    #[tokio::test(start_paused = true)]
+    async fn a_handler_outlasting_its_lease_keeps_the_key() {
+        static RUNS: AtomicUsize = AtomicUsize::new(0);
+        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::from_millis(30));
+        let svc = layer.layer(service_fn(|_req: Request<_>| async {
+            RUNS.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+        }));
+        let send = || {
+            Request::post("/v1/send")
+                .header("idempotency-key", "\"slow\"")
+                .body(Full::new(Bytes::from_static(b"x")))
+                .unwrap()
+        };
+        let first = tokio::spawn(svc.clone().oneshot(send()));
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        let during = svc.clone().oneshot(send()).await.unwrap();
+        assert_eq!(during.status(), StatusCode::CONFLICT, "the lease lapsed");
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(
+            first.into_body().collect().await.unwrap().to_bytes(),
+            "done"
+        );
+        let after = svc.oneshot(send()).await.unwrap();
+        assert_eq!(after.headers()["idempotent-replayed"], "true");
+        assert_eq!(RUNS.load(Ordering::SeqCst), 1);
     }
 }

@@ -1,4 +1,4 @@
-use std::future::Future;
+use std::future::{ready, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Either, Full, Limited};
+use http_body_util::{BodyExt, Either, Full};
 use tower_service::Service;
 
 use super::layer::Config;
@@ -63,8 +63,43 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        Box::pin(handle(inner, self.store.clone(), self.config.clone(), req))
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let config = &self.config;
+        // What needs no await is decided here, so that each kind of request gets a future of
+        // its own size: a keyed request's future never holds the inner service's future
+        // (that one lives in the keyed call's own box, see `run`).
+        let Some(value) = req.headers().get(&config.key_header) else {
+            if config.required.contains(req.method()) {
+                return Box::pin(ready(Ok(reply(
+                    StatusCode::BAD_REQUEST,
+                    "this request needs an Idempotency-Key header: a quoted string, such as \
+                     \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
+                ))));
+            }
+            let call = inner.call(req.map(Either::Right));
+            return Box::pin(async move {
+                let res = call.await?;
+                Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, body)))
+            });
+        };
+        let Some(key) = idempotency_key::parse(value) else {
+            return Box::pin(ready(Ok(reply(
+                StatusCode::BAD_REQUEST,
+                "malformed Idempotency-Key: expected a quoted string (RFC 8941 sf-string) of \
+                 printable ASCII, or a bare token of visible ASCII without quotes or backslashes; \
+                 non-empty, at most 255 bytes",
+            ))));
+        };
+        let key: Arc<str> = key.into();
+        let (parts, body) = req.into_parts();
+        Box::pin(keyed(
+            inner,
+            self.store.clone(),
+            self.config.clone(),
+            key,
+            parts,
+            body,
+        ))
     }
 }
 
@@ -88,12 +123,18 @@ pub(crate) fn retry_later<B>(
     res
 }
 
-async fn handle<S, St, B, ResBody>(
-    mut inner: S,
+/// A keyed request: read its body, claim its key, then run it (or answer from the store).
+/// An `async` block rather than an `async fn`, whose arguments would take room twice.
+// Not an `async fn`: its arguments would take room twice in the future.
+#[allow(clippy::manual_async_fn)]
+fn keyed<S, St, B, ResBody>(
+    inner: S,
     store: Arc<St>,
     config: Arc<Config>,
-    req: Request<B>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+    key: Arc<str>,
+    parts: http::request::Parts,
+    body: B,
+) -> impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send
 where
     S: Service<Request<InnerBody<B>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -104,98 +145,143 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let Some(value) = req.headers().get(&config.key_header) else {
-        if config.required.contains(req.method()) {
-            return Ok(reply(
-                StatusCode::BAD_REQUEST,
-                "this request needs an Idempotency-Key header: a quoted string, such as \
-                 \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-            ));
-        }
-        let res = inner.call(req.map(Either::Right)).await?;
-        return Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, body)));
-    };
-    let Some(key) = idempotency_key::parse(value) else {
-        return Ok(reply(
-            StatusCode::BAD_REQUEST,
-            "malformed Idempotency-Key: expected a quoted string (RFC 8941 sf-string) of \
-             printable ASCII, or a bare token of visible ASCII without quotes or backslashes; \
-             non-empty, at most 255 bytes",
-        ));
-    };
-    let key: Arc<str> = key.into();
-    let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, config.max_request_bytes).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
-            return Ok(reply(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is larger than this server keeps for idempotency keys",
-            ))
-        }
-        Err(_) => {
-            return Ok(reply(
-                StatusCode::BAD_REQUEST,
-                "the request body could not be read",
-            ))
-        }
-    };
-    let shown = key.clone();
-    let key: Arc<str> = match &config.scope {
-        None => key,
-        Some(scope) => match (scope.0)(&parts) {
-            Some(scope) => scoped_key(&scope, &key).into(),
-            None => {
+    async move {
+        let body = match read_body(body, config.max_request_bytes).await {
+            Ok(body) => body,
+            Err(ReadError::TooLarge) => {
                 return Ok(reply(
-                    StatusCode::BAD_REQUEST,
-                    "this server scopes Idempotency-Keys by client, and the request does not say which client sent it",
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "the request body is larger than this server keeps for idempotency keys",
                 ))
             }
-        },
-    };
-    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let fingerprint = Fingerprint::of(&parts.method, target, &body);
-    let claim = match store.begin(&key, fingerprint, config.lease).await {
-        Ok(Begin::Started(claim)) => claim,
-        Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
-            return Ok(retry_later(
-                StatusCode::CONFLICT,
-                "a request with this Idempotency-Key is still in progress; retry later",
-            ))
-        }
-        Ok(Begin::Existing(Entry::Completed {
-            fingerprint: first,
-            response,
-        })) if first == fingerprint => return Ok(replay(response, &config)),
-        Ok(Begin::Existing(_)) => {
-            return Ok(reply(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "this Idempotency-Key was already used with a different request",
-            ))
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, cause = super::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
-            return Ok(retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-            ));
-        }
-    };
+            Err(ReadError::Failed) => {
+                return Ok(reply(
+                    StatusCode::BAD_REQUEST,
+                    "the request body could not be read",
+                ))
+            }
+        };
+        let shown = key.clone();
+        let key: Arc<str> = match &config.scope {
+            None => key,
+            Some(scope) => match (scope.0)(&parts) {
+                Some(scope) => scoped_key(&scope, &key).into(),
+                None => {
+                    return Ok(reply(
+                        StatusCode::BAD_REQUEST,
+                        "this server scopes Idempotency-Keys by client, and the request does not say which client sent it",
+                    ))
+                }
+            },
+        };
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let fingerprint = Fingerprint::of(&parts.method, target, &body);
+        let claim = match store.begin(&key, fingerprint, config.lease).await {
+            Ok(Begin::Started(claim)) => claim,
+            Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
+                return Ok(retry_later(
+                    StatusCode::CONFLICT,
+                    "a request with this Idempotency-Key is still in progress; retry later",
+                ))
+            }
+            Ok(Begin::Existing(Entry::Completed {
+                fingerprint: first,
+                response,
+            })) if first == fingerprint => return Ok(replay(response, &config)),
+            Ok(Begin::Existing(_)) => {
+                return Ok(reply(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "this Idempotency-Key was already used with a different request",
+                ))
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, cause = super::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
+                return Ok(retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+                ));
+            }
+        };
 
-    // From here on the handler runs and its outcome is kept, even if this request goes away.
-    let claimed = Claimed {
-        store,
-        config,
-        key,
-        shown,
-        claim,
-    };
-    run::call(
-        inner,
-        claimed,
-        Request::from_parts(parts, Either::Left(Full::new(body))),
-    )
-    .await
+        // From here on the handler runs and its outcome is kept, even if this request goes away.
+        let claimed = Claimed {
+            store,
+            config,
+            key,
+            shown,
+            claim,
+        };
+        run::call(
+            inner,
+            claimed,
+            Request::from_parts(parts, Either::Left(Full::new(body))),
+        )
+        .await
+    }
+}
+
+enum ReadError {
+    TooLarge,
+    Failed,
+}
+
+/// A request body, read whole up to `limit` bytes (trailers are not part of it).
+async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+where
+    B: Body<Data = Bytes>,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Err(ReadError::TooLarge);
+    }
+    let mut body = std::pin::pin!(body);
+    let mut data = Chunks::default();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Err(ReadError::Failed);
+        };
+        if let Ok(chunk) = frame.into_data() {
+            data.push(chunk);
+            if data.len() > limit {
+                return Err(ReadError::TooLarge);
+            }
+        }
+    }
+    Ok(data.into_bytes())
+}
+
+/// The chunks of a body read so far. Most bodies come in one chunk, kept as it is (no copy,
+/// no allocation); later chunks are joined into one buffer.
+#[derive(Default)]
+pub(crate) struct Chunks {
+    first: Bytes,
+    joined: BytesMut,
+}
+
+impl Chunks {
+    pub(crate) fn push(&mut self, chunk: Bytes) {
+        if self.first.is_empty() && self.joined.is_empty() {
+            self.first = chunk;
+            return;
+        }
+        if !self.first.is_empty() {
+            let first = std::mem::take(&mut self.first);
+            self.joined.reserve(first.len() + chunk.len());
+            self.joined.extend_from_slice(&first);
+        }
+        self.joined.extend_from_slice(&chunk);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.first.len() + self.joined.len()
+    }
+
+    pub(crate) fn into_bytes(self) -> Bytes {
+        if self.joined.is_empty() {
+            self.first
+        } else {
+            self.joined.freeze()
+        }
+    }
 }
 
 /// The stored key of a scoped request: a hash of the scope (which may be a secret, such as an
@@ -246,16 +332,16 @@ pub(crate) async fn buffer<B>(mut body: B, limit: usize) -> Buffered<B>
 where
     B: Body<Data = Bytes> + Unpin,
 {
-    let mut data = BytesMut::new();
+    let mut data = Chunks::default();
     loop {
         match body.frame().await {
-            None => return Buffered::Whole(data.freeze()),
+            None => return Buffered::Whole(data.into_bytes()),
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(chunk) => {
-                    data.extend_from_slice(&chunk);
+                    data.push(chunk);
                     if data.len() > limit {
                         return Buffered::Partial {
-                            prefix: data.freeze(),
+                            prefix: data.into_bytes(),
                             trailers: None,
                             rest: body,
                             why: "over the size limit",
@@ -264,7 +350,7 @@ where
                 }
                 Err(frame) => {
                     return Buffered::Partial {
-                        prefix: data.freeze(),
+                        prefix: data.into_bytes(),
                         trailers: frame.into_trailers().ok(),
                         rest: body,
                         why: "it has trailers",
@@ -273,7 +359,7 @@ where
             },
             Some(Err(_)) => {
                 return Buffered::Partial {
-                    prefix: data.freeze(),
+                    prefix: data.into_bytes(),
                     trailers: None,
                     rest: body,
                     why: "its body failed",

@@ -130,6 +130,14 @@ impl StoredResponse {
         &self.body
     }
 
+    /// The record with a body of its own. A body the layer did not copy (one chunk, as the
+    /// handler gave it) may be a slice of a larger buffer, such as a connection's read buffer;
+    /// a store that bounds its memory by the body's length copies it before keeping it.
+    pub(crate) fn with_own_body(mut self) -> Self {
+        self.body = Bytes::copy_from_slice(&self.body);
+        self
+    }
+
     /// Roughly how much memory the record holds, for stores that bound it.
     pub fn size(&self) -> usize {
         let headers: usize = self

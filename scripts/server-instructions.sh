@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Instructions per keyed request for each variant of benches/server.rs, counted by callgrind:
+# (instructions for 20 + N requests − instructions for 20) / N, all of the process (client,
+# server and layer share one thread). Needs valgrind; the Redis rows need Redis at REDIS_URL.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-2000}
+variants=${VARIANTS:-bare memory floor redis}
+bin=$(cargo bench --bench server --features redis --no-run --message-format=json 2>/dev/null |
+    python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "server" and m.get("executable"):
+        print(m["executable"])')
+count() {
+    SERVER_ONLY="$1:$2" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" 2>&1 |
+        sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+declare -A per
+for variant in $variants; do
+    zero=$(count "$variant" 0)
+    many=$(count "$variant" "$n")
+    per[$variant]=$(((many - zero) / n))
+    echo "instructions $variant ${per[$variant]}"
+done
+ratio() { python3 -c "print('ratio $1/$2 instructions %.3f' % (${per[$1]} / ${per[$2]}))"; }
+[[ -n ${per[memory]:-} && -n ${per[bare]:-} ]] && ratio memory bare
+[[ -n ${per[redis]:-} && -n ${per[floor]:-} ]] && ratio redis floor
+true
