@@ -138,12 +138,11 @@ impl<B: Body> Shared<B> {
         }
     }
 
-    /// The request is over: drop the recording now, or when the body that holds it next
-    /// sends a frame.
+    /// The request is over: a body that still holds the recording drops it when it next sends
+    /// a frame, and does not give it back. A recording at home goes with the layer's handle,
+    /// the last one then (no body holds another), so there is nothing to take here.
     pub(crate) fn close(&self) {
         self.set(CLOSED);
-        let tape = self.slot().tape.take();
-        drop(tape);
     }
 }
 
@@ -199,10 +198,12 @@ where
         // What was recorded, first.
         if let Some(chunk) = tape.data.get(self.next) {
             self.next += 1;
-            self.replay_left -= chunk.remaining() as u64;
+            // Saturating: a chunk type whose clones share a read position must not panic here.
+            self.replay_left = self.replay_left.saturating_sub(chunk.remaining() as u64);
             return Poll::Ready(Some(Ok(Frame::data(chunk.clone()))));
         }
-        if shared.flags() & CLOSED != 0 && tape.bytes > 0 {
+        let flags = shared.flags();
+        if flags & CLOSED != 0 && tape.bytes > 0 {
             // The request is over and this attempt has sent the recording: free it now,
             // not when the transport drops the body.
             tape.data = Vec::new();
@@ -216,7 +217,7 @@ where
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(frame))) => {
                     let limit = shared.limit;
-                    let keep = shared.flags() & (OVER_LIMIT | CLOSED) == 0;
+                    let keep = flags & (OVER_LIMIT | CLOSED) == 0;
                     if let Some(chunk) = frame.data_ref() {
                         let len = chunk.remaining();
                         tape.read += len as u64;
