@@ -14,8 +14,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Either, Full, StreamBody};
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 use tower_retry_safety::server::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
-    StoreError, StoredResponse,
+    Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
+    StoredResponse,
 };
 
 type In = Request<Either<Full<Bytes>, Full<Bytes>>>;
@@ -220,6 +220,7 @@ impl IdempotencyStore for SlowComplete {
         &self,
         key: &str,
         claim: Claim,
+        fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -227,7 +228,9 @@ impl IdempotencyStore for SlowComplete {
         let key = key.to_owned();
         async move {
             tokio::time::sleep(delay).await;
-            self.inner.complete(&key, claim, response, ttl).await
+            self.inner
+                .complete(&key, claim, fingerprint, response, ttl)
+                .await
         }
     }
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send {
@@ -330,11 +333,19 @@ async fn a_detached_handler_longer_than_its_lease_keeps_its_claim() {
         for at in [100u64, 250, 490] {
             tokio::time::sleep_until(start + Duration::from_millis(at)).await;
             let res = svc.clone().oneshot(keyed("k", "x")).await.unwrap();
-            assert_eq!(res.status(), StatusCode::CONFLICT, "drop at {drop_at}, at {at}");
+            assert_eq!(
+                res.status(),
+                StatusCode::CONFLICT,
+                "drop at {drop_at}, at {at}"
+            );
         }
         tokio::time::sleep_until(start + Duration::from_millis(600)).await;
         let res = svc.clone().oneshot(keyed("k", "x")).await.unwrap();
-        assert_eq!(res.headers()["idempotent-replayed"], "true", "drop at {drop_at}");
+        assert_eq!(
+            res.headers()["idempotent-replayed"],
+            "true",
+            "drop at {drop_at}"
+        );
         assert_eq!(body_of(res).await, "done");
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
@@ -443,7 +454,10 @@ async fn panics_at_every_point_keep_an_unknown_outcome() {
             }
         }));
         let first = tokio::spawn(svc.clone().oneshot(keyed("p", "x"))).await;
-        assert!(first.is_err(), "point {point}: the panic reaches the caller");
+        assert!(
+            first.is_err(),
+            "point {point}: the panic reaches the caller"
+        );
         tokio::task::yield_now().await;
         tokio::time::sleep(Duration::from_millis(10)).await;
         let res = svc.clone().oneshot(keyed("p", "x")).await.unwrap();
@@ -496,7 +510,11 @@ async fn one_chunk_and_many_chunks_are_one_request() {
             .body(chunks(parts))
             .unwrap()
     };
-    let a = svc.clone().oneshot(req("/p?x=1", vec![b"hello world"])).await.unwrap();
+    let a = svc
+        .clone()
+        .oneshot(req("/p?x=1", vec![b"hello world"]))
+        .await
+        .unwrap();
     assert_eq!(a.status(), 200);
     let b = svc
         .clone()
@@ -504,7 +522,11 @@ async fn one_chunk_and_many_chunks_are_one_request() {
         .await
         .unwrap();
     assert_eq!(b.headers()["idempotent-replayed"], "true");
-    let c = svc.clone().oneshot(req("/p?x=2", vec![b"hello world"])).await.unwrap();
+    let c = svc
+        .clone()
+        .oneshot(req("/p?x=2", vec![b"hello world"]))
+        .await
+        .unwrap();
     assert_eq!(c.status(), 422);
 }
 

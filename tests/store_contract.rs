@@ -64,7 +64,7 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
     // Records round-trip byte for byte, and a completed key answers with its record.
     let c = claim(&*store, &key("rt"), LONG).await;
     store
-        .complete(&key("rt"), c, response(), LONG)
+        .complete(&key("rt"), c, fp("x"), response(), LONG)
         .await
         .unwrap();
     let expected = Entry::Completed {
@@ -90,7 +90,7 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
         .unwrap_err()
         .is_fenced());
     assert!(store
-        .complete(&key("fence"), stale, response(), LONG)
+        .complete(&key("fence"), stale, fp("x"), response(), LONG)
         .await
         .unwrap_err()
         .is_fenced());
@@ -107,7 +107,7 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
         "the stale owner changed nothing"
     );
     store
-        .complete(&key("fence"), fresh, response(), LONG)
+        .complete(&key("fence"), fresh, fp("x"), response(), LONG)
         .await
         .unwrap();
 
@@ -125,10 +125,32 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
     assert_eq!(store.get(&key("lease")).await.unwrap(), None);
     claim(&*store, &key("lease"), LONG).await;
 
+    // A claim whose lease ran out with no other claim since still completes: its handler ran,
+    // and its outcome is kept rather than lost (a repeat would run the handler again).
+    let lapsed = claim(&*store, &key("lapsed"), SHORT).await;
+    tokio::time::sleep(SHORT * 2).await;
+    store
+        .complete(&key("lapsed"), lapsed, fp("x"), response(), LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.get(&key("lapsed")).await.unwrap(),
+        Some(Entry::Completed {
+            fingerprint: fp("x"),
+            response: response(),
+        })
+    );
+    // But not over a completed record.
+    assert!(store
+        .complete(&key("lapsed"), lapsed, fp("x"), response(), LONG)
+        .await
+        .unwrap_err()
+        .is_fenced());
+
     // Completed records expire with their TTL.
     let c = claim(&*store, &key("ttl"), LONG).await;
     store
-        .complete(&key("ttl"), c, response(), SHORT)
+        .complete(&key("ttl"), c, fp("x"), response(), SHORT)
         .await
         .unwrap();
     assert!(store.get(&key("ttl")).await.unwrap().is_some());

@@ -169,6 +169,23 @@ fn held<'a>(
     }
 }
 
+/// Whether `claim` may complete `key`: the key holds the claim (its lease may have run out), or
+/// nothing live (the lease ran out and no other claim took the key since: the handler ran, and
+/// its outcome is kept rather than lost). `Some(size)` of the slot the record replaces.
+fn completable(
+    entries: &Entries,
+    key: &str,
+    claim: Claim,
+    now: Instant,
+) -> Result<Option<usize>, StoreError> {
+    match entries.get(key) {
+        Some(slot) if matches!(slot.holds, Holds::Claim(c) if c == claim) => Ok(Some(slot.size)),
+        Some(slot) if slot.expires > now => Err(StoreError::fenced()),
+        Some(slot) => Ok(Some(slot.size)),
+        None => Ok(None),
+    }
+}
+
 /// `now + d`, saturating far in the future instead of overflowing (a "keep forever" TTL).
 fn later(now: Instant, d: Duration) -> Instant {
     now.checked_add(d)
@@ -241,6 +258,7 @@ impl MemoryStore {
         &self,
         key: &str,
         claim: Claim,
+        fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
@@ -250,22 +268,34 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
-        // The record replaces the in-flight slot only if it fits: a record that does not fit
-        // leaves the key in flight, never free (its request's handler ran).
-        let mut slot = held(&mut state.entries, key, claim, now)?;
-        if state.bytes - slot.size + size > self.max_bytes {
+        // The record takes the key only if it fits: a record that does not fit leaves the key
+        // as it is (in flight until its lease ends), never free early.
+        let fits = |state: &State, replaced: Option<usize>| {
+            state.bytes - replaced.unwrap_or(0) + size <= self.max_bytes
+                && (replaced.is_some() || state.entries.len() < self.max_entries)
+        };
+        let mut replaced = completable(&state.entries, key, claim, now)?;
+        if !fits(state, replaced) {
             state.evict_expired(now);
-            // A held slot is live: eviction keeps it.
-            slot = held(&mut state.entries, key, claim, now)?;
-            if state.bytes - slot.size + size > self.max_bytes {
+            replaced = completable(&state.entries, key, claim, now)?;
+            if !fits(state, replaced) {
                 return Err(StoreError::full());
             }
         }
-        // Everything that could fail is done: the slot is completed in place.
-        state.bytes = state.bytes - slot.size + size;
-        slot.holds = Holds::Completed(record);
-        slot.expires = later(now, ttl);
-        slot.size = size;
+        // Everything that could fail is done.
+        state.bytes = state.bytes - replaced.unwrap_or(0) + size;
+        let slot = Slot {
+            fingerprint,
+            holds: Holds::Completed(record),
+            expires: later(now, ttl),
+            size,
+        };
+        match state.entries.get_mut(key) {
+            Some(old) => *old = slot,
+            None => {
+                state.entries.insert(key.into(), slot);
+            }
+        }
         Ok(())
     }
 
@@ -306,10 +336,11 @@ impl IdempotencyStore for MemoryStore {
         &self,
         key: &str,
         claim: Claim,
+        fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        ready(self.complete_now(key, claim, response, ttl))
+        ready(self.complete_now(key, claim, fingerprint, response, ttl))
     }
 
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send {
@@ -357,7 +388,7 @@ mod tests {
         let s = MemoryStore::with_limits(100, 1000);
         let c = claim(&s, "k", TTL).await;
         assert!(s
-            .complete("k", c, response(2000), TTL)
+            .complete("k", c, fp(1), response(2000), TTL)
             .await
             .unwrap_err()
             .is_full());
@@ -367,7 +398,7 @@ mod tests {
             "a response that does not fit leaves the key in flight, never free"
         );
         assert_eq!(s.bytes(), key_size("k"));
-        s.complete("k", c, response(100), TTL).await.unwrap();
+        s.complete("k", c, fp(1), response(100), TTL).await.unwrap();
         assert!(s.bytes() <= 1000);
     }
 

@@ -45,15 +45,22 @@ pub(crate) fn encode_in_flight(claim: Claim, fingerprint: Fingerprint) -> Vec<u8
     out
 }
 
-/// The first two bytes of a completed record (version, kind); the claim token and the
-/// fingerprint follow, then [`encode_response`].
-pub(crate) fn completed_head() -> [u8; 2] {
-    [VERSION, COMPLETED]
+/// A completed record: the claim that completed it, the request's fingerprint, the response.
+pub(crate) fn encode_completed(
+    claim: Claim,
+    fingerprint: Fingerprint,
+    response: &StoredResponse,
+) -> Result<Vec<u8>, &'static str> {
+    let mut out = Vec::with_capacity(HOLDER_LEN + 32 + response.size());
+    out.extend_from_slice(&[VERSION, COMPLETED]);
+    out.extend_from_slice(&claim.token().to_be_bytes());
+    out.extend_from_slice(fingerprint.as_bytes());
+    encode_response(response, &mut out)?;
+    Ok(out)
 }
 
-/// A completed record's response part: status, headers, body.
-pub(crate) fn encode_response(response: &StoredResponse) -> Result<Vec<u8>, &'static str> {
-    let mut out = Vec::with_capacity(response.size());
+/// A completed record's response part: status, headers, body, appended to `out`.
+fn encode_response(response: &StoredResponse, out: &mut Vec<u8>) -> Result<(), &'static str> {
     out.extend_from_slice(&response.status().as_u16().to_be_bytes());
     let count = u16::try_from(response.headers().len()).map_err(|_| "too many headers")?;
     out.extend_from_slice(&count.to_be_bytes());
@@ -69,21 +76,7 @@ pub(crate) fn encode_response(response: &StoredResponse) -> Result<Vec<u8>, &'st
     let body_len = u32::try_from(response.body().len()).map_err(|_| "the body is too long")?;
     out.extend_from_slice(&body_len.to_be_bytes());
     out.extend_from_slice(response.body());
-    Ok(out)
-}
-
-/// A whole completed record, as the `COMPLETE` script assembles it.
-#[cfg(test)]
-fn encode_completed(
-    claim: Claim,
-    fingerprint: Fingerprint,
-    response: &StoredResponse,
-) -> Result<Vec<u8>, &'static str> {
-    let mut out = completed_head().to_vec();
-    out.extend_from_slice(&claim.token().to_be_bytes());
-    out.extend_from_slice(fingerprint.as_bytes());
-    out.extend_from_slice(&encode_response(response)?);
-    Ok(out)
+    Ok(())
 }
 
 /// Why a record could not be read.
@@ -220,7 +213,7 @@ mod tests {
     #[test]
     fn a_huge_header_count_is_read_or_malformed_never_a_panic() {
         let record = |count: u16, distinct: bool| {
-            let mut bytes = completed_head().to_vec();
+            let mut bytes = vec![VERSION, COMPLETED];
             bytes.extend_from_slice(&1u64.to_be_bytes());
             bytes.extend_from_slice(&[7; 32]);
             bytes.extend_from_slice(&200u16.to_be_bytes());

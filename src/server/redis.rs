@@ -15,11 +15,12 @@ use super::store::{
 /// runs unchanged on Redis Cluster and Valkey. `ARGV[1]` is the claim's record prefix
 /// (version, kind, token).
 ///
-/// `COMPLETE` keeps the claim's token and fingerprint (bytes 3–42) and appends the response.
+/// `COMPLETE` writes the completed record (`ARGV[2]`) if the key holds the claim, or nothing
+/// (the claim's lease ran out and no one claimed the key since: the outcome is kept, not lost).
 const COMPLETE: &str = r"
 local v = redis.call('GET', KEYS[1])
-if (not v) or string.sub(v, 1, 10) ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[2] .. string.sub(v, 3, 42) .. ARGV[3], 'PX', ARGV[4])
+if v and string.sub(v, 1, 10) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1";
 
 const RENEW: &str = r"
@@ -230,13 +231,13 @@ impl IdempotencyStore for RedisStore {
         &self,
         key: &str,
         claim: Claim,
+        fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        // The script keeps the claim's token and fingerprint: one round trip.
-        let tail = record::encode_response(&response).map_err(StoreError::new)?;
-        let head = record::completed_head();
-        self.held(&self.complete, key, claim, &[&head, &tail, &millis(ttl)])
+        let completed =
+            record::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
+        self.held(&self.complete, key, claim, &[&completed, &millis(ttl)])
             .await
     }
 

@@ -136,7 +136,7 @@ pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredRespons
         loop {
             match c
                 .store
-                .complete(&c.key, c.claim, record.clone(), c.config.ttl)
+                .complete(&c.key, c.claim, c.fingerprint, record.clone(), c.config.ttl)
                 .await
             {
                 Ok(()) => {

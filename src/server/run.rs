@@ -23,7 +23,7 @@ use super::layer::Config;
 use super::outcome;
 use super::renewal;
 use super::service::{buffer, retry_later, Buffered};
-use super::store::{Claim, IdempotencyStore, StoreError, StoredResponse};
+use super::store::{Claim, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
 use crate::attempts::cap;
 use crate::BoxError;
@@ -37,6 +37,8 @@ pub(crate) struct Claimed<St> {
     /// The key as the client sent it: what logs show (a scope may be a secret).
     pub(crate) shown: Arc<str>,
     pub(crate) claim: Claim,
+    /// The request's fingerprint: a completion that outlived the claim's lease writes it anew.
+    pub(crate) fingerprint: Fingerprint,
 }
 
 /// Calls the handler for a claimed key and keeps its outcome. The call runs in the request's
@@ -236,7 +238,8 @@ fn complete<St: IdempotencyStore>(
     c: &Claimed<St>,
     record: StoredResponse,
 ) -> impl Future<Output = Result<(), StoreError>> + '_ {
-    c.store.complete(&c.key, c.claim, record, c.config.ttl)
+    c.store
+        .complete(&c.key, c.claim, c.fingerprint, record, c.config.ttl)
 }
 
 impl<St: IdempotencyStore> Drop for Pending<St> {

@@ -210,6 +210,7 @@ where
             key,
             shown,
             claim,
+            fingerprint,
         };
         run::call(
             inner,

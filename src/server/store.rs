@@ -259,9 +259,11 @@ impl std::error::Error for StoreError {
 ///   [`Claim`] (its fencing token), or returns what the key holds. A key whose lease ended
 ///   without a completion is free again: a server that crashed mid-handler holds its keys
 ///   no longer than its lease.
-/// - `renew`, `complete` and `release` are compare-and-set on the claim: they act only if the
-///   key is still in flight under that very claim, and otherwise fail with
-///   [`StoreError::fenced`] and change nothing.
+/// - `renew` and `release` are compare-and-set on the claim: they act only if the key is
+///   still in flight under that very claim, and otherwise fail with [`StoreError::fenced`]
+///   and change nothing. `complete` also acts on a key that nothing holds any more (the
+///   claim's lease ran out and no other claim took the key since): the handler ran, and its
+///   outcome must be kept, not lost so that a repeat runs it again.
 ///
 /// [`MemoryStore`](super::MemoryStore) is the embedded store; `RedisStore` (feature `redis`)
 /// the shared one.
@@ -283,12 +285,16 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Record the response of the request that holds `key` under `claim`, kept for `ttl`, if
-    /// the claim still holds the key.
+    /// Record the response of the request that claimed `key` under `claim` (with
+    /// `fingerprint`), kept for `ttl`, if the claim still holds the key or nothing does (its
+    /// lease ran out and no other claim took the key since: the outcome is kept, not lost).
+    /// If another claim or a completed record holds the key, fail with
+    /// [`StoreError::fenced`] and change nothing.
     fn complete(
         &self,
         key: &str,
         claim: Claim,
+        fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
