@@ -1,3 +1,4 @@
+use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -12,7 +13,6 @@ pin_project! {
     /// The response body of [`IdempotencyService`](super::IdempotencyService): a buffered body
     /// (stored, replayed, or an answer of the layer's own) or the inner service's body,
     /// possibly after a prefix the layer already read while trying to buffer it.
-    #[derive(Debug)]
     pub struct ResponseBody<B> {
         #[pin]
         inner: Inner<B>,
@@ -21,10 +21,29 @@ pin_project! {
 
 pin_project! {
     #[project = Proj]
-    #[derive(Debug)]
     enum Inner<B> {
         Buffered { data: Option<Bytes> },
-        Stream { prefix: Option<Bytes>, trailers: Option<HeaderMap>, #[pin] rest: B },
+        // What was read, then the error that stopped the reading or the trailers it met, then
+        // the rest of the inner body.
+        Stream {
+            prefix: Option<Bytes>,
+            trailers: Option<HeaderMap>,
+            error: Option<BoxError>,
+            #[pin] rest: B,
+        },
+    }
+}
+
+/// Says what kind of body it is; never its content.
+impl<B> fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.inner {
+            Inner::Buffered { .. } => "buffered",
+            Inner::Stream { .. } => "stream",
+        };
+        f.debug_struct("ResponseBody")
+            .field("kind", &kind)
+            .finish_non_exhaustive()
     }
 }
 
@@ -39,12 +58,18 @@ impl<B> ResponseBody<B> {
     }
 
     /// The inner body, after `prefix` (and `trailers`, if reading for the buffer already met
-    /// them).
-    pub(crate) fn stream(prefix: Bytes, trailers: Option<HeaderMap>, rest: B) -> Self {
+    /// them, or the `error` that ended the reading: the body ends there).
+    pub(crate) fn stream(
+        prefix: Bytes,
+        trailers: Option<HeaderMap>,
+        error: Option<BoxError>,
+        rest: B,
+    ) -> Self {
         ResponseBody {
             inner: Inner::Stream {
                 prefix: (!prefix.is_empty()).then_some(prefix),
                 trailers,
+                error,
                 rest,
             },
         }
@@ -68,10 +93,14 @@ where
             Proj::Stream {
                 prefix,
                 trailers,
+                error,
                 rest,
             } => {
                 if let Some(prefix) = prefix.take() {
                     return Poll::Ready(Some(Ok(Frame::data(prefix))));
+                }
+                if let Some(err) = error.take() {
+                    return Poll::Ready(Some(Err(err)));
                 }
                 if let Some(trailers) = trailers.take() {
                     return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
@@ -87,8 +116,9 @@ where
             Inner::Stream {
                 prefix,
                 trailers,
+                error,
                 rest,
-            } => prefix.is_none() && trailers.is_none() && rest.is_end_stream(),
+            } => prefix.is_none() && trailers.is_none() && error.is_none() && rest.is_end_stream(),
         }
     }
 
@@ -98,14 +128,8 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Inner::Stream { prefix, rest, .. } => {
-                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
-                let inner = rest.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(inner.lower() + extra);
-                if let Some(upper) = inner.upper() {
-                    hint.set_upper(upper + extra);
-                }
-                hint
+                let ahead = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                crate::body_hint::with_bytes_ahead(Some(rest), ahead, true)
             }
         }
     }

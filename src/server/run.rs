@@ -157,6 +157,7 @@ where
             Buffered::Partial {
                 prefix,
                 trailers,
+                error,
                 rest,
                 why,
             } => {
@@ -166,7 +167,8 @@ where
                     let head = || outcome::head_only(parts.status, &parts.headers);
                     pending.keep(head, Some(why)).await;
                 }
-                Response::from_parts(parts, ResponseBody::stream(prefix, trailers, rest))
+                let body = ResponseBody::stream(prefix, trailers, error, rest);
+                Response::from_parts(parts, body)
             }
         }
     }

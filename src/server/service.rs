@@ -79,7 +79,7 @@ where
             let call = inner.call(req.map(Either::Right));
             return Box::pin(async move {
                 let res = call.await?;
-                Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, body)))
+                Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, None, body)))
             });
         };
         let Some(key) = idempotency_key::parse(value) else {
@@ -320,10 +320,12 @@ fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B
 
 pub(crate) enum Buffered<B> {
     Whole(Bytes),
-    /// Not stored: too large, has trailers, or failed mid-way. Carries what was read.
+    /// Not stored: too large, has trailers, or failed mid-way. Carries what was read, and the
+    /// error that stopped the reading (the client must get it, not a clean end).
     Partial {
         prefix: Bytes,
         trailers: Option<HeaderMap>,
+        error: Option<BoxError>,
         rest: B,
         why: &'static str,
     },
@@ -332,6 +334,7 @@ pub(crate) enum Buffered<B> {
 pub(crate) async fn buffer<B>(mut body: B, limit: usize) -> Buffered<B>
 where
     B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
 {
     let mut data = Chunks::default();
     loop {
@@ -344,6 +347,7 @@ where
                         return Buffered::Partial {
                             prefix: data.into_bytes(),
                             trailers: None,
+                            error: None,
                             rest: body,
                             why: "over the size limit",
                         };
@@ -353,15 +357,17 @@ where
                     return Buffered::Partial {
                         prefix: data.into_bytes(),
                         trailers: frame.into_trailers().ok(),
+                        error: None,
                         rest: body,
                         why: "it has trailers",
                     }
                 }
             },
-            Some(Err(_)) => {
+            Some(Err(err)) => {
                 return Buffered::Partial {
                     prefix: data.into_bytes(),
                     trailers: None,
+                    error: Some(err.into()),
                     rest: body,
                     why: "its body failed",
                 }

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use sha2::{Digest, Sha256};
 
 use crate::BoxError;
@@ -130,11 +130,20 @@ impl StoredResponse {
         &self.body
     }
 
-    /// The record with a body of its own. A body the layer did not copy (one chunk, as the
-    /// handler gave it) may be a slice of a larger buffer, such as a connection's read buffer;
-    /// a store that bounds its memory by the body's length copies it before keeping it.
+    /// The record with a body and header values of its own. A body the layer did not copy (one
+    /// chunk, as the handler gave it) may be a slice of a larger buffer, and hyper's parser
+    /// makes each header value a slice of the connection's read buffer (a proxied upstream's
+    /// response): a store that bounds its memory by their lengths copies them before keeping
+    /// them, or a 12-byte header could keep a whole read buffer alive.
     pub(crate) fn with_own_body(mut self) -> Self {
         self.body = Bytes::copy_from_slice(&self.body);
+        for value in self.headers.values_mut() {
+            if let Ok(own) = HeaderValue::from_bytes(value.as_bytes()) {
+                let sensitive = value.is_sensitive();
+                *value = own;
+                value.set_sensitive(sensitive);
+            }
+        }
         self
     }
 

@@ -1,6 +1,8 @@
-//! Adversarial review of the server-side idempotency rework (e31501d..d64a82c): the keyed
-//! call as async blocks, `renewal::Keeper`, one-chunk bodies kept without a copy, MemoryStore
-//! completing in place. Tests that fail show defects; the others pin what was checked.
+//! The server layer's edge cases, from an adversarial review of its performance rework (each
+//! of the first group failed before its fix): a response body that fails mid-stream reaches
+//! the client as a failure, not a clean shorter body; a stored header value does not pin a
+//! connection's buffer; a handler whose lease ran out with no other claim keeps its outcome.
+//! The rest pin what was checked: drops at every await point, renewal, panics, 64 callers.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -35,7 +37,7 @@ where
 }
 
 // ---------------------------------------------------------------------------------------
-// Defect candidates
+// Found in review, fixed
 // ---------------------------------------------------------------------------------------
 
 type Chunk = Result<Frame<Bytes>, BoxError>;
@@ -69,8 +71,8 @@ async fn a_response_body_failing_mid_stream_is_not_handed_on_as_a_whole_body() {
     );
 }
 
-/// The same over real sockets (hyper server, chunked): the client receives the prefix and a
-/// proper chunked terminator, i.e. a complete response, although the handler's body failed.
+/// The same over real sockets (hyper server, chunked): the client must not receive a proper
+/// chunked terminator, i.e. a complete response, when the handler's body failed.
 #[tokio::test]
 async fn over_hyper_a_failing_response_body_is_a_clean_truncated_response() {
     use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -109,7 +111,8 @@ async fn over_hyper_a_failing_response_body_is_a_clean_truncated_response() {
     let mut raw = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut raw)).await;
     let text = String::from_utf8_lossy(&raw).into_owned();
-    assert!(text.contains("partial-"), "{text}");
+    // hyper may abort the connection before it flushes what it had (the client then sees no
+    // response at all): either way, never a clean end.
     assert!(
         !text.ends_with("0\r\n\r\n"),
         "a failed body was ended with a clean chunked terminator (the client cannot tell it \
