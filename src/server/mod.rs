@@ -47,7 +47,8 @@
 //! ([`Claim`]): the layer renews it while the handler runs, so a handler may outlast it, and a
 //! server that dies mid-handler holds its keys only until the lease ends. A store refuses to
 //! complete or release a claim that was taken over, so a stale server never overwrites a newer
-//! outcome.
+//! outcome. A claim whose lease ran out while no other request took the key (a handler busy
+//! past its lease without yielding, a slow store) still completes: its outcome is kept.
 //!
 //! The lease bounds the windows in which "never twice" cannot hold, and they are these:
 //!
