@@ -227,3 +227,68 @@ async fn redis_stopped_answers_503_and_runs_nothing_until_it_is_back() {
         assert_eq!(counts.applied(&format!("after-{i}")), 1);
     }
 }
+
+/// A handler busy past its lease without yielding (a blocking call before its first await:
+/// no renewal can run) on a real Redis and real sockets: its lease lapses while no one else
+/// holds the key, and its outcome is still stored, so a repeat gets the replay instead of
+/// running it again. Before `complete` accepted a lapsed claim, the repeat ran it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_busy_past_its_lease_without_yielding_runs_once() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    use tower_retry_safety::server::IdempotencyLayer;
+
+    let store = RedisStore::connect(SHARED_REDIS)
+        .await
+        .unwrap()
+        .prefix(prefix("busy"));
+    let runs = Arc::new(AtomicU32::new(0));
+    let counted = runs.clone();
+    let layer = IdempotencyLayer::new(store).lease(Duration::from_millis(100));
+    let handler = tower::service_fn(move |_req: Request<_>| {
+        let runs = counted.clone();
+        async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // Three leases without an await.
+            std::thread::sleep(Duration::from_millis(300));
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(
+                b"sent",
+            ))))
+        }
+    });
+    let svc = tower::Layer::layer(&layer, handler);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    svc.clone().oneshot(req)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let send = || {
+        Request::post(format!("http://{addr}/v1/messages"))
+            .header("idempotency-key", "\"busy-1\"")
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    let first = client().request(send()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let again = client().request(send()).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..]),
+        "the repeat ran the handler again"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
