@@ -1,7 +1,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
@@ -41,10 +40,9 @@ pin_project! {
         Called { #[pin] future: F, timer: Option<(Pin<Box<Sleep>>, TimedOut)> },
         // Waiting out the backoff or the server's Retry-After. Boxed: only a retry pays for
         // the timer's size, not every request's future.
-        Waiting { sleep: Pin<Box<Sleep>> },
-        // Waiting, at most until `sleep`, for the last attempt's transport to let go of the
-        // recorded body.
-        Rewinding { sleep: Pin<Box<Sleep>> },
+        // Then, for a recorded body (`for_body`), the same timer bounds the wait for the last
+        // attempt's transport to let go of the recording.
+        Waiting { sleep: Pin<Box<Sleep>>, for_body: bool },
         // Waiting for the inner service to accept the next attempt, with the next attempt's
         // body when it came from the recording (a copy is made once the service is ready).
         Readying { body: Option<B> },
@@ -78,8 +76,10 @@ where
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.state {
             State::Called { .. } => "attempt in flight",
-            State::Waiting { .. } => "waiting before retry",
-            State::Rewinding { .. } => "waiting for the body",
+            State::Waiting {
+                for_body: false, ..
+            } => "waiting before retry",
+            State::Waiting { for_body: true, .. } => "waiting for the body",
             State::Readying { .. } => "waiting for the service",
             State::Done => "done",
         };
@@ -188,6 +188,7 @@ where
                         Decision::Retry { after } if this.retry.is_some() => {
                             // The failed attempt's response (if any) is dropped here.
                             this.state.set(State::Waiting {
+                                for_body: false,
                                 sleep: Box::pin(tokio::time::sleep(after)),
                             });
                         }
@@ -209,25 +210,26 @@ where
                         }
                     }
                 }
-                StateProj::Waiting { sleep } => {
+                StateProj::Waiting {
+                    sleep,
+                    for_body: for_body @ false,
+                } => {
                     ready!(sleep.as_mut().poll(cx));
                     let recording = this.retry.as_ref().is_some_and(|r| r.body.is_recording());
                     if recording {
-                        // The backoff's timer, reused to bound the wait for the body.
+                        // The backoff's timer, reset to bound the wait for the body.
                         let wait = this
                             .attempts
                             .as_ref()
                             .and_then(Attempts::time_left)
                             .map_or(LET_GO_WAIT, |left| left.min(LET_GO_WAIT));
-                        let mut sleep =
-                            std::mem::replace(sleep, Box::pin(tokio::time::sleep(Duration::ZERO)));
                         sleep.as_mut().reset(tokio::time::Instant::now() + wait);
-                        this.state.set(State::Rewinding { sleep });
+                        *for_body = true;
                     } else {
                         this.state.set(State::Readying { body: None });
                     }
                 }
-                StateProj::Rewinding { sleep } => {
+                StateProj::Waiting { sleep, .. } => {
                     let Some(replay) = this.retry.as_mut() else {
                         panic!("ResponseFuture polled after completion");
                     };
