@@ -5,12 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-20000}
-bin=$(cargo bench --bench overhead --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "overhead" and m.get("executable"):
-        print(m["executable"])')
+bin=$(scripts/bench-bin.sh overhead)
 count() {
     OVERHEAD_ONLY="$1:$2" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" 2>&1 |
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'

@@ -6,12 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
 variants=${VARIANTS:-bare memory floor redis}
-bin=$(cargo bench --bench server --features redis --no-run --message-format=json 2>/dev/null |
-    python3 -c 'import json,sys
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "server" and m.get("executable"):
-        print(m["executable"])')
+bin=$(scripts/bench-bin.sh server --features redis)
 count() {
     SERVER_ONLY="$1:$2" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" 2>&1 |
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
