@@ -4,6 +4,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use tower_layer::Layer;
 
+use super::renewal::Renewals;
 use super::{IdempotencyService, IdempotencyStore};
 
 #[derive(Debug, Clone)]
@@ -46,6 +47,9 @@ impl std::fmt::Debug for Scope {
 pub struct IdempotencyLayer<St> {
     store: Arc<St>,
     config: Arc<Config>,
+    /// Shared by every service this layer makes (servers often make one per connection): one
+    /// ticker renews the claims of all of them.
+    renewals: Arc<Renewals<St>>,
 }
 
 impl<St> Clone for IdempotencyLayer<St> {
@@ -53,6 +57,7 @@ impl<St> Clone for IdempotencyLayer<St> {
         IdempotencyLayer {
             store: self.store.clone(),
             config: self.config.clone(),
+            renewals: self.renewals.clone(),
         }
     }
 }
@@ -60,13 +65,16 @@ impl<St> Clone for IdempotencyLayer<St> {
 impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// A layer over `store` with the defaults below.
     pub fn new(store: St) -> Self {
+        let store = Arc::new(store);
+        let lease = Duration::from_secs(60);
         IdempotencyLayer {
-            store: Arc::new(store),
+            renewals: Arc::new(Renewals::new(store.clone(), lease)),
+            store,
             config: Arc::new(Config {
                 key_header: HeaderName::from_static("idempotency-key"),
                 replay_header: HeaderName::from_static("idempotent-replayed"),
                 ttl: Duration::from_secs(24 * 60 * 60),
-                lease: Duration::from_secs(60),
+                lease,
                 store_server_errors: true,
                 scope: None,
                 max_request_bytes: 1024 * 1024,
@@ -108,7 +116,8 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 
     /// How long a claim on a key lasts without renewal. While its handler runs, the layer
-    /// renews the claim every third of the lease, so a handler may run longer than it; a server
+    /// renews the claim every quarter of the lease (see the [module docs](super#leases-and-fencing)
+    /// for what that asks of the handler), so a handler may run longer than it; a server
     /// that dies mid-handler holds its keys until the lease ends. After that a repeat of the key
     /// runs the handler again: the lease is the window within which a crashed server's write
     /// cannot be told from one that never started. Values under 30 ms are taken as 30 ms,
@@ -116,7 +125,10 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     ///
     /// Defaults to 60 seconds.
     pub fn lease(self, lease: Duration) -> Self {
-        self.config(|c| c.lease = lease.clamp(Duration::from_millis(30), YEAR))
+        let lease = lease.clamp(Duration::from_millis(30), YEAR);
+        let mut layer = self.config(|c| c.lease = lease);
+        layer.renewals = Arc::new(Renewals::new(layer.store.clone(), lease));
+        layer
     }
 
     /// Whether a response with a 5xx status is stored for replay. Stored, a repeat learns the
@@ -203,6 +215,7 @@ impl<S, St> Layer<S> for IdempotencyLayer<St> {
             inner,
             store: self.store.clone(),
             config: self.config.clone(),
+            renewals: self.renewals.clone(),
         }
     }
 }

@@ -7,12 +7,11 @@
 //! So the call is detached onto the runtime when its request goes away: it drives the handler
 //! to completion, renews the claim's lease meanwhile, and stores the outcome.
 
-use std::future::Future;
-use std::pin::pin;
+use std::future::{poll_fn, Future};
 use std::sync::Arc;
+use std::task::Poll;
 
 use bytes::Bytes;
-use http::StatusCode;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
@@ -21,8 +20,8 @@ use tower_service::Service;
 use super::detach::DetachOnDrop;
 use super::layer::Config;
 use super::outcome;
-use super::renewal;
-use super::service::{buffer, retry_later, Buffered};
+use super::renewal::{self, Renewal};
+use super::service::{buffer, Buffered};
 use super::store::{Claim, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
 use crate::attempts::cap;
@@ -49,6 +48,7 @@ pub(crate) struct Claimed<St> {
 pub(crate) fn call<S, St, B, ResBody>(
     inner: S,
     claimed: Claimed<St>,
+    renewal: Renewal<St>,
     req: Request<Either<Full<Bytes>, B>>,
 ) -> DetachOnDrop<impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send>
 where
@@ -60,18 +60,18 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    DetachOnDrop::new(run(inner, claimed, req))
+    DetachOnDrop::new(run(inner, claimed, renewal, req))
 }
 
 /// The keyed call itself: an `async` block rather than an `async fn` (whose arguments would
-/// take room twice), and the handler's future and the response body's buffering are polled in
-/// place under the lease keeper rather than moved into nested futures, so that this future —
-/// boxed once per keyed request — stays small.
+/// take room twice), so that this future — boxed once per keyed request — stays small. The
+/// claim's lease is renewed meanwhile by `renewal`, on its own schedule.
 // Not an `async fn`: its arguments would take room twice in the future.
 #[allow(clippy::manual_async_fn)]
 fn run<S, St, B, ResBody>(
     mut inner: S,
     claimed: Claimed<St>,
+    mut renewal: Renewal<St>,
     req: Request<Either<Full<Bytes>, B>>,
 ) -> impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send
 where
@@ -84,32 +84,31 @@ where
     ResBody::Error: Into<BoxError>,
 {
     async move {
-        let (lease, limit) = (claimed.config.lease, claimed.config.max_response_bytes);
+        let limit = claimed.config.max_response_bytes;
         let store_server_errors = claimed.config.store_server_errors;
-        let Ok(first_renewal) = renewal::first_renewal(lease) else {
-            // Nothing ran: the claim may be freed.
-            tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
-            let _ = claimed.store.release(&claimed.key, claimed.claim).await;
-            return Ok(retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-            ));
-        };
+        if renewal.started_ticker() {
+            // Let the ticker this claim just spawned have its first poll (see
+            // `Renewal::started_ticker`): woken at once, this task goes to the back of the
+            // queue, behind it.
+            let mut yielded = false;
+            poll_fn(|cx| {
+                if std::mem::replace(&mut yielded, true) {
+                    Poll::Ready(())
+                } else {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+            })
+            .await;
+        }
         // The guard is armed before the handler is called: a panic in it keeps the key too.
         let mut pending = Pending {
             claimed: Some(claimed),
         };
-        let mut keeper = pin!(renewal::Keeper::new(first_renewal));
-        // The handler's future lives across this one await only, so it shares its room in
-        // this future with what comes after.
-        let called = keeper
-            .as_mut()
-            .during(pending.claimed.as_ref(), pin!(inner.call(req)))
-            .await;
-        let (parts, body) = match called {
+        let (parts, body) = match inner.call(req).await {
             Ok(res) => res.into_parts(),
             Err(err) => {
-                keeper.stop();
+                renewal.stop();
                 // Called, then no response: it may have applied. Keep a record that says so
                 // rather than free the key for a second run.
                 pending
@@ -118,12 +117,9 @@ where
                 return Err(err);
             }
         };
-        let buffered = keeper
-            .as_mut()
-            .during(pending.claimed.as_ref(), pin!(buffer(body, limit)))
-            .await;
+        let buffered = buffer(body, limit).await;
         // The lease is no longer renewed once the outcome is being stored.
-        keeper.stop();
+        renewal.stop();
         let declined = parts.status.is_server_error() && !store_server_errors;
         Ok(finish(pending, parts, buffered, declined).await)
     }

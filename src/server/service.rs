@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Either, Full};
 use tower_service::Service;
 
 use super::layer::Config;
+use super::renewal::{Renewal, Renewals};
 use super::run::{self, Claimed};
 use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::ResponseBody;
@@ -28,6 +29,9 @@ pub struct IdempotencyService<S, St> {
     pub(crate) inner: S,
     pub(crate) store: Arc<St>,
     pub(crate) config: Arc<Config>,
+    /// The claims of this service's handlers that are running, renewed on a schedule of
+    /// their own.
+    pub(crate) renewals: Arc<Renewals<St>>,
 }
 
 impl<S: Clone, St> Clone for IdempotencyService<S, St> {
@@ -36,6 +40,7 @@ impl<S: Clone, St> Clone for IdempotencyService<S, St> {
             inner: self.inner.clone(),
             store: self.store.clone(),
             config: self.config.clone(),
+            renewals: self.renewals.clone(),
         }
     }
 }
@@ -94,7 +99,7 @@ where
         let (parts, body) = req.into_parts();
         Box::pin(keyed(
             inner,
-            self.store.clone(),
+            self.renewals.clone(),
             self.config.clone(),
             key,
             parts,
@@ -129,7 +134,7 @@ pub(crate) fn retry_later<B>(
 #[allow(clippy::manual_async_fn)]
 fn keyed<S, St, B, ResBody>(
     inner: S,
-    store: Arc<St>,
+    renewals: Arc<Renewals<St>>,
     config: Arc<Config>,
     key: Arc<str>,
     parts: http::request::Parts,
@@ -176,6 +181,10 @@ where
         };
         let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let fingerprint = Fingerprint::of(&parts.method, target, &body);
+        // The store's lease starts when it takes the claim, after this: renewals are timed
+        // from here, so a slow reply to `begin` eats none of the margin.
+        let sent = renewals.now();
+        let store = renewals.store().clone();
         let claim = match store.begin(&key, fingerprint, config.lease).await {
             Ok(Begin::Started(claim)) => claim,
             Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
@@ -212,9 +221,26 @@ where
             claim,
             fingerprint,
         };
+        let renewal = if tokio::runtime::Handle::try_current().is_ok() {
+            match renewals.hold(&claimed, sent) {
+                Ok(renewal) => renewal,
+                Err(_) => {
+                    // Nothing ran: the claim may be freed.
+                    tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
+                    let _ = claimed.store.release(&claimed.key, claimed.claim).await;
+                    return Ok(retry_later(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+                    ));
+                }
+            }
+        } else {
+            Renewal::none()
+        };
         run::call(
             inner,
             claimed,
+            renewal,
             Request::from_parts(parts, Either::Left(Full::new(body))),
         )
         .await
