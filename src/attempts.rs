@@ -141,7 +141,7 @@ impl Plan {
     pub(crate) fn new<'h>(
         policy: &RetryPolicy,
         method: &Method,
-        host: impl FnOnce() -> Option<&'h str>,
+        host: impl FnOnce() -> Option<(&'h str, Option<u16>)>,
         path: &str,
         headers: &HeaderMap,
         extensions: &Extensions,

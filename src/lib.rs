@@ -85,6 +85,7 @@ mod attempts;
 mod backoff;
 mod body_hint;
 mod budget;
+mod build_error;
 pub mod classify;
 mod error;
 pub mod peek;

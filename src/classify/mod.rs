@@ -12,6 +12,7 @@
 
 mod body_verdict;
 pub(crate) mod failure;
+pub(crate) mod host;
 pub(crate) mod idempotency_key;
 mod request;
 pub(crate) mod response;

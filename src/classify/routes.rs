@@ -11,7 +11,11 @@
 //! 3. normalised and in ASCII lower case, against the templates normalised and lower-cased the
 //!    same way (outside parameter names): a `NonIdempotent` match counts. Case-sensitive routers
 //!    (axum, matchit) would not route `/v1/SEND/m1` to `/v1/send/{id}`, but IIS, ASP.NET and
-//!    some gateways do, and a repeated write costs more than a retry not taken.
+//!    some gateways do, and a repeated write costs more than a retry not taken;
+//! 4. in the lenient spelling (`;parameters` cut, every ASCII escape decoded, `%2F` and `\`
+//!    read as `/`; see [`spelling`]), lower-cased, against the folded templates: a
+//!    `NonIdempotent` match counts. Tomcat routes `/v1/send;v=1/m2`, and gunicorn with Flask
+//!    routes `/v1%2Fsend/m3`, to `/v1/send/{id}`.
 //!
 //! In each spelling the most specific rule wins, as in matchit: a catch-all
 //! `NonIdempotent` rule with a specific `Idempotent` exception keeps its exception. The folded
@@ -25,7 +29,7 @@
 use http::Method;
 
 use super::{spelling, Idempotency};
-use crate::policy::BuildError;
+use crate::build_error::BuildError;
 
 /// The standard methods get a fixed slot; extension methods share a short list (its length is
 /// the number of distinct extension methods with rules, not the number of rules).
@@ -40,6 +44,9 @@ const STANDARD: [Method; 9] = [
     Method::TRACE,
     Method::CONNECT,
 ];
+
+/// Rounds of decoding in the lenient spelling: servers decode once (a few, twice).
+const LENIENT_ROUNDS: usize = 3;
 
 /// The most parameters a template may have. matchit panics past 26; far fewer is plenty.
 const MAX_PARAMETERS: usize = 16;
@@ -128,7 +135,7 @@ impl MethodRoutes {
             return as_sent;
         }
         let shape = spelling::shape(path);
-        if !shape.normalises && !shape.has_upper && self.folded.is_none() {
+        if !shape.normalises && !shape.has_upper && !shape.lenient && self.folded.is_none() {
             // The path and every template are their own other spellings: nothing to copy.
             return as_sent;
         }
@@ -161,6 +168,35 @@ impl MethodRoutes {
                 return true;
             };
             is_non_idempotent(self.folded.as_ref().unwrap_or(&self.exact), folded)
+        }) || (shape.lenient && self.lenient_spelling_is_non_idempotent(path))
+    }
+
+    /// Spelling 4, in up to [`LENIENT_ROUNDS`] rounds of decoding.
+    fn lenient_spelling_is_non_idempotent(&self, path: &str) -> bool {
+        let router = self.folded.as_ref().unwrap_or(&self.exact);
+        spelling::with_scratch(path.len() * 2, |buf| {
+            let (current, next) = buf.split_at_mut(path.len());
+            current.copy_from_slice(path.as_bytes());
+            let mut len = path.len();
+            for _ in 0..LENIENT_ROUNDS {
+                let cut = spelling::lenient_into(&current[..len], next);
+                let Ok(decoded) = std::str::from_utf8(&next[..cut]) else {
+                    return true;
+                };
+                len = spelling::normalise_into(decoded, current);
+                current[..len].make_ascii_lowercase();
+                let Ok(spelled) = std::str::from_utf8(&current[..len]) else {
+                    return true;
+                };
+                if is_non_idempotent(router, spelled) {
+                    return true;
+                }
+                if !spelling::has_ascii_escape(&current[..len]) {
+                    return false;
+                }
+            }
+            // Still escaped after every round: a path built to outlast the check.
+            true
         })
     }
 }
@@ -401,13 +437,24 @@ mod tests {
             // A parameter value in escapes, decoded or not, is still one segment.
             "/v1/send/m%37",
             "/v1/send/a%2Fb",
+            // Decoded before routing by WSGI servers and Go's ServeMux.
+            "/v1%2Fsend/m8",
+            "/v1/send%2Fm8",
+            "/v1%2fsend%2Fm8",
+            "/v1%252Fsend/m8",
+            // Segment parameters, cut by servlet containers.
+            "/v1/send;v=1/m2",
+            "/v1;a=b/send;jsessionid=x/m2",
+            "/v1/send/m2;v=1",
+            // A backslash, read as a slash by IIS.
+            "/v1\\send/m9",
+            "/v1%5Csend/m9",
         ] {
             assert_eq!(put(&t, path), Some(Idempotency::NonIdempotent), "{path}");
         }
         for path in [
-            // %2F is a slash in a segment, not a separator: servers route it as data.
-            "/v1%2Fsend/m8",
-            "/v1/send%2Fm8",
+            "/v1/send;v=1",
+            "/v1/send%3Bv=1/m2/x",
             "/v1/send",
             "/v1/send/",
             "/v1/send/m9/more",

@@ -16,6 +16,9 @@ pub(crate) struct Shape {
     pub(crate) normalises: bool,
     /// An ASCII capital letter: folding changes it.
     pub(crate) has_upper: bool,
+    /// A `;`, a `\\` or an escape of a reserved ASCII character (`%2F`, `%3B`, …): the lenient
+    /// spelling differs.
+    pub(crate) lenient: bool,
 }
 
 fn hex(b: u8) -> Option<u8> {
@@ -49,6 +52,53 @@ fn unreserved_escape(bytes: &[u8], i: usize) -> Option<u8> {
     }
 }
 
+/// The ASCII character escaped at `bytes[i..i + 3]`, if that is an escape of one.
+fn ascii_escape(bytes: &[u8], i: usize) -> Option<u8> {
+    match bytes.get(i..i + 3)? {
+        [b'%', hi, lo] => Some(hex(*hi)? << 4 | hex(*lo)?).filter(u8::is_ascii),
+        _ => None,
+    }
+}
+
+/// One round of the lenient spelling before it is normalised: `;parameters` cut from each
+/// segment, every escape of an ASCII character decoded once, `\\` read as `/`. Writes to the
+/// front of `out` (at least `path.len()` bytes: nothing grows) and returns the length. Keeps
+/// UTF-8: it cuts and decodes only ASCII.
+pub(crate) fn lenient_into(path: &[u8], out: &mut [u8]) -> usize {
+    let (mut len, mut i, mut in_parameters) = (0, 0, false);
+    while i < path.len() {
+        let b = path[i];
+        let (byte, width) = match b {
+            b'/' | b'\\' => {
+                in_parameters = false;
+                (Some(b'/'), 1)
+            }
+            _ if in_parameters => (None, 1),
+            b';' => {
+                in_parameters = true;
+                (None, 1)
+            }
+            b'%' => match ascii_escape(path, i) {
+                Some(b'\\') => (Some(b'/'), 3),
+                Some(decoded) => (Some(decoded), 3),
+                None => (Some(b), 1),
+            },
+            _ => (Some(b), 1),
+        };
+        if let Some(byte) = byte {
+            out[len] = byte;
+            len += 1;
+        }
+        i += width;
+    }
+    len
+}
+
+/// Whether `path` still has an escape of an ASCII character: another lenient round changes it.
+pub(crate) fn has_ascii_escape(path: &[u8]) -> bool {
+    (0..path.len()).any(|i| path[i] == b'%' && ascii_escape(path, i).is_some())
+}
+
 /// One pass over the path. Paths that do not start with `/` (`*`, authority forms) are never
 /// normalised, only folded.
 pub(crate) fn shape(path: &str) -> Shape {
@@ -69,7 +119,14 @@ pub(crate) fn shape(path: &str) -> Shape {
                 }
                 segment_start = i + 1;
             }
-            Some(b'%') => shape.normalises |= unreserved_escape(bytes, i).is_some(),
+            Some(b'%') => {
+                if unreserved_escape(bytes, i).is_some() {
+                    shape.normalises = true;
+                } else {
+                    shape.lenient |= ascii_escape(bytes, i).is_some();
+                }
+            }
+            Some(b';' | b'\\') => shape.lenient = true,
             Some(b) => shape.has_upper |= b.is_ascii_uppercase(),
         }
     }

@@ -10,6 +10,7 @@ use super::key_trust::KeyTrust;
 use super::statuses::StatusSet;
 use super::{AttemptEvent, AttemptHook, Inner, ResponseHook, RetryPolicy};
 use crate::backoff::Backoff;
+pub use crate::build_error::BuildError;
 use crate::classify::routes::RouteTable;
 use crate::classify::{FailureClass, Idempotency};
 use crate::LockFreeBudget;
@@ -156,7 +157,7 @@ impl RetryPolicyBuilder {
     /// ([`honor_idempotency_key_for_host`](Self::honor_idempotency_key_for_host)) still counts.
     ///
     /// Servers route other spellings of a path to the same handler, so the request's path is
-    /// matched in three spellings, and the stricter verdict wins:
+    /// matched in four spellings, and the stricter verdict wins:
     ///
     /// 1. **As sent**, against the templates as written, case-sensitively (as axum and matchit
     ///    route). This is the only spelling an [`Idempotent`](Idempotency::Idempotent) rule
@@ -168,11 +169,17 @@ impl RetryPolicyBuilder {
     ///    segments dropped, so `//` reads as `/` and a trailing slash is ignored.
     /// 3. **Normalised and in ASCII lower case**, against the templates normalised and
     ///    lower-cased the same way (parameter names aside), for servers that route
-    ///    case-insensitively (IIS, ASP.NET, some gateways).
+    ///    case-insensitively (IIS, ASP.NET, Express, some gateways).
+    /// 4. **Leniently**, then normalised and lower-cased, against those same templates:
+    ///    `;parameters` cut from each segment (Tomcat, Jetty and Spring do before routing),
+    ///    every escape of an ASCII character decoded, `%2F` included (gunicorn with Flask or
+    ///    Django, Go's `http.ServeMux`), and `\` read as `/` (IIS); again while an escape is
+    ///    left, up to three rounds (a path still escaped after that counts as a write).
     ///
     /// A [`NonIdempotent`](Idempotency::NonIdempotent) rule counts if it matches any spelling.
     /// So a `NonIdempotent` rule for `PUT /v1/send/{id}` also covers `/v1/send/m1/`,
-    /// `/v1/%73end/m1`, `/v1//send/m1`, `/v1/./send/m1` and `/V1/SEND/m1`, even where an
+    /// `/v1/%73end/m1`, `/v1//send/m1`, `/v1/./send/m1`, `/V1/SEND/m1`, `/v1/send;v=1/m1`
+    /// and `/v1%2Fsend/m1`, even where an
     /// `Idempotent` rule such as `/v1/{*rest}` matches the path as sent. Within one spelling the
     /// most specific rule wins (static, then parameter, then catch-all), so a specific
     /// `Idempotent` exception to a `NonIdempotent` catch-all holds for its own spelling. Rules
@@ -192,11 +199,22 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// A rule like [`route`](Self::route) that applies only to requests for `host` (matched
-    /// without regard to case against the request URI's host, on every port): one client often
-    /// talks to several APIs, and a rule for one must never apply to another. For its host, a
-    /// host's rule outranks a rule for every host. [`build`](Self::build) refuses a host with
-    /// a scheme, a path or a port, and a bad template as `route` does.
+    /// A rule like [`route`](Self::route) that applies only to requests for `host`: one client
+    /// often talks to several APIs, and a rule for one must never apply to another. For its
+    /// host, a host's rule outranks a rule for every host.
+    ///
+    /// `host` is what you hold: a host (`api.example.com`, `[::1]`: every port), an authority
+    /// with a port (`localhost:8080`: that port only), or a base URL
+    /// (`https://api.example.com/v1`: its host, on its port unless that is the scheme's
+    /// default; the path is ignored, since templates are whole paths). Hosts are compared in
+    /// one canonical form, so every spelling of the same host matches: letter case, a
+    /// trailing dot (`api.example.com.`), percent-escapes, an IPv6 address written long
+    /// (`[0:0:0:0:0:0:0:1]`), an IPv4-mapped one, and the IPv4 shorthands resolvers accept
+    /// (`127.1`, `0x7f.0.0.1`). A request's port is its own or its scheme's default; a rule
+    /// for a host and port outranks one for the host on every port.
+    ///
+    /// [`build`](Self::build) refuses an empty host, user information (never echoed: it may
+    /// be a password), a path without a scheme, and a bad template as `route` does.
     ///
     /// ```
     /// use http::Method;
@@ -251,12 +269,13 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Trust `host` to honour idempotency keys, on every port and path: a keyed request to it
-    /// is safe to repeat with the same key, even one that a marker or route rule calls
+    /// Trust `host` to honour idempotency keys, on every path: a keyed request to it is safe to
+    /// repeat with the same key, even one that a marker or route rule calls
     /// [`NonIdempotent`](Idempotency::NonIdempotent) (the host honours keys, so the key makes
-    /// the repeat harmless). Call it once per host; matched without regard to case against
-    /// the request URI's host. [`build`](Self::build) refuses an empty host, a scheme, a path
-    /// or a port.
+    /// the repeat harmless). Call it once per host. `host` is a host, an authority with a
+    /// port, or a base URL, compared in canonical form, as for
+    /// [`route_for_host`](Self::route_for_host), which says what [`build`](Self::build)
+    /// refuses.
     ///
     /// Naming a host scopes minted keys' trust too: see
     /// [`mint_idempotency_keys`](Self::mint_idempotency_keys).
@@ -695,59 +714,6 @@ fn check_tps(ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Result<(), 
     }
     Ok(())
 }
-
-/// A setting that [`RetryPolicyBuilder::build`] refused. Its `Display` names the setting and
-/// the bad value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BuildError {
-    setting: &'static str,
-    message: String,
-}
-
-impl BuildError {
-    pub(crate) fn setting(setting: &'static str, message: impl Into<String>) -> Self {
-        BuildError {
-            setting,
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn host(setting: &'static str, host: &str, reason: &str) -> Self {
-        BuildError {
-            setting,
-            message: format!("{host:?}: {reason}"),
-        }
-    }
-
-    pub(crate) fn route(method: &Method, template: &str, reason: impl fmt::Display) -> Self {
-        BuildError {
-            setting: "route",
-            message: format!("{method} {template}: {reason}"),
-        }
-    }
-
-    pub(crate) fn for_setting(mut self, setting: &'static str) -> Self {
-        self.setting = setting;
-        self
-    }
-
-    /// The name of the builder setting that was refused, such as `"backoff"` or `"route"`.
-    pub fn setting_name(&self) -> &'static str {
-        self.setting
-    }
-}
-
-impl fmt::Display for BuildError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid retry policy setting `{}`: {}",
-            self.setting, self.message
-        )
-    }
-}
-
-impl std::error::Error for BuildError {}
 
 #[cfg(test)]
 mod tests {

@@ -3,13 +3,14 @@
 
 use http::Method;
 
-use super::builder::BuildError;
+use crate::build_error::BuildError;
+use crate::classify::host::{HostScope, RequestHost};
 use crate::classify::routes::RouteTable;
 use crate::classify::Idempotency;
 
-/// A route table per host (lowercase, without port). Few hosts: a scan.
+/// A route table per host scope (canonical host, and a port or every port). Few hosts: a scan.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct HostRoutes(Vec<(Box<str>, RouteTable)>);
+pub(crate) struct HostRoutes(Vec<(HostScope, RouteTable)>);
 
 impl HostRoutes {
     pub(crate) fn insert(
@@ -19,11 +20,11 @@ impl HostRoutes {
         template: &str,
         idempotency: Idempotency,
     ) -> Result<(), BuildError> {
-        let host = check_host("route_for_host", host)?;
-        let table = match self.0.iter().position(|(h, _)| **h == *host) {
+        let scope = host_scope("route_for_host", host)?;
+        let table = match self.0.iter().position(|(h, _)| *h == scope) {
             Some(i) => &mut self.0[i].1,
             None => {
-                self.0.push((host.into(), RouteTable::default()));
+                self.0.push((scope, RouteTable::default()));
                 let last = self.0.len() - 1;
                 &mut self.0[last].1
             }
@@ -37,11 +38,12 @@ impl HostRoutes {
         self.0.is_empty()
     }
 
-    /// The rule for this request if its host has rules and one matches.
+    /// The rule for this request if its host has rules and one matches: the rules for its
+    /// host and port first, then those for its host on every port.
     #[inline]
     pub(crate) fn lookup(
         &self,
-        host: Option<&str>,
+        host: Option<&RequestHost<'_>>,
         method: &Method,
         path: &str,
     ) -> Option<Idempotency> {
@@ -49,26 +51,30 @@ impl HostRoutes {
             return None;
         }
         let host = host?;
-        let (_, table) = self.0.iter().find(|(h, _)| h.eq_ignore_ascii_case(host))?;
-        table.lookup(method, path)
+        let mut any_port = None;
+        for (scope, table) in &self.0 {
+            if !scope.covers(&host.host, host.port) {
+                continue;
+            }
+            if scope.port.is_none() {
+                any_port = Some(table);
+            } else if let Some(rule) = table.lookup(method, path) {
+                return Some(rule);
+            }
+        }
+        any_port?.lookup(method, path)
     }
 }
 
-/// A host as the builder takes it — the name alone, no scheme, path or port — lowercased;
-/// or an error that names `setting` and the host.
-pub(crate) fn check_host(setting: &'static str, host: &str) -> Result<String, BuildError> {
-    let bad = |why: &str| Err(BuildError::host(setting, host, why));
-    if host.is_empty() {
-        return bad("it is empty");
-    }
-    if host.contains("://") || host.contains('/') {
-        return bad("give the host alone, without scheme or path");
-    }
-    if !host.starts_with('[') && host.contains(':') {
-        return bad("give the host without a port: it covers every port");
-    }
-    if host.bytes().any(|b| !b.is_ascii_graphic()) {
-        return bad("a host is visible ASCII");
-    }
-    Ok(host.to_ascii_lowercase())
+/// A host scope as a setting names it, or an error that names `setting` and the input.
+pub(crate) fn host_scope(setting: &'static str, host: &str) -> Result<HostScope, BuildError> {
+    HostScope::parse(host).map_err(|why| match host.rsplit_once('@') {
+        // User information may be a password: the error names the rest only.
+        Some((user, rest)) => {
+            let scheme = user.split_once("://").map_or("", |(scheme, _)| scheme);
+            let sep = if scheme.is_empty() { "" } else { "://" };
+            BuildError::host(setting, &format!("{scheme}{sep}…@{rest}"), why)
+        }
+        None => BuildError::host(setting, host, why),
+    })
 }

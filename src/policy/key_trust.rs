@@ -3,8 +3,9 @@
 
 use http::Method;
 
-use super::builder::BuildError;
-use super::host_routes::check_host;
+use super::host_routes::host_scope;
+use crate::build_error::BuildError;
+use crate::classify::host::{HostScope, RequestHost};
 use crate::classify::routes::RouteTable;
 use crate::classify::Idempotency;
 
@@ -18,8 +19,8 @@ pub(crate) struct KeyTrust {
     /// Unscoped trust (`honor_idempotency_key(true)`, or minting with no host named): every
     /// target, except requests a marker or route rule explicitly calls a write.
     pub(crate) everywhere: bool,
-    /// Hosts that honour keys, lowercase, without port.
-    pub(crate) hosts: Vec<Box<str>>,
+    /// Hosts (and ports) that honour keys.
+    pub(crate) hosts: Vec<HostScope>,
 }
 
 impl KeyTrust {
@@ -34,7 +35,7 @@ impl KeyTrust {
     pub(crate) fn trusted(
         &self,
         method: &Method,
-        host: Option<&str>,
+        host: Option<&RequestHost<'_>>,
         path: &str,
         explicit_write: bool,
     ) -> bool {
@@ -42,7 +43,7 @@ impl KeyTrust {
             return route == Idempotency::Idempotent;
         }
         if let Some(host) = host {
-            if self.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+            if self.hosts.iter().any(|h| h.covers(&host.host, host.port)) {
                 return true;
             }
         }
@@ -66,8 +67,8 @@ impl KeyTrust {
     }
 
     pub(crate) fn add_host(&mut self, host: &str) -> Result<(), BuildError> {
-        let host = check_host("honor_idempotency_key_for_host", host)?;
-        self.hosts.push(host.into());
+        let scope = host_scope("honor_idempotency_key_for_host", host)?;
+        self.hosts.push(scope);
         Ok(())
     }
 }

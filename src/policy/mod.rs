@@ -24,6 +24,7 @@ pub(crate) use events::AttemptHook;
 pub use options::RequestOptions;
 
 use crate::backoff::Backoff;
+use crate::classify::host::RequestHost;
 use crate::classify::routes::RouteTable;
 use crate::classify::{idempotency_key, Classification, Idempotency, NoRetry, RequestVerdict};
 use crate::classify::{response, BodyVerdict, FailureClass, VerdictSource};
@@ -136,7 +137,10 @@ impl RetryPolicy {
     pub fn classify<B>(&self, req: &Request<B>) -> RequestVerdict {
         self.classify_parts(
             req.method(),
-            || req.uri().host(),
+            || {
+                let uri = req.uri();
+                Some((uri.host()?, crate::classify::host::effective_port(uri)))
+            },
             req.uri().path(),
             self.idempotency_key(req.headers()).is_some(),
             req.extensions(),
@@ -150,7 +154,7 @@ impl RetryPolicy {
     pub(crate) fn classify_parts<'h>(
         &self,
         method: &Method,
-        host: impl FnOnce() -> Option<&'h str>,
+        host: impl FnOnce() -> Option<(&'h str, Option<u16>)>,
         path: &str,
         has_key: bool,
         extensions: &Extensions,
@@ -164,8 +168,9 @@ impl RetryPolicy {
         let host = if inner.host_routes.is_empty() && inner.key_trust.hosts.is_empty() {
             None
         } else {
-            host()
+            host().map(|(host, port)| RequestHost::new(host, port))
         };
+        let host = host.as_ref();
         let (idempotency, source) = if let Some(marker) = extensions.get::<Idempotency>() {
             (*marker, VerdictSource::Marker)
         } else if let Some(rule) = inner

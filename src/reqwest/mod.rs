@@ -111,7 +111,7 @@ impl Middleware for RetrySafetyMiddleware {
         let mut plan = Plan::new(
             policy,
             req.method(),
-            || req.url().host_str(),
+            || Some((req.url().host_str()?, req.url().port_or_known_default())),
             req.url().path(),
             req.headers(),
             extensions,

@@ -101,7 +101,10 @@ where
         let mut plan = Plan::new(
             policy,
             &parts.method,
-            || parts.uri.host(),
+            || {
+                let uri = &parts.uri;
+                Some((uri.host()?, crate::classify::host::effective_port(uri)))
+            },
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,

@@ -1,0 +1,364 @@
+//! Hosts in one canonical form, so that a rule scoped to a host matches every spelling that
+//! reaches it: `API.example.com`, `api.example.com.` (a trailing dot: the same name to DNS and
+//! TLS), `api%2Eexample.com` (percent-encoded, as URL parsers decode it), `[0:0:0:0:0:0:0:1]`
+//! for `[::1]`, `[::ffff:127.0.0.1]` for `127.0.0.1`, and the IPv4 shorthands that resolvers
+//! and the URL standard accept (`127.1`, `0x7f.0.0.1`, `2130706433`, `0177.0.0.1`).
+
+use std::borrow::Cow;
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+/// `host` (as a URI spells it: IPv6 in brackets) in canonical form: lowercase, percent-decoded,
+/// trailing dots removed, an IP literal written as `Display` writes it (an IPv4-mapped IPv6
+/// address as IPv4). Borrowed when it is already canonical (the common case: no allocation).
+pub(crate) fn canonical(host: &str) -> Cow<'_, str> {
+    if is_plain_name(host) {
+        return Cow::Borrowed(host);
+    }
+    let mut name = String::with_capacity(host.len());
+    if !percent_decode_into(host, &mut name) {
+        // Not ASCII once decoded: no resolver takes it as written; compare it lowercased.
+        return Cow::Owned(host.to_ascii_lowercase());
+    }
+    // Decoded until no escape is left (a host escaped twice is still that host), within
+    // bounds: each round shortens it.
+    while name.contains('%') {
+        let mut again = String::with_capacity(name.len());
+        if !percent_decode_into(&name, &mut again) || again == name {
+            break;
+        }
+        name = again;
+    }
+    name.make_ascii_lowercase();
+    if let Some(inner) = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        return match inner.parse::<Ipv6Addr>() {
+            Ok(ip) => Cow::Owned(match ip.to_ipv4_mapped() {
+                Some(v4) => v4.to_string(),
+                None => format!("[{ip}]"),
+            }),
+            Err(_) => Cow::Owned(name),
+        };
+    }
+    while name.len() > 1 && name.ends_with('.') {
+        name.pop();
+    }
+    match ipv4(&name) {
+        Some(ip) => Cow::Owned(ip.to_string()),
+        None => Cow::Owned(name),
+    }
+}
+
+/// Lowercase letters, digits, `-` and `.`, not ending in a dot, and not an IPv4 address in a
+/// form other than dotted decimal: already canonical.
+fn is_plain_name(host: &str) -> bool {
+    let bytes = host.as_bytes();
+    if bytes.is_empty() || bytes[bytes.len() - 1] == b'.' {
+        return false;
+    }
+    if !bytes
+        .iter()
+        .all(|&b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return false;
+    }
+    // A name whose last label is a number is an IPv4 address (the URL standard's rule):
+    // canonical only as four decimal parts without leading zeros.
+    let last = host.rsplit('.').next().unwrap_or(host);
+    let hex = last
+        .strip_prefix("0x")
+        .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()));
+    if !hex && !last.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    matches!(ipv4(host), Some(ip) if ip.to_string() == host)
+}
+
+/// Decodes `%XX` escapes of `host` into `out`; false if the result is not ASCII.
+fn percent_decode_into(host: &str, out: &mut String) -> bool {
+    let bytes = host.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' && i + 2 < bytes.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                let decoded = (h * 16 + l) as u8;
+                if !decoded.is_ascii() {
+                    return false;
+                }
+                out.push(decoded as char);
+                i += 3;
+                continue;
+            }
+        }
+        if !b.is_ascii() {
+            return false;
+        }
+        out.push(b as char);
+        i += 1;
+    }
+    true
+}
+
+/// The URL standard's IPv4 parser: up to four dot-separated parts (one empty last part
+/// allowed), each decimal, hex (`0x`) or octal (leading `0`); the last part fills the bytes
+/// left. `None` if `name` is not a number in that sense (a name, or an invalid address).
+fn ipv4(name: &str) -> Option<Ipv4Addr> {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    if name.is_empty() {
+        return None;
+    }
+    let mut parts = [0u64; 4];
+    let mut count = 0;
+    for part in name.split('.') {
+        if count == 4 {
+            return None;
+        }
+        parts[count] = number(part)?;
+        count += 1;
+    }
+    let (last, init) = (parts[count - 1], &parts[..count - 1]);
+    if init.iter().any(|&p| p > 255) || last >= 1u64 << (8 * (5 - count)) {
+        return None;
+    }
+    let mut value = last;
+    for (i, &p) in init.iter().enumerate() {
+        value += p << (8 * (3 - i));
+    }
+    u32::try_from(value).ok().map(Ipv4Addr::from)
+}
+
+fn number(part: &str) -> Option<u64> {
+    let (digits, radix) =
+        if let Some(hex) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+            (hex, 16)
+        } else if part.len() > 1 && part.starts_with('0') {
+            (&part[1..], 8)
+        } else {
+            (part, 10)
+        };
+    if digits.is_empty() {
+        // "0x" alone is zero in the URL standard; an empty part is not a number.
+        return (radix == 16).then_some(0);
+    }
+    if digits.len() > 12 {
+        return None;
+    }
+    u64::from_str_radix(digits, radix).ok()
+}
+
+/// The port a request reaches: its own, or its scheme's default. `None` without a scheme
+/// known to have one.
+pub(crate) fn effective_port(uri: &http::Uri) -> Option<u16> {
+    uri.port_u16().or_else(|| default_port(uri.scheme_str()?))
+}
+
+pub(crate) fn default_port(scheme: &str) -> Option<u16> {
+    if scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("wss") {
+        Some(443)
+    } else if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("ws") {
+        Some(80)
+    } else {
+        None
+    }
+}
+
+/// A host a setting names, and the port it is limited to, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct HostScope {
+    /// Canonical (see [`canonical`]).
+    pub(crate) host: Box<str>,
+    /// `None`: every port.
+    pub(crate) port: Option<u16>,
+}
+
+impl HostScope {
+    /// What a user holds: a host (`api.example.com`, `[::1]`), an authority with a port
+    /// (`localhost:8080`: that port only), or a base URL (`https://api.example.com/v1`: its
+    /// host, and its port unless it is the scheme's default; the path is ignored, since
+    /// templates are whole paths). `Err` says what is wrong.
+    pub(crate) fn parse(input: &str) -> Result<HostScope, &'static str> {
+        if input.is_empty() {
+            return Err("it is empty");
+        }
+        if input.bytes().any(|b| !b.is_ascii_graphic()) {
+            return Err("a host is visible ASCII");
+        }
+        let (authority, scheme) = match input.split_once("://") {
+            Some((scheme, rest)) => {
+                let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+                (&rest[..end], Some(scheme))
+            }
+            None => {
+                if input.contains(['/', '?', '#']) {
+                    return Err(
+                        "give a host, an authority (host:port) or a base URL with its scheme",
+                    );
+                }
+                (input, None)
+            }
+        };
+        if authority.contains('@') {
+            return Err("leave user information out (it may be a secret)");
+        }
+        let authority: http::uri::Authority = authority
+            .parse()
+            .map_err(|_| "not a valid host or authority")?;
+        let host = authority.host();
+        if host.is_empty() {
+            return Err("it has no host");
+        }
+        let port = match (authority.port_u16(), scheme.and_then(default_port)) {
+            (Some(p), Some(default)) if p == default => None,
+            (port, _) => port,
+        };
+        Ok(HostScope {
+            host: canonical(host).into(),
+            port,
+        })
+    }
+
+    /// Whether a request to `host` (canonical) on `port` is in scope.
+    pub(crate) fn covers(&self, host: &str, port: Option<u16>) -> bool {
+        *self.host == *host && self.port.is_none_or(|p| port == Some(p))
+    }
+}
+
+/// A request's host, canonical, and the port it reaches.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestHost<'a> {
+    pub(crate) host: Cow<'a, str>,
+    pub(crate) port: Option<u16>,
+}
+
+impl<'a> RequestHost<'a> {
+    pub(crate) fn new(host: &'a str, port: Option<u16>) -> Self {
+        RequestHost {
+            host: canonical(host),
+            port,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spellings_of_one_host_are_one_host() {
+        for (spelling, canonical_form) in [
+            ("api.example.com", "api.example.com"),
+            ("API.Example.COM", "api.example.com"),
+            ("api.example.com.", "api.example.com"),
+            ("api%2Eexample.com", "api.example.com"),
+            ("api%2eexample.com.", "api.example.com"),
+            ("[::1]", "[::1]"),
+            ("[0:0:0:0:0:0:0:1]", "[::1]"),
+            ("[0000::0001]", "[::1]"),
+            ("[::FFFF:127.0.0.1]", "127.0.0.1"),
+            ("[::ffff:7f00:1]", "127.0.0.1"),
+            ("127.0.0.1", "127.0.0.1"),
+            ("127.1", "127.0.0.1"),
+            ("127.0.1", "127.0.0.1"),
+            ("0x7f.0.0.1", "127.0.0.1"),
+            ("0177.0.0.1", "127.0.0.1"),
+            ("2130706433", "127.0.0.1"),
+            ("0x7f000001", "127.0.0.1"),
+            ("127.0.0.1.", "127.0.0.1"),
+            ("127.000.000.001", "127.0.0.1"),
+            ("10.0.0.010", "10.0.0.8"),
+        ] {
+            assert_eq!(canonical(spelling), canonical_form, "{spelling}");
+        }
+    }
+
+    #[test]
+    fn canonical_is_final_and_borrowed_when_plain() {
+        for host in ["api.example.com", "127.0.0.1", "a-b.c", "[::1]", "x.123a"] {
+            let once = canonical(host);
+            assert_eq!(canonical(&once), once, "{host}");
+        }
+        assert!(matches!(canonical("api.example.com"), Cow::Borrowed(_)));
+        assert!(matches!(canonical("10.1.2.3"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn names_and_invalid_numbers_are_not_addresses() {
+        assert_eq!(canonical("256.0.0.1"), "256.0.0.1");
+        assert_eq!(canonical("1.2.3.4.5"), "1.2.3.4.5");
+        assert_eq!(canonical("example.123x"), "example.123x");
+        assert_eq!(canonical("4294967296"), "4294967296");
+        assert_eq!(canonical("."), ".");
+    }
+
+    #[test]
+    fn a_setting_takes_a_host_an_authority_or_a_base_url() {
+        let scope = |s: &str| HostScope::parse(s);
+        assert_eq!(
+            scope("api.example.com"),
+            Ok(HostScope {
+                host: "api.example.com".into(),
+                port: None
+            })
+        );
+        assert_eq!(
+            scope("localhost:8080"),
+            Ok(HostScope {
+                host: "localhost".into(),
+                port: Some(8080)
+            })
+        );
+        assert_eq!(
+            scope("https://API.example.com:443/v1/"),
+            Ok(HostScope {
+                host: "api.example.com".into(),
+                port: None
+            })
+        );
+        assert_eq!(
+            scope("http://127.1:8080"),
+            Ok(HostScope {
+                host: "127.0.0.1".into(),
+                port: Some(8080)
+            })
+        );
+        assert_eq!(
+            scope("[0:0::1]:9000"),
+            Ok(HostScope {
+                host: "[::1]".into(),
+                port: Some(9000)
+            })
+        );
+        for bad in [
+            "",
+            "api.example.com/v1",
+            "https://user:pw@api.example.com",
+            "a b",
+            "https://",
+            ":80",
+        ] {
+            assert!(scope(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_port_limits_a_scope() {
+        let any = HostScope::parse("api.example.com").unwrap();
+        let one = HostScope::parse("api.example.com:8443").unwrap();
+        assert!(any.covers("api.example.com", Some(443)));
+        assert!(any.covers("api.example.com", None));
+        assert!(one.covers("api.example.com", Some(8443)));
+        assert!(!one.covers("api.example.com", Some(443)));
+        let uri: http::Uri = "https://api.example.com/x".parse().unwrap();
+        assert_eq!(effective_port(&uri), Some(443));
+    }
+
+    proptest::proptest! {
+        /// Canonical is final: a canonical host is its own canonical form, so a rule's host
+        /// (made canonical once, at build) and a request's compare alike whatever the spelling.
+        #[test]
+        fn canonical_is_final(host in "[a-zA-Z0-9.%:x\\[\\]-]{0,24}") {
+            let once = canonical(&host).into_owned();
+            proptest::prop_assert_eq!(canonical(&once), once.as_str());
+        }
+    }
+}
