@@ -29,6 +29,18 @@
 use http::Method;
 
 use super::{spelling, Idempotency};
+
+/// What a rule says, in a table that fails closed: one of its values is strict (counts when
+/// any spelling of a path matches it), the other lenient (counts only as written).
+pub(crate) trait RuleValue: Copy + Eq + Send + Sync + 'static {
+    /// The strict value.
+    const STRICT: Self;
+}
+
+impl RuleValue for Idempotency {
+    /// A write: a repeat is harmful, whatever the spelling that reached the handler.
+    const STRICT: Self = Idempotency::NonIdempotent;
+}
 use crate::build_error::BuildError;
 
 /// The standard methods get a fixed slot; extension methods share a short list (its length is
@@ -68,39 +80,42 @@ fn parameter_count(template: &str) -> usize {
 }
 
 /// The rules for one method.
-#[derive(Clone, Debug, Default)]
-struct MethodRoutes {
+#[derive(Clone, Debug)]
+struct MethodRoutes<V> {
     /// Templates as written.
-    exact: matchit::Router<Idempotency>,
+    exact: matchit::Router<V>,
     /// Templates normalised and lower-cased (spelling 3). `None` while every template is
     /// already in that form: `exact` then serves, and holds the table only once.
-    folded: Option<matchit::Router<Idempotency>>,
-    /// Whether any rule is `NonIdempotent`: otherwise only spelling 1 can decide.
+    folded: Option<matchit::Router<V>>,
+    /// Whether any rule is strict: otherwise only spelling 1 can decide.
     any_non_idempotent: bool,
 }
 
-/// The stricter of two verdicts: a repeat is harmless only if both say so.
-fn stricter(a: Idempotency, b: Idempotency) -> Idempotency {
-    if a == Idempotency::NonIdempotent || b == Idempotency::NonIdempotent {
-        Idempotency::NonIdempotent
-    } else {
-        Idempotency::Idempotent
+impl<V> Default for MethodRoutes<V> {
+    fn default() -> Self {
+        MethodRoutes {
+            exact: matchit::Router::new(),
+            folded: None,
+            any_non_idempotent: false,
+        }
     }
 }
 
-fn is_non_idempotent(router: &matchit::Router<Idempotency>, path: &str) -> bool {
-    router
-        .at(path)
-        .is_ok_and(|m| *m.value == Idempotency::NonIdempotent)
+/// The stricter of two values: lenient only if both are.
+fn stricter<V: RuleValue>(a: V, b: V) -> V {
+    if a == V::STRICT || b == V::STRICT {
+        V::STRICT
+    } else {
+        a
+    }
 }
 
-impl MethodRoutes {
-    fn insert(
-        &mut self,
-        method: &Method,
-        template: &str,
-        idempotency: Idempotency,
-    ) -> Result<(), String> {
+fn is_non_idempotent<V: RuleValue>(router: &matchit::Router<V>, path: &str) -> bool {
+    router.at(path).is_ok_and(|m| *m.value == V::STRICT)
+}
+
+impl<V: RuleValue> MethodRoutes<V> {
+    fn insert(&mut self, method: &Method, template: &str, idempotency: V) -> Result<(), String> {
         let folded = spelling::fold_template(template);
         if self.folded.is_none() && folded != template {
             // Every template so far folds to itself: the folded table is the exact one.
@@ -124,14 +139,14 @@ impl MethodRoutes {
                 return Err(reason);
             }
         }
-        self.any_non_idempotent |= idempotency == Idempotency::NonIdempotent;
+        self.any_non_idempotent |= idempotency == V::STRICT;
         Ok(())
     }
 
-    fn lookup(&self, path: &str) -> Option<Idempotency> {
+    fn lookup(&self, path: &str) -> Option<V> {
         let as_sent = self.exact.at(path).ok().map(|m| *m.value);
         // Other spellings can only make the verdict stricter.
-        if as_sent == Some(Idempotency::NonIdempotent) || !self.any_non_idempotent {
+        if as_sent == Some(V::STRICT) || !self.any_non_idempotent {
             return as_sent;
         }
         let shape = spelling::shape(path);
@@ -140,7 +155,7 @@ impl MethodRoutes {
             return as_sent;
         }
         if self.other_spelling_is_non_idempotent(path, shape) {
-            Some(Idempotency::NonIdempotent)
+            Some(V::STRICT)
         } else {
             as_sent
         }
@@ -205,11 +220,11 @@ impl MethodRoutes {
 /// (`/v1/Send/{id}`, `/v1/send/{id}/`) are one route to a server that folds them, and which
 /// of the two handlers it runs is not knowable here: they share one entry holding the stricter
 /// verdict. Any other overlap that only folding creates is refused, like an overlap as written.
-fn insert_folded(
-    router: &mut matchit::Router<Idempotency>,
+fn insert_folded<V: RuleValue>(
+    router: &mut matchit::Router<V>,
     method: &Method,
     folded: &str,
-    idempotency: Idempotency,
+    idempotency: V,
 ) -> Result<(), String> {
     let with = match router.insert(folded, idempotency) {
         Ok(()) => return Ok(()),
@@ -235,23 +250,35 @@ fn insert_folded(
         })
 }
 
-#[derive(Clone, Debug, Default)]
-pub(crate) struct RouteTable {
-    standard: [Option<MethodRoutes>; 9],
-    extension: Vec<(Method, MethodRoutes)>,
+/// Rules per method, each answering a `V` (the request verdict by default; key trust has a
+/// value of its own).
+#[derive(Clone, Debug)]
+pub(crate) struct RouteTable<V = Idempotency> {
+    standard: [Option<MethodRoutes<V>>; 9],
+    extension: Vec<(Method, MethodRoutes<V>)>,
     len: usize,
+}
+
+impl<V> Default for RouteTable<V> {
+    fn default() -> Self {
+        RouteTable {
+            standard: Default::default(),
+            extension: Vec::new(),
+            len: 0,
+        }
+    }
 }
 
 fn standard_slot(method: &Method) -> Option<usize> {
     STANDARD.iter().position(|m| m == method)
 }
 
-impl RouteTable {
+impl<V: RuleValue> RouteTable<V> {
     pub(crate) fn insert(
         &mut self,
         method: Method,
         template: &str,
-        idempotency: Idempotency,
+        idempotency: V,
     ) -> Result<(), BuildError> {
         if !template.starts_with('/') {
             return Err(BuildError::route(
@@ -314,7 +341,7 @@ impl RouteTable {
     /// The rule for this method and path, if any, the stricter over the path's spellings (see
     /// the module docs). The path must not include the query. Allocates only for a path over
     /// [`spelling::STACK_PATH`] bytes that has another spelling.
-    pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<Idempotency> {
+    pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<V> {
         // The common case, a policy without routes: not even the method's slot is looked up.
         if self.len == 0 {
             return None;

@@ -6,21 +6,31 @@ use http::Method;
 use super::host_routes::host_scope;
 use crate::build_error::BuildError;
 use crate::classify::host::{HostScope, RequestHost};
-use crate::classify::routes::RouteTable;
-use crate::classify::Idempotency;
+use crate::classify::routes::{RouteTable, RuleValue};
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct KeyTrust {
-    /// Routes known to honour keys, or to ignore them. Kept in a route table whose verdicts
-    /// stand for trust: `Idempotent` = "honours keys", `NonIdempotent` = "ignores keys". The
-    /// table's fail-closed matching carries over as it should: "ignores keys" matches every
-    /// spelling of a path, "honours keys" only the path as written.
-    pub(crate) routes: RouteTable,
+    /// Routes known to honour keys, or to ignore them. The table's fail-closed matching
+    /// carries over as it should: "ignores keys" matches every spelling of a path, "honours
+    /// keys" only the path as written.
+    pub(crate) routes: RouteTable<KeyHonor>,
     /// Unscoped trust (`honor_idempotency_key(true)`, or minting with no host named): every
     /// target, except requests a marker or route rule explicitly calls a write.
     pub(crate) everywhere: bool,
     /// Hosts (and ports) that honour keys.
     pub(crate) hosts: Vec<HostScope>,
+}
+
+/// What a route does with an idempotency key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyHonor {
+    Honors,
+    Ignores,
+}
+
+impl RuleValue for KeyHonor {
+    /// A key that may be ignored protects nothing, whatever the spelling that reached it.
+    const STRICT: Self = KeyHonor::Ignores;
 }
 
 impl KeyTrust {
@@ -40,7 +50,7 @@ impl KeyTrust {
         explicit_write: bool,
     ) -> bool {
         if let Some(route) = self.routes.lookup(method, path) {
-            return route == Idempotency::Idempotent;
+            return route == KeyHonor::Honors;
         }
         if let Some(host) = host {
             if self.hosts.iter().any(|h| h.covers(&host.host, host.port)) {
@@ -56,13 +66,13 @@ impl KeyTrust {
         template: &str,
         honors: bool,
     ) -> Result<(), BuildError> {
-        let as_verdict = if honors {
-            Idempotency::Idempotent
+        let honor = if honors {
+            KeyHonor::Honors
         } else {
-            Idempotency::NonIdempotent
+            KeyHonor::Ignores
         };
         self.routes
-            .insert(method, template, as_verdict)
+            .insert(method, template, honor)
             .map_err(|e| e.for_setting("route_honors_idempotency_key"))
     }
 

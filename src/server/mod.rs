@@ -119,7 +119,10 @@
 //! ```
 
 mod body;
+mod buffer;
+mod claim;
 mod detach;
+mod future;
 mod layer;
 mod memory;
 mod outcome;
@@ -133,6 +136,7 @@ mod service;
 mod store;
 
 pub use body::ResponseBody;
+pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]

@@ -2,9 +2,11 @@
 //! has been called its key is never freed, so every ending has a record to replay.
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
+use super::layer::Config;
 use super::store::StoredResponse;
+use super::ResponseBody;
 
 /// Set on a stored response whose body was not kept (too large, trailers, or it failed while
 /// being read): the status and headers are the handler's, the body is empty.
@@ -50,4 +52,41 @@ pub(crate) fn head_only(status: StatusCode, headers: &HeaderMap) -> StoredRespon
     headers.insert(BODY_OMITTED, HeaderValue::from_static("omitted"));
     headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
     StoredResponse::new(status, headers, Bytes::new())
+}
+
+pub(crate) fn reply<B>(status: StatusCode, message: &'static str) -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::full(Bytes::from_static(message.as_bytes())));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+pub(crate) fn retry_later<B>(
+    status: StatusCode,
+    message: &'static str,
+) -> Response<ResponseBody<B>> {
+    let mut res = reply(status, message);
+    res.headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+    res
+}
+
+/// A stored record as a response.
+pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::full(stored.body().clone()));
+    *res.status_mut() = stored.status();
+    *res.headers_mut() = stored.headers().clone();
+    res
+}
+
+pub(crate) fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
+    let mut res = stored_response(&stored);
+    res.headers_mut().insert(
+        config.replay_header.clone(),
+        HeaderValue::from_static("true"),
+    );
+    res
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep};
 
-use super::run::Claimed;
+use super::claim::Claimed;
 use super::store::{Claim, IdempotencyStore, StoredResponse};
 use crate::attempts::cap;
 

@@ -8,7 +8,6 @@
 //! to completion, renews the claim's lease meanwhile, and stores the outcome.
 
 use std::future::{poll_fn, Future};
-use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::Bytes;
@@ -17,28 +16,15 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use tower_service::Service;
 
+use super::buffer::{buffer, Buffered};
+use super::claim::Claimed;
 use super::detach::DetachOnDrop;
-use super::layer::Config;
 use super::outcome;
 use super::renewal::{self, Renewal};
-use super::service::{buffer, Buffered};
-use super::store::{Claim, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
+use super::store::{IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
 use crate::attempts::cap;
 use crate::BoxError;
-
-/// A key this request claimed, whose handler is about to run.
-pub(crate) struct Claimed<St> {
-    pub(crate) store: Arc<St>,
-    pub(crate) config: Arc<Config>,
-    /// The key as stored (scoped, if keys are scoped).
-    pub(crate) key: Arc<str>,
-    /// The key as the client sent it: what logs show (a scope may be a secret).
-    pub(crate) shown: Arc<str>,
-    pub(crate) claim: Claim,
-    /// The request's fingerprint: a completion that outlived the claim's lease writes it anew.
-    pub(crate) fingerprint: Fingerprint,
-}
 
 /// Calls the handler for a claimed key and keeps its outcome. The call runs in the request's
 /// future; if that future is dropped before the call ends (the client went away), the rest of

@@ -1,18 +1,24 @@
-use std::future::{ready, Future};
-use std::pin::Pin;
+//! The rule of the idempotency layer: which request runs, which is answered from the store,
+//! and which is refused before its handler is called.
+
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Either, Full};
+use http_body_util::{Either, Full};
 use tower_service::Service;
 
+use super::buffer::{read_body, ReadError};
+use super::claim::Claimed;
+use super::future::ResponseFuture;
 use super::layer::Config;
+use super::outcome::{replay, reply, retry_later};
 use super::renewal::{Renewal, Renewals};
-use super::run::{self, Claimed};
-use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoredResponse};
+use super::run;
+use super::store::{Begin, Entry, Fingerprint, IdempotencyStore};
 use super::ResponseBody;
 use crate::classify::idempotency_key;
 use crate::BoxError;
@@ -32,6 +38,23 @@ pub struct IdempotencyService<S, St> {
     /// The claims of this service's handlers that are running, renewed on a schedule of
     /// their own.
     pub(crate) renewals: Arc<Renewals<St>>,
+}
+
+impl<S, St> IdempotencyService<S, St> {
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S: Clone, St> Clone for IdempotencyService<S, St> {
@@ -60,7 +83,7 @@ where
 {
     type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -75,57 +98,33 @@ where
         // (that one lives in the keyed call's own box, see `run`).
         let Some(value) = req.headers().get(&config.key_header) else {
             if config.required.contains(req.method()) {
-                return Box::pin(ready(Ok(reply(
+                return ResponseFuture::reply(reply(
                     StatusCode::BAD_REQUEST,
                     "this request needs an Idempotency-Key header: a quoted string, such as \
                      \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-                ))));
+                ));
             }
-            let call = inner.call(req.map(Either::Right));
-            return Box::pin(async move {
-                let res = call.await?;
-                Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, None, body)))
-            });
+            return ResponseFuture::passthrough(inner.call(req.map(Either::Right)));
         };
         let Some(key) = idempotency_key::parse(value) else {
-            return Box::pin(ready(Ok(reply(
+            return ResponseFuture::reply(reply(
                 StatusCode::BAD_REQUEST,
                 "malformed Idempotency-Key: expected a quoted string (RFC 8941 sf-string) of \
                  printable ASCII, or a bare token of visible ASCII without quotes or backslashes; \
                  non-empty, at most 255 bytes",
-            ))));
+            ));
         };
         let key: Arc<str> = key.into();
         let (parts, body) = req.into_parts();
-        Box::pin(keyed(
+        ResponseFuture::keyed(Box::pin(keyed(
             inner,
             self.renewals.clone(),
             self.config.clone(),
             key,
             parts,
             body,
-        ))
+        )))
     }
-}
-
-fn reply<B>(status: StatusCode, message: &'static str) -> Response<ResponseBody<B>> {
-    let mut res = Response::new(ResponseBody::full(Bytes::from_static(message.as_bytes())));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    res
-}
-
-pub(crate) fn retry_later<B>(
-    status: StatusCode,
-    message: &'static str,
-) -> Response<ResponseBody<B>> {
-    let mut res = reply(status, message);
-    res.headers_mut()
-        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-    res
 }
 
 /// A keyed request: read its body, claim its key, then run it (or answer from the store).
@@ -247,70 +246,6 @@ where
     }
 }
 
-enum ReadError {
-    TooLarge,
-    Failed,
-}
-
-/// A request body, read whole up to `limit` bytes (trailers are not part of it).
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
-where
-    B: Body<Data = Bytes>,
-{
-    if body.size_hint().lower() > limit as u64 {
-        return Err(ReadError::TooLarge);
-    }
-    let mut body = std::pin::pin!(body);
-    let mut data = Chunks::default();
-    while let Some(frame) = body.frame().await {
-        let Ok(frame) = frame else {
-            return Err(ReadError::Failed);
-        };
-        if let Ok(chunk) = frame.into_data() {
-            data.push(chunk);
-            if data.len() > limit {
-                return Err(ReadError::TooLarge);
-            }
-        }
-    }
-    Ok(data.into_bytes())
-}
-
-/// The chunks of a body read so far. Most bodies come in one chunk, kept as it is (no copy,
-/// no allocation); later chunks are joined into one buffer.
-#[derive(Default)]
-pub(crate) struct Chunks {
-    first: Bytes,
-    joined: BytesMut,
-}
-
-impl Chunks {
-    pub(crate) fn push(&mut self, chunk: Bytes) {
-        if self.first.is_empty() && self.joined.is_empty() {
-            self.first = chunk;
-            return;
-        }
-        if !self.first.is_empty() {
-            let first = std::mem::take(&mut self.first);
-            self.joined.reserve(first.len() + chunk.len());
-            self.joined.extend_from_slice(&first);
-        }
-        self.joined.extend_from_slice(&chunk);
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.first.len() + self.joined.len()
-    }
-
-    pub(crate) fn into_bytes(self) -> Bytes {
-        if self.joined.is_empty() {
-            self.first
-        } else {
-            self.joined.freeze()
-        }
-    }
-}
-
 /// The stored key of a scoped request: a hash of the scope (which may be a secret, such as an
 /// API key: it never reaches a store's key names or a log in clear), then the client's key.
 fn scoped_key(scope: &str, key: &str) -> String {
@@ -325,79 +260,4 @@ fn scoped_key(scope: &str, key: &str) -> String {
     out.push('|');
     out.push_str(key);
     out
-}
-
-/// A stored record as a response.
-pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBody<B>> {
-    let mut res = Response::new(ResponseBody::full(stored.body().clone()));
-    *res.status_mut() = stored.status();
-    *res.headers_mut() = stored.headers().clone();
-    res
-}
-
-fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
-    let mut res = stored_response(&stored);
-    res.headers_mut().insert(
-        config.replay_header.clone(),
-        HeaderValue::from_static("true"),
-    );
-    res
-}
-
-pub(crate) enum Buffered<B> {
-    Whole(Bytes),
-    /// Not stored: too large, has trailers, or failed mid-way. Carries what was read, and the
-    /// error that stopped the reading (the client must get it, not a clean end).
-    Partial {
-        prefix: Bytes,
-        trailers: Option<HeaderMap>,
-        error: Option<BoxError>,
-        rest: B,
-        why: &'static str,
-    },
-}
-
-pub(crate) async fn buffer<B>(mut body: B, limit: usize) -> Buffered<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    let mut data = Chunks::default();
-    loop {
-        match body.frame().await {
-            None => return Buffered::Whole(data.into_bytes()),
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(chunk) => {
-                    data.push(chunk);
-                    if data.len() > limit {
-                        return Buffered::Partial {
-                            prefix: data.into_bytes(),
-                            trailers: None,
-                            error: None,
-                            rest: body,
-                            why: "over the size limit",
-                        };
-                    }
-                }
-                Err(frame) => {
-                    return Buffered::Partial {
-                        prefix: data.into_bytes(),
-                        trailers: frame.into_trailers().ok(),
-                        error: None,
-                        rest: body,
-                        why: "it has trailers",
-                    }
-                }
-            },
-            Some(Err(err)) => {
-                return Buffered::Partial {
-                    prefix: data.into_bytes(),
-                    trailers: None,
-                    error: Some(err.into()),
-                    rest: body,
-                    why: "its body failed",
-                }
-            }
-        }
-    }
 }
