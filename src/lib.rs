@@ -94,6 +94,7 @@ pub mod policy;
 mod reqwest;
 pub mod server;
 pub mod service;
+mod target;
 mod timed_out;
 
 pub use budget::LockFreeBudget;

@@ -19,7 +19,9 @@ pub(crate) mod response;
 pub(crate) mod retry_after;
 pub(crate) mod routes;
 mod spelling;
+mod symptom;
 
 pub(crate) use body_verdict::BodyVerdict;
 pub use failure::{classify_error, Classification, FailureClass};
 pub use request::{Idempotency, NoRetry, RequestVerdict, VerdictSource};
+pub(crate) use symptom::Symptom;

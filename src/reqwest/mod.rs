@@ -12,11 +12,10 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::attempts::{Attempts, Plan, Target};
-use crate::classify::BodyVerdict;
-use crate::policy::{Decision, StopReason};
-use crate::service::replay::{keep_stream, Kept, LET_GO_WAIT};
+use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
+use crate::service::replay::{keep_stream, Kept};
 use crate::service::{LayerAttempt, NotReplayable};
+use crate::target::Target;
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
 
@@ -142,46 +141,45 @@ impl Middleware for RetrySafetyMiddleware {
                     .await
                     .unwrap_or_else(|_| Err(reqwest_middleware::Error::middleware(why))),
             };
-            if let Some(Err(why)) = kept.as_ref().map(|k| k.check(result.is_ok())) {
-                attempts.refuse_replay(why);
-            }
-            let decision = match &result {
-                Ok(res) => attempts.on_response(res.status(), res.headers(), res.extensions()),
-                Err(reqwest_middleware::Error::Reqwest(err)) => attempts.on_error(err),
-                Err(reqwest_middleware::Error::Middleware(err)) => attempts.on_error(&**err),
+            let resend = kept.as_ref().map(|k| k.check(result.is_ok()));
+            let outcome = match &result {
+                Ok(res) => Outcome::Response {
+                    status: res.status(),
+                    headers: res.headers(),
+                    extensions: res.extensions(),
+                },
+                Err(reqwest_middleware::Error::Reqwest(err)) => Outcome::Error(err),
+                Err(reqwest_middleware::Error::Middleware(err)) => Outcome::Error(&**err),
             };
-            let reason = match (decision, kept.as_ref()) {
-                (Decision::Retry { after }, Some(kept)) => {
+            let reason = match attempts.on_outcome(outcome, resend) {
+                Step::Wait(after) => {
                     drop(result);
                     tokio::time::sleep(after).await;
-                    match kept.next(attempts.time_left()).await {
+                    let kept = kept.as_ref().expect("a retry keeps its request");
+                    match kept.next(attempts.body_wait()).await {
                         Ok(again) => {
                             req = again;
                             continue;
                         }
                         Err(why) => {
-                            return Err(reqwest_middleware::Error::middleware(
-                                attempts.into_body_refused(why),
-                            ));
+                            let err = attempts.finish_refused(why);
+                            return Err(reqwest_middleware::Error::middleware(err));
                         }
                     }
                 }
-                (Decision::Retry { .. }, None) => StopReason::BodyNotReplayable,
-                (Decision::Stop(reason), _) => reason,
+                Step::Stop(reason) => reason,
             };
-            return match result {
-                Ok(mut res) => {
-                    if reason != StopReason::RetriedByOuterLayer {
-                        BodyVerdict::take(res.extensions_mut());
-                        res.extensions_mut().insert(attempts.into_report(reason));
-                    }
-                    Ok(res)
-                }
-                Err(err) => Err(reqwest_middleware::Error::middleware(
-                    attempts.into_error(reason, into_box(err)),
-                )),
-            };
+            return attempts
+                .finish(result.map_err(into_box), reason)
+                .map_err(reqwest_middleware::Error::middleware);
         }
+    }
+}
+
+impl CarriesReport for Response {
+    #[inline]
+    fn extensions_mut(&mut self) -> &mut http::Extensions {
+        Response::extensions_mut(self)
     }
 }
 
@@ -225,12 +223,11 @@ impl KeptRequest {
     }
 
     /// The next attempt's request; for a recording, once the last attempt's transport has let
-    /// go of it (waiting at most `LET_GO_WAIT`, or the time left).
-    async fn next(&self, time_left: Option<Duration>) -> Result<Request, NotReplayable> {
+    /// go of it (waiting at most `wait`).
+    async fn next(&self, wait: Duration) -> Result<Request, NotReplayable> {
         match self {
             KeptRequest::Copy(copy) => copy.try_clone().ok_or(NotReplayable::Stream),
             KeptRequest::Recorded { parts, body } => {
-                let wait = time_left.map_or(LET_GO_WAIT, |left| left.min(LET_GO_WAIT));
                 let next = std::future::poll_fn(|cx| body.poll_next(cx));
                 let body = tokio::time::timeout(wait, next)
                     .await

@@ -26,7 +26,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::claim::Claimed;
 use super::store::{Claim, IdempotencyStore, StoredResponse};
-use crate::attempts::cap;
+use crate::target::cap;
 
 /// The ticker wakes this many times per lease.
 const TICKS: u32 = 12;

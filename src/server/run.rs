@@ -23,7 +23,7 @@ use super::outcome;
 use super::renewal::{self, Renewal};
 use super::store::{IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
-use crate::attempts::cap;
+use crate::target::cap;
 use crate::BoxError;
 
 /// Calls the handler for a claimed key and keeps its outcome. The call runs in the request's

@@ -1,18 +1,19 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::replay::{keep_stream, Kept, LET_GO_WAIT};
+use super::replay::{keep_stream, Kept};
 use super::{LayerAttempt, NotReplayable, ReplayBody};
-use crate::attempts::{Attempts, Plan, Target};
-use crate::classify::BodyVerdict;
-use crate::policy::{Decision, StopReason};
+use crate::attempts::{Attempts, Outcome, Plan, Step};
+use crate::policy::StopReason;
+use crate::target::Target;
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
 
@@ -28,7 +29,8 @@ pin_project! {
         #[pin]
         state: State<S::Future, B>,
         retry: Option<Replay<S, B>>,
-        attempts: Option<Attempts>,
+        // Spent once the state is `Done`.
+        attempts: Attempts,
     }
 }
 
@@ -37,7 +39,7 @@ pin_project! {
     enum State<F, B> {
         // An attempt is in flight, cut by `timer` if the policy's clock runs out first (boxed,
         // and only with a deadline or a per-attempt timeout).
-        Called { #[pin] future: F, timer: Option<(Pin<Box<Sleep>>, TimedOut)> },
+        Called { #[pin] future: F, timer: AttemptTimer },
         // Waiting out the backoff or the server's Retry-After. Boxed: only a retry pays for
         // the timer's size, not every request's future.
         // Then, for a recorded body (`for_body`), the same timer bounds the wait for the last
@@ -50,6 +52,10 @@ pin_project! {
         Done,
     }
 }
+
+/// The timer that cuts an attempt, and why it would (`None`: no deadline, no per-attempt
+/// timeout).
+type AttemptTimer = Option<(Pin<Box<Sleep>>, TimedOut)>;
 
 /// What a retry needs: a service of its own and a copy of the request. The copy has no URI:
 /// the attempts' target keeps the one copy of it.
@@ -144,7 +150,7 @@ where
         ResponseFuture {
             state: State::Called { future, timer },
             retry,
-            attempts: Some(attempts),
+            attempts,
         }
     }
 }
@@ -160,151 +166,142 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         loop {
-            match this.state.as_mut().project() {
+            let (result, reason) = match this.state.as_mut().project() {
                 StateProj::Called { future, timer } => {
-                    let result = match future.poll(cx) {
-                        Poll::Ready(result) => result.map_err(Into::<BoxError>::into),
-                        Poll::Pending => {
-                            let Some((sleep, why)) = timer else {
-                                return Poll::Pending;
-                            };
-                            ready!(sleep.as_mut().poll(cx));
-                            // The attempt is dropped with this state: cut, maybe sent.
-                            Err(Box::new(*why) as BoxError)
-                        }
-                    };
-                    let Some(attempts) = this.attempts.as_mut() else {
-                        panic!("ResponseFuture polled after completion");
-                    };
-                    if let Some(replay) = this.retry.as_ref() {
-                        if let Err(why) = replay.body.check(result.is_ok()) {
-                            attempts.refuse_replay(why);
-                        }
-                    }
-                    let decision = match &result {
-                        Ok(res) => {
-                            attempts.on_response(res.status(), res.headers(), res.extensions())
-                        }
-                        Err(err) => attempts.on_error(&**err),
-                    };
-                    match decision {
-                        Decision::Retry { after } if this.retry.is_some() => {
+                    let result = ready!(poll_attempt(future, timer, cx));
+                    let resend = this.retry.as_ref().map(|r| r.body.check(result.is_ok()));
+                    match this.attempts.on_outcome(Outcome::of(&result), resend) {
+                        Step::Stop(reason) => (result, reason),
+                        Step::Wait(after) => {
                             // The failed attempt's response (if any) is dropped here.
-                            this.state.set(State::Waiting {
-                                for_body: false,
-                                sleep: Box::pin(tokio::time::sleep(after)),
-                            });
-                        }
-                        Decision::Retry { .. } => {
-                            this.state.set(State::Done);
-                            // The copy or recording, and the retry's service, go now.
-                            this.retry.take();
-                            return Poll::Ready(finish(
-                                this.attempts,
-                                result,
-                                StopReason::BodyNotReplayable,
-                            ));
-                        }
-                        Decision::Stop(reason) => {
-                            this.state.set(State::Done);
-                            // The copy or recording, and the retry's service, go now.
-                            this.retry.take();
-                            return Poll::Ready(finish(this.attempts, result, reason));
-                        }
-                    }
-                }
-                StateProj::Waiting {
-                    sleep,
-                    for_body: for_body @ false,
-                } => {
-                    ready!(sleep.as_mut().poll(cx));
-                    let recording = this.retry.as_ref().is_some_and(|r| r.body.is_recording());
-                    if recording {
-                        // The backoff's timer, reset to bound the wait for the body.
-                        let wait = this
-                            .attempts
-                            .as_ref()
-                            .and_then(Attempts::time_left)
-                            .map_or(LET_GO_WAIT, |left| left.min(LET_GO_WAIT));
-                        sleep.as_mut().reset(tokio::time::Instant::now() + wait);
-                        *for_body = true;
-                    } else {
-                        this.state.set(State::Readying { body: None });
-                    }
-                }
-                StateProj::Waiting { sleep, .. } => {
-                    let Some(replay) = this.retry.as_mut() else {
-                        panic!("ResponseFuture polled after completion");
-                    };
-                    let why = match replay.body.poll_next(cx) {
-                        Poll::Ready(Ok(body)) => {
-                            this.state.set(State::Readying { body: Some(body) });
+                            this.state.set(State::waiting(after));
                             continue;
                         }
-                        Poll::Ready(Err(why)) => why,
-                        Poll::Pending => {
-                            ready!(sleep.as_mut().poll(cx));
-                            NotReplayable::StillInUse
-                        }
-                    };
-                    this.state.set(State::Done);
-                    // The copy or recording, and the retry's service, go now.
-                    this.retry.take();
-                    let attempts = this.attempts.take().expect("checked above");
-                    return Poll::Ready(Err(attempts.into_body_refused(why)));
+                    }
                 }
-                StateProj::Readying { body: recorded } => {
-                    let (Some(replay), Some(attempts)) =
-                        (this.retry.as_mut(), this.attempts.as_mut())
-                    else {
-                        panic!("ResponseFuture polled after completion");
-                    };
+                StateProj::Waiting { sleep, for_body } => {
+                    let replay = this.retry.as_ref().expect("a retry keeps its body");
+                    match ready!(poll_wait(sleep, for_body, &replay.body, this.attempts, cx)) {
+                        Ok(body) => {
+                            this.state.set(State::Readying { body });
+                            continue;
+                        }
+                        Err(why) => refused(this.attempts, why),
+                    }
+                }
+                StateProj::Readying { body } => {
+                    let replay = this.retry.as_mut().expect("a retry keeps its body");
                     // The clone may be a handle to a shared resource (a buffer, a pool, a
                     // concurrency limit): `call` is only allowed once it says it is ready.
                     if let Err(err) = ready!(replay.service.poll_ready(cx)) {
-                        this.state.set(State::Done);
-                        // The copy or recording, and the retry's service, go now.
-                        this.retry.take();
-                        let attempts = this.attempts.take().expect("checked above");
-                        return Poll::Ready(Err(
-                            attempts.into_error(StopReason::ServiceNotReady, err.into())
-                        ));
-                    }
-                    let next = match recorded.take() {
-                        Some(body) => Ok(body),
-                        // A copy: never pending.
-                        None => match replay.body.poll_next(cx) {
-                            Poll::Ready(next) => next,
-                            Poll::Pending => Err(NotReplayable::StillInUse),
-                        },
-                    };
-                    let body = match next {
-                        Ok(body) => body,
-                        // A body that copied once but not twice: stop with what we know.
-                        Err(why) => {
-                            this.state.set(State::Done);
-                            // The copy or recording, and the retry's service, go now.
-                            this.retry.take();
-                            let attempts = this.attempts.take().expect("checked above");
-                            return Poll::Ready(Err(attempts.into_body_refused(why)));
+                        (Err(err.into()), StopReason::ServiceNotReady)
+                    } else {
+                        // A copy is made now (never pending); a recording came with the state.
+                        match body.take().map_or_else(|| replay.body.copy(), Ok) {
+                            Ok(body) => {
+                                let (future, timer) = resend(replay, this.attempts, body);
+                                this.state.set(State::Called { future, timer });
+                                continue;
+                            }
+                            Err(why) => refused(this.attempts, why),
                         }
-                    };
-                    let mut parts = replay.parts.clone();
-                    parts.uri = attempts
-                        .target()
-                        .uri()
-                        .expect("the layer's target is made from the request's URI")
-                        .clone();
-                    parts.extensions.insert(LayerAttempt);
-                    attempts.next_attempt(&mut parts.headers);
-                    let timer = attempt_timer(attempts);
-                    let future = replay.service.call(Request::from_parts(parts, body));
-                    this.state.set(State::Called { future, timer });
+                    }
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
-            }
+            };
+            this.state.set(State::Done);
+            // The copy or recording, and the retry's service, go now.
+            this.retry.take();
+            return Poll::Ready(this.attempts.finish(result, reason));
         }
     }
+}
+
+impl<F, B> State<F, B> {
+    fn waiting(after: Duration) -> Self {
+        State::Waiting {
+            sleep: Box::pin(tokio::time::sleep(after)),
+            for_body: false,
+        }
+    }
+}
+
+/// The wait before a retry: the backoff, then for a recorded body the wait for the last
+/// attempt's transport to let go of it, bounded by the same timer, reset. Ready with the next
+/// attempt's body when it came from the recording (`None`: a copy, made once the service is
+/// ready).
+fn poll_wait<B: ReplayBody>(
+    sleep: &mut Pin<Box<Sleep>>,
+    for_body: &mut bool,
+    body: &Kept<B>,
+    attempts: &Attempts,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Option<B>, NotReplayable>> {
+    if !*for_body {
+        ready!(sleep.as_mut().poll(cx));
+        if !body.is_recording() {
+            return Poll::Ready(Ok(None));
+        }
+        sleep.as_mut().reset(Instant::now() + attempts.body_wait());
+        *for_body = true;
+    }
+    match body.poll_next(cx) {
+        Poll::Ready(next) => Poll::Ready(next.map(Some)),
+        Poll::Pending => {
+            ready!(sleep.as_mut().poll(cx));
+            Poll::Ready(Err(NotReplayable::StillInUse))
+        }
+    }
+}
+
+/// Polls the attempt in flight, cut by the policy's clock if it runs out first (the attempt is
+/// then dropped with its state: cut, maybe sent).
+fn poll_attempt<F, R, E>(
+    future: Pin<&mut F>,
+    timer: &mut AttemptTimer,
+    cx: &mut Context<'_>,
+) -> Poll<Result<R, BoxError>>
+where
+    F: Future<Output = Result<R, E>>,
+    E: Into<BoxError>,
+{
+    if let Poll::Ready(result) = future.poll(cx) {
+        return Poll::Ready(result.map_err(Into::into));
+    }
+    let Some((sleep, why)) = timer else {
+        return Poll::Pending;
+    };
+    ready!(sleep.as_mut().poll(cx));
+    Poll::Ready(Err(Box::new(*why)))
+}
+
+/// Sends the next attempt with `body`.
+fn resend<S, B>(
+    replay: &mut Replay<S, B>,
+    attempts: &mut Attempts,
+    body: B,
+) -> (S::Future, AttemptTimer)
+where
+    S: Service<Request<B>>,
+{
+    let mut parts = replay.parts.clone();
+    parts.uri = attempts
+        .target()
+        .uri()
+        .expect("the layer's target is made from the request's URI")
+        .clone();
+    parts.extensions.insert(LayerAttempt);
+    attempts.next_attempt(&mut parts.headers);
+    let timer = attempt_timer(attempts);
+    (replay.service.call(Request::from_parts(parts, body)), timer)
+}
+
+/// A body that could not be sent again after all: the outcome that stops the retries (the
+/// last attempt's own outcome was already dropped for the retry).
+#[cold]
+fn refused<R>(attempts: &mut Attempts, why: NotReplayable) -> (Result<R, BoxError>, StopReason) {
+    attempts.refuse_replay(why);
+    (Err(why.to_string().into()), StopReason::BodyNotReplayable)
 }
 
 /// Records a body that cannot be copied, within the policy's replay buffer.
@@ -327,38 +324,8 @@ fn record<B: ReplayBody>(
 /// The timer that cuts the next attempt, if the request has a deadline or a per-attempt
 /// timeout.
 #[inline]
-fn attempt_timer(attempts: &Attempts) -> Option<(Pin<Box<Sleep>>, TimedOut)> {
+fn attempt_timer(attempts: &Attempts) -> AttemptTimer {
     attempts
         .attempt_limit()
         .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why))
-}
-
-// Inlined, and the report taken from the attempts in place: this saves moving the bookkeeping
-// and the response around, 77 instructions per request (scripts/instructions.sh).
-#[inline]
-fn finish<ResBody>(
-    slot: &mut Option<Attempts>,
-    result: Result<Response<ResBody>, BoxError>,
-    reason: StopReason,
-) -> Result<Response<ResBody>, Error> {
-    match result {
-        Ok(mut res) => {
-            let Some(attempts) = slot.as_mut() else {
-                panic!("ResponseFuture polled after completion");
-            };
-            // An outer layer of this crate writes the report; ours would be overwritten.
-            if reason != StopReason::RetriedByOuterLayer {
-                BodyVerdict::take(res.extensions_mut());
-                res.extensions_mut().insert(attempts.take_report(reason));
-            }
-            *slot = None;
-            Ok(res)
-        }
-        Err(err) => {
-            let Some(attempts) = slot.take() else {
-                panic!("ResponseFuture polled after completion");
-            };
-            Err(attempts.into_error(reason, err))
-        }
-    }
 }

@@ -58,6 +58,22 @@ impl<B: ReplayBody> Kept<B> {
         matches!(self, Kept::Tape(_))
     }
 
+    /// The next attempt's body from a copy, or from a recording that is free now (a copy never
+    /// waits; a recording still held counts as [`NotReplayable::StillInUse`]).
+    pub(crate) fn copy(&self) -> Result<B, NotReplayable> {
+        match self {
+            // A body that copied once but not twice is treated as a stream.
+            Kept::Copy(copy) => copy.try_clone_body().ok_or(NotReplayable::Stream),
+            Kept::Tape(replays) => {
+                let mut cx = Context::from_waker(std::task::Waker::noop());
+                match replays.poll_next(&mut cx) {
+                    Poll::Ready(next) => next,
+                    Poll::Pending => Err(NotReplayable::StillInUse),
+                }
+            }
+        }
+    }
+
     /// The next attempt's body: pending while the last attempt's transport holds a recording.
     pub(crate) fn poll_next(&self, cx: &mut Context<'_>) -> Poll<Result<B, NotReplayable>> {
         match self {

@@ -2,204 +2,76 @@
 //! attempt's outcome, record it, ask the policy, log, and build the report or the error. Both
 //! front ends drive this one type, so the decision has one code path.
 
+mod plan;
+
+pub(crate) use plan::Plan;
+use plan::{printable, MAX_REQUEST_ID_LEN};
+
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
 
-use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use http::{Extensions, HeaderMap, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
-use crate::classify::{
-    classify_error, idempotency_key, BodyVerdict, Classification, FailureClass, Idempotency,
-    RequestVerdict,
-};
-use crate::error::{Error, Symptom};
-use crate::policy::{AttemptEvent, Decision, Facts, RequestOptions, RetryPolicy, StopReason};
+use crate::classify::Symptom;
+use crate::classify::{classify_error, BodyVerdict, Classification, FailureClass, RequestVerdict};
+use crate::error::Error;
+use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
+use crate::service::replay::LET_GO_WAIT;
 use crate::service::report::{AttemptRecord, Records};
-use crate::service::{LayerAttempt, NotReplayable, RetryReport};
+use crate::service::{NotReplayable, RetryReport};
+use crate::target::Target;
 use crate::timed_out::TimedOut;
 use crate::BoxError;
 
-/// Longest request id echoed in reports, errors and logs.
-const MAX_REQUEST_ID_LEN: usize = 128;
-/// Longest path echoed in errors and logs.
-pub(crate) const MAX_PATH_LEN: usize = 256;
-
-/// The method and path of the request, for messages. The query string is never kept.
-#[derive(Clone, Debug)]
-pub(crate) struct Target {
-    pub(crate) method: Method,
-    path: TargetPath,
+/// What a front end does after an attempt, as [`Attempts::on_outcome`] decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Wait this long, then send the request again: with a recorded body, first wait up to
+    /// [`Attempts::body_wait`] for the last attempt's transport to let go of it.
+    Wait(Duration),
+    /// Stop, and return the outcome through [`Attempts::finish`].
+    Stop(StopReason),
 }
 
-#[derive(Clone, Debug)]
-enum TargetPath {
-    /// Cloning a `Uri` shares its bytes; the path is cut out only when printed.
-    Uri(Uri),
-    Text(Box<str>),
+/// How an attempt ended, as the decision reads it.
+#[derive(Clone, Copy)]
+pub(crate) enum Outcome<'a> {
+    /// A response; `extensions` are the response's (a body classifier inside the layer
+    /// leaves its verdict there).
+    Response {
+        status: StatusCode,
+        headers: &'a HeaderMap,
+        extensions: &'a Extensions,
+    },
+    /// An error: the transport's, a layer's, or the policy's clock cutting the attempt.
+    Error(&'a (dyn StdError + 'static)),
 }
 
-impl Target {
+impl<'a> Outcome<'a> {
+    /// The outcome of an attempt through a tower service.
     #[inline]
-    pub(crate) fn from_uri(method: Method, uri: Uri) -> Self {
-        Target {
-            method,
-            path: TargetPath::Uri(uri),
-        }
-    }
-
-    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
-    pub(crate) fn from_path(method: Method, path: &str) -> Self {
-        Target {
-            method,
-            path: TargetPath::Text(cap(path, MAX_PATH_LEN).into()),
-        }
-    }
-
-    /// The request's URI, when the target was made from one.
-    pub(crate) fn uri(&self) -> Option<&Uri> {
-        match &self.path {
-            TargetPath::Uri(uri) => Some(uri),
-            TargetPath::Text(_) => None,
-        }
-    }
-
-    /// The path without query, capped in length.
-    pub(crate) fn path(&self) -> &str {
-        match &self.path {
-            TargetPath::Uri(uri) => cap(uri.path(), MAX_PATH_LEN),
-            TargetPath::Text(text) => text,
+    pub(crate) fn of<B>(result: &'a Result<http::Response<B>, BoxError>) -> Self {
+        match result {
+            Ok(res) => Outcome::Response {
+                status: res.status(),
+                headers: res.headers(),
+                extensions: res.extensions(),
+            },
+            Err(err) => Outcome::Error(&**err),
         }
     }
 }
 
-/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
-pub(crate) fn cap(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
+/// A front end's successful outcome: a response, which carries the report in its extensions.
+pub(crate) trait CarriesReport {
+    fn extensions_mut(&mut self) -> &mut Extensions;
 }
 
-/// A header value fit to echo: printable ASCII, capped.
-fn printable(value: Option<&HeaderValue>, max: usize) -> Option<Box<str>> {
-    let value = value?.to_str().ok()?;
-    let value = value.trim();
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
-        return None;
-    }
-    Some(cap(value, max).into())
-}
-
-/// The first values of two headers. A request carries few headers, so one pass comparing
-/// names costs less than two hashed lookups: each lookup hashes the name byte by byte (about
-/// 100 instructions for ours), a comparison costs a few; around eight names they break even.
-fn two_headers<'h>(
-    headers: &'h HeaderMap,
-    a: &HeaderName,
-    b: Option<&HeaderName>,
-) -> (Option<&'h HeaderValue>, Option<&'h HeaderValue>) {
-    const SCAN_UP_TO: usize = 8;
-    if headers.keys_len() > SCAN_UP_TO {
-        return (headers.get(a), b.and_then(|b| headers.get(b)));
-    }
-    let (mut found_a, mut found_b) = (None, None);
-    for (name, value) in headers {
-        if found_a.is_none() && name == a {
-            found_a = Some(value);
-        }
-        if found_b.is_none() && b == Some(name) {
-            found_b = Some(value);
-        }
-    }
-    (found_a, found_b)
-}
-
-/// What the front ends decide about a request before its first attempt, in one place so the
-/// tower layer and the reqwest adapter cannot drift apart.
-#[derive(Debug)]
-pub(crate) struct Plan {
-    verdict: RequestVerdict,
-    /// An outer layer of this crate sent this attempt and decides about retries.
-    outer_layer: bool,
-    /// The request's well-formed idempotency key, read once for the verdict and the report.
-    key: Option<Box<str>>,
-    /// Whether the request has an idempotency-key header at all, well-formed or not: a
-    /// caller's key is never replaced by a minted one.
-    has_key_header: bool,
-    /// The request id from the request's headers, read in the same pass as the key.
-    request_id: Option<Box<str>>,
-    /// The caller's per-request settings, if any.
-    options: Option<RequestOptions>,
-}
-
-impl Plan {
-    /// `host` is called only if the policy trusts named hosts.
-    pub(crate) fn new<'h>(
-        policy: &RetryPolicy,
-        method: &Method,
-        host: impl FnOnce() -> Option<(&'h str, Option<u16>)>,
-        path: &str,
-        headers: &HeaderMap,
-        extensions: &Extensions,
-    ) -> Self {
-        let inner = &policy.inner;
-        let (key, request_id) = two_headers(
-            headers,
-            &inner.idempotency_key_header,
-            inner.request_id_header.as_ref(),
-        );
-        let has_key_header = key.is_some();
-        let key = key.and_then(idempotency_key::parse);
-        Plan {
-            verdict: policy.classify_parts(method, host, path, key.is_some(), extensions),
-            outer_layer: extensions.get::<LayerAttempt>().is_some(),
-            key: key.map(Into::into),
-            has_key_header,
-            request_id: printable(request_id, MAX_REQUEST_ID_LEN),
-            options: extensions.get::<RequestOptions>().copied(),
-        }
-    }
-
-    /// Gives a non-idempotent request without a key a minted one when the policy mints
-    /// them; the outer layer already did for an attempt it sent.
+impl<B> CarriesReport for http::Response<B> {
     #[inline]
-    pub(crate) fn mint_key(&mut self, policy: &RetryPolicy, headers: &mut HeaderMap) {
-        if self.outer_layer
-            || !policy.inner.mint_idempotency_keys
-            || self.verdict.idempotency() == Idempotency::Idempotent
-            || self.has_key_header
-        {
-            return;
-        }
-        if let Some(key) = policy.mint_key(headers) {
-            self.verdict = self.verdict.with_key(true);
-            self.key = Some(key);
-        }
-    }
-
-    /// Retries allowed for this request: its own option, or the policy's.
-    #[inline]
-    fn max_retries(&self, policy: &RetryPolicy) -> u32 {
-        self.options
-            .and_then(|o| o.max_retries)
-            .unwrap_or(policy.inner.max_retries)
-    }
-
-    /// Whether this layer could ever send the request again, so a copy is worth keeping.
-    #[inline]
-    pub(crate) fn may_retry(&self, policy: &RetryPolicy) -> bool {
-        !self.outer_layer && !self.verdict.is_no_retry() && self.max_retries(policy) > 0
-    }
-
-    /// Whether to mark the attempts: the outermost layer owns retries, whatever its
-    /// `max_retries` (a `NoRetry` request is recognised by inner layers anyway).
-    #[inline]
-    pub(crate) fn marks_attempts(&self) -> bool {
-        !self.outer_layer && !self.verdict.is_no_retry()
+    fn extensions_mut(&mut self) -> &mut Extensions {
+        http::Response::extensions_mut(self)
     }
 }
 
@@ -313,6 +185,74 @@ impl Attempts {
             (Some(attempt), None) => Some((attempt, TimedOut::Attempt)),
             (None, None) => None,
         }
+    }
+
+    /// How long a front end waits, after the backoff, for the last attempt's transport to let
+    /// go of a recorded body: [`LET_GO_WAIT`], or less if the deadline comes first.
+    #[inline]
+    pub(crate) fn body_wait(&self) -> Duration {
+        self.time_left()
+            .map_or(LET_GO_WAIT, |left| left.min(LET_GO_WAIT))
+    }
+
+    /// Decides after an attempt: wait and send again, or stop. `resend` says whether the front
+    /// end can send the body again (`None`: it kept nothing to send it with; `Some(Err)`: what
+    /// it kept can no longer be sent, and why).
+    #[inline]
+    pub(crate) fn on_outcome(
+        &mut self,
+        outcome: Outcome<'_>,
+        resend: Option<Result<(), NotReplayable>>,
+    ) -> Step {
+        if let Some(Err(why)) = resend {
+            self.refuse_replay(why);
+        }
+        let decision = match outcome {
+            Outcome::Response {
+                status,
+                headers,
+                extensions,
+            } => self.on_response(status, headers, extensions),
+            Outcome::Error(err) => self.on_error(err),
+        };
+        match decision {
+            // A refused body stops in `decide`; without a copy nothing is ever resent.
+            Decision::Retry { after } if resend.is_some() => Step::Wait(after),
+            Decision::Retry { .. } => Step::Stop(StopReason::BodyNotReplayable),
+            Decision::Stop(reason) => Step::Stop(reason),
+        }
+    }
+
+    /// The outcome the caller gets: the last attempt's response with the report in its
+    /// extensions, or this crate's error around the last attempt's error. `self` is spent.
+    #[inline]
+    pub(crate) fn finish<R: CarriesReport>(
+        &mut self,
+        result: Result<R, BoxError>,
+        reason: StopReason,
+    ) -> Result<R, Error> {
+        match result {
+            Ok(mut res) => {
+                // An outer layer of this crate writes the report; ours would be overwritten.
+                if reason != StopReason::RetriedByOuterLayer {
+                    let extensions = res.extensions_mut();
+                    // The body verdict is used up by the layer that decided on it.
+                    BodyVerdict::take(extensions);
+                    extensions.insert(self.take_report(reason));
+                }
+                Ok(res)
+            }
+            Err(err) => Err(self.take_error(reason, err)),
+        }
+    }
+
+    /// The error for a request whose retry could not start because its body could not be
+    /// sent again after all (the last attempt's outcome was already dropped for the retry).
+    /// `self` is spent.
+    #[cold]
+    pub(crate) fn finish_refused(&mut self, why: NotReplayable) -> Error {
+        self.refuse_replay(why);
+        self.take_error(StopReason::BodyNotReplayable, why.to_string().into())
     }
 
     /// The request's body can no longer be sent again. The first reason found is kept.
@@ -476,10 +416,6 @@ impl Attempts {
         }
     }
 
-    pub(crate) fn into_report(mut self, stop: StopReason) -> RetryReport {
-        self.take_report(stop)
-    }
-
     /// The report, its parts taken out of `self`, which is spent afterwards.
     #[inline]
     pub(crate) fn take_report(&mut self, stop: StopReason) -> RetryReport {
@@ -498,16 +434,8 @@ impl Attempts {
         }
     }
 
-    /// The error for a request whose retry could not start because its body could not be
-    /// sent again after all (the last attempt's outcome was already dropped for the retry).
-    #[cold]
-    pub(crate) fn into_body_refused(mut self, why: NotReplayable) -> Error {
-        self.refuse_replay(why);
-        self.into_error(StopReason::BodyNotReplayable, why.to_string().into())
-    }
-
-    /// The error for a request whose last attempt ended in `source`.
-    pub(crate) fn into_error(self, stop: StopReason, source: BoxError) -> Error {
+    /// The error for a request whose last attempt ended in `source`; `self` is spent.
+    fn take_error(&mut self, stop: StopReason, source: BoxError) -> Error {
         // An inner layer of this crate already wrapped the transport error: unwrap it so the
         // chain reads caller → transport, not caller → layer → layer → transport.
         let source = match source.downcast::<Error>() {
@@ -524,7 +452,7 @@ impl Attempts {
         let maybe_applied = self.maybe_applied;
         Error::after_attempts(
             target,
-            self.into_report(stop),
+            self.take_report(stop),
             class,
             maybe_applied,
             symptom,
@@ -534,32 +462,4 @@ impl Attempts {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `two_headers` answers as two `HeaderMap::get`s would, by scan or by lookup.
-    #[test]
-    fn two_headers_finds_the_first_value_of_each_name_like_get() {
-        let key = HeaderName::from_static("idempotency-key");
-        let id = HeaderName::from_static("x-request-id");
-        for extra in [0, 2, 20] {
-            let mut headers = HeaderMap::new();
-            for i in 0..extra {
-                let name = HeaderName::from_bytes(format!("x-filler-{i}").as_bytes()).unwrap();
-                headers.insert(name, HeaderValue::from_static("f"));
-            }
-            headers.append(&id, HeaderValue::from_static("first"));
-            headers.append(&id, HeaderValue::from_static("second"));
-            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
-            let scanned = two_headers(&headers, &key, Some(&id));
-            assert_eq!(scanned, (headers.get(&key), headers.get(&id)), "{extra}");
-            assert_eq!(scanned.1.unwrap(), "first");
-            assert_eq!(two_headers(&headers, &id, None), (headers.get(&id), None));
-            // The same name asked twice is found twice.
-            assert_eq!(
-                two_headers(&headers, &id, Some(&id)),
-                (headers.get(&id), headers.get(&id))
-            );
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,161 @@
+//! What the front ends decide about a request before its first attempt.
+
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method};
+
+use crate::classify::{idempotency_key, Idempotency, RequestVerdict};
+use crate::policy::{RequestOptions, RetryPolicy};
+use crate::service::LayerAttempt;
+use crate::target::cap;
+
+/// Longest request id echoed in reports, errors and logs.
+pub(crate) const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// A header value fit to echo: printable ASCII, capped.
+pub(super) fn printable(value: Option<&HeaderValue>, max: usize) -> Option<Box<str>> {
+    let value = value?.to_str().ok()?;
+    let value = value.trim();
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return None;
+    }
+    Some(cap(value, max).into())
+}
+
+/// The first values of two headers. A request carries few headers, so one pass comparing
+/// names costs less than two hashed lookups: each lookup hashes the name byte by byte (about
+/// 100 instructions for ours), a comparison costs a few; around eight names they break even.
+fn two_headers<'h>(
+    headers: &'h HeaderMap,
+    a: &HeaderName,
+    b: Option<&HeaderName>,
+) -> (Option<&'h HeaderValue>, Option<&'h HeaderValue>) {
+    const SCAN_UP_TO: usize = 8;
+    if headers.keys_len() > SCAN_UP_TO {
+        return (headers.get(a), b.and_then(|b| headers.get(b)));
+    }
+    let (mut found_a, mut found_b) = (None, None);
+    for (name, value) in headers {
+        if found_a.is_none() && name == a {
+            found_a = Some(value);
+        }
+        if found_b.is_none() && b == Some(name) {
+            found_b = Some(value);
+        }
+    }
+    (found_a, found_b)
+}
+
+/// What the front ends decide about a request before its first attempt, in one place so the
+/// tower layer and the reqwest adapter cannot drift apart.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(super) verdict: RequestVerdict,
+    /// An outer layer of this crate sent this attempt and decides about retries.
+    pub(super) outer_layer: bool,
+    /// The request's well-formed idempotency key, read once for the verdict and the report.
+    pub(super) key: Option<Box<str>>,
+    /// Whether the request has an idempotency-key header at all, well-formed or not: a
+    /// caller's key is never replaced by a minted one.
+    pub(super) has_key_header: bool,
+    /// The request id from the request's headers, read in the same pass as the key.
+    pub(super) request_id: Option<Box<str>>,
+    /// The caller's per-request settings, if any.
+    pub(super) options: Option<RequestOptions>,
+}
+
+impl Plan {
+    /// `host` is called only if the policy trusts named hosts.
+    pub(crate) fn new<'h>(
+        policy: &RetryPolicy,
+        method: &Method,
+        host: impl FnOnce() -> Option<(&'h str, Option<u16>)>,
+        path: &str,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+    ) -> Self {
+        let inner = &policy.inner;
+        let (key, request_id) = two_headers(
+            headers,
+            &inner.idempotency_key_header,
+            inner.request_id_header.as_ref(),
+        );
+        let has_key_header = key.is_some();
+        let key = key.and_then(idempotency_key::parse);
+        Plan {
+            verdict: policy.classify_parts(method, host, path, key.is_some(), extensions),
+            outer_layer: extensions.get::<LayerAttempt>().is_some(),
+            key: key.map(Into::into),
+            has_key_header,
+            request_id: printable(request_id, MAX_REQUEST_ID_LEN),
+            options: extensions.get::<RequestOptions>().copied(),
+        }
+    }
+
+    /// Gives a non-idempotent request without a key a minted one when the policy mints
+    /// them; the outer layer already did for an attempt it sent.
+    #[inline]
+    pub(crate) fn mint_key(&mut self, policy: &RetryPolicy, headers: &mut HeaderMap) {
+        if self.outer_layer
+            || !policy.inner.mint_idempotency_keys
+            || self.verdict.idempotency() == Idempotency::Idempotent
+            || self.has_key_header
+        {
+            return;
+        }
+        if let Some(key) = policy.mint_key(headers) {
+            self.verdict = self.verdict.with_key(true);
+            self.key = Some(key);
+        }
+    }
+
+    /// Retries allowed for this request: its own option, or the policy's.
+    #[inline]
+    pub(super) fn max_retries(&self, policy: &RetryPolicy) -> u32 {
+        self.options
+            .and_then(|o| o.max_retries)
+            .unwrap_or(policy.inner.max_retries)
+    }
+
+    /// Whether this layer could ever send the request again, so a copy is worth keeping.
+    #[inline]
+    pub(crate) fn may_retry(&self, policy: &RetryPolicy) -> bool {
+        !self.outer_layer && !self.verdict.is_no_retry() && self.max_retries(policy) > 0
+    }
+
+    /// Whether to mark the attempts: the outermost layer owns retries, whatever its
+    /// `max_retries` (a `NoRetry` request is recognised by inner layers anyway).
+    #[inline]
+    pub(crate) fn marks_attempts(&self) -> bool {
+        !self.outer_layer && !self.verdict.is_no_retry()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `two_headers` answers as two `HeaderMap::get`s would, by scan or by lookup.
+    #[test]
+    fn two_headers_finds_the_first_value_of_each_name_like_get() {
+        let key = HeaderName::from_static("idempotency-key");
+        let id = HeaderName::from_static("x-request-id");
+        for extra in [0, 2, 20] {
+            let mut headers = HeaderMap::new();
+            for i in 0..extra {
+                let name = HeaderName::from_bytes(format!("x-filler-{i}").as_bytes()).unwrap();
+                headers.insert(name, HeaderValue::from_static("f"));
+            }
+            headers.append(&id, HeaderValue::from_static("first"));
+            headers.append(&id, HeaderValue::from_static("second"));
+            headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("a/b"));
+            let scanned = two_headers(&headers, &key, Some(&id));
+            assert_eq!(scanned, (headers.get(&key), headers.get(&id)), "{extra}");
+            assert_eq!(scanned.1.unwrap(), "first");
+            assert_eq!(two_headers(&headers, &id, None), (headers.get(&id), None));
+            // The same name asked twice is found twice.
+            assert_eq!(
+                two_headers(&headers, &id, Some(&id)),
+                (headers.get(&id), headers.get(&id))
+            );
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! What a request is, for messages: its method and path, never its query string, capped in
+//! length. A leaf: the error, the bookkeeping and the server all print with it.
+
+use http::{Method, Uri};
+
+/// Longest path echoed in errors and logs.
+pub(crate) const MAX_PATH_LEN: usize = 256;
+
+/// The method and path of the request, for messages. The query string is never kept.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub(crate) method: Method,
+    path: TargetPath,
+}
+
+#[derive(Clone, Debug)]
+enum TargetPath {
+    /// Cloning a `Uri` shares its bytes; the path is cut out only when printed.
+    Uri(Uri),
+    Text(Box<str>),
+}
+
+impl Target {
+    #[inline]
+    pub(crate) fn from_uri(method: Method, uri: Uri) -> Self {
+        Target {
+            method,
+            path: TargetPath::Uri(uri),
+        }
+    }
+
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn from_path(method: Method, path: &str) -> Self {
+        Target {
+            method,
+            path: TargetPath::Text(cap(path, MAX_PATH_LEN).into()),
+        }
+    }
+
+    /// The request's URI, when the target was made from one.
+    pub(crate) fn uri(&self) -> Option<&Uri> {
+        match &self.path {
+            TargetPath::Uri(uri) => Some(uri),
+            TargetPath::Text(_) => None,
+        }
+    }
+
+    /// The path without query, capped in length.
+    pub(crate) fn path(&self) -> &str {
+        match &self.path {
+            TargetPath::Uri(uri) => cap(uri.path(), MAX_PATH_LEN),
+            TargetPath::Text(text) => text,
+        }
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a char boundary.
+pub(crate) fn cap(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
