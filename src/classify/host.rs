@@ -30,6 +30,8 @@ pub(crate) fn canonical(host: &str) -> Cow<'_, str> {
     }
     name.make_ascii_lowercase();
     if let Some(inner) = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+        // A zone (`[fe80::1%25eth0]`, decoded above) names an interface, not another host.
+        let inner = inner.split('%').next().unwrap_or(inner);
         return match inner.parse::<Ipv6Addr>() {
             Ok(ip) => Cow::Owned(match ip.to_ipv4_mapped() {
                 Some(v4) => v4.to_string(),
@@ -69,7 +71,25 @@ fn is_plain_name(host: &str) -> bool {
     if !hex && !last.bytes().all(|b| b.is_ascii_digit()) {
         return true;
     }
-    matches!(ipv4(host), Some(ip) if ip.to_string() == host)
+    is_dotted_decimal(host)
+}
+
+/// Four decimal parts of at most 255 without leading zeros: an IPv4 address as `Display`
+/// writes it (checked without writing it).
+fn is_dotted_decimal(host: &str) -> bool {
+    let mut parts = 0;
+    for part in host.split('.') {
+        parts += 1;
+        let ok = !part.is_empty()
+            && part.len() <= 3
+            && part.bytes().all(|b| b.is_ascii_digit())
+            && (part == "0" || !part.starts_with('0'))
+            && part.parse::<u16>().is_ok_and(|n| n <= 255);
+        if !ok {
+            return false;
+        }
+    }
+    parts == 4
 }
 
 /// Decodes `%XX` escapes of `host` into `out`; false if the result is not ASCII.
@@ -140,10 +160,38 @@ fn number(part: &str) -> Option<u64> {
         // "0x" alone is zero in the URL standard; an empty part is not a number.
         return (radix == 16).then_some(0);
     }
-    if digits.len() > 12 {
+    if !digits.chars().all(|c| c.is_digit(radix)) {
         return None;
     }
-    u64::from_str_radix(digits, radix).ok()
+    // Leading zeros are allowed in any number (resolvers take `0x0000007f.1`); past them, a
+    // part too long for an address is not one.
+    let significant = digits.trim_start_matches('0');
+    if significant.len() > 12 {
+        return None;
+    }
+    if significant.is_empty() {
+        return Some(0);
+    }
+    u64::from_str_radix(significant, radix).ok()
+}
+
+/// The host a request is for, and the port it reaches: from its URI, or for a request in
+/// origin form (`/v1/send`, as hyper's connection-level client sends them) from its `Host`
+/// header.
+pub(crate) fn of_request<'a>(
+    uri: &'a http::Uri,
+    headers: &'a http::HeaderMap,
+) -> Option<(&'a str, Option<u16>)> {
+    if let Some(host) = uri.host() {
+        return Some((host, effective_port(uri)));
+    }
+    let value = headers.get(http::header::HOST)?.to_str().ok()?;
+    let (host, port) = match value.rfind(':') {
+        // A colon inside brackets is IPv6, not a port.
+        Some(i) if !value[i..].contains(']') => (&value[..i], value[i + 1..].parse().ok()),
+        _ => (value, None),
+    };
+    (!host.is_empty()).then_some((host, port))
 }
 
 /// The port a request reaches: its own, or its scheme's default. `None` without a scheme
@@ -266,6 +314,12 @@ mod tests {
             ("127.0.0.1.", "127.0.0.1"),
             ("127.000.000.001", "127.0.0.1"),
             ("10.0.0.010", "10.0.0.8"),
+            // Found by review: leading zeros past twelve digits, and a zone.
+            ("0x0000000000007f.0.0.1", "127.0.0.1"),
+            ("0000000000000177.0.0.1", "127.0.0.1"),
+            ("0x00000007f000001", "127.0.0.1"),
+            ("[::1%251]", "[::1]"),
+            ("[fe80::1%25eth0]", "[fe80::1]"),
         ] {
             assert_eq!(canonical(spelling), canonical_form, "{spelling}");
         }

@@ -186,32 +186,37 @@ impl<V: RuleValue> MethodRoutes<V> {
         }) || (shape.lenient && self.lenient_spelling_is_non_idempotent(path))
     }
 
-    /// Spelling 4, in up to [`LENIENT_ROUNDS`] rounds of decoding.
+    /// Spelling 4, in up to [`LENIENT_ROUNDS`] rounds of decoding, each also without a
+    /// format suffix. Two scratch buffers, each on the stack up to [`spelling::STACK_PATH`].
     fn lenient_spelling_is_non_idempotent(&self, path: &str) -> bool {
         let router = self.folded.as_ref().unwrap_or(&self.exact);
-        spelling::with_scratch(path.len() * 2, |buf| {
-            let (current, next) = buf.split_at_mut(path.len());
-            current.copy_from_slice(path.as_bytes());
-            let mut len = path.len();
-            for _ in 0..LENIENT_ROUNDS {
-                let cut = spelling::lenient_into(&current[..len], next);
-                let Ok(decoded) = std::str::from_utf8(&next[..cut]) else {
-                    return true;
-                };
-                len = spelling::normalise_into(decoded, current);
-                current[..len].make_ascii_lowercase();
-                let Ok(spelled) = std::str::from_utf8(&current[..len]) else {
-                    return true;
-                };
-                if is_non_idempotent(router, spelled) {
-                    return true;
+        spelling::with_scratch(path.len(), |current| {
+            spelling::with_scratch(path.len(), |next| {
+                current.copy_from_slice(path.as_bytes());
+                let mut len = path.len();
+                for _ in 0..LENIENT_ROUNDS {
+                    let cut = spelling::lenient_into(&current[..len], next);
+                    let Ok(decoded) = std::str::from_utf8(&next[..cut]) else {
+                        return true;
+                    };
+                    len = spelling::normalise_into(decoded, current);
+                    current[..len].make_ascii_lowercase();
+                    let Ok(spelled) = std::str::from_utf8(&current[..len]) else {
+                        return true;
+                    };
+                    if is_non_idempotent(router, spelled)
+                        || spelling::without_format(spelled)
+                            .is_some_and(|bare| is_non_idempotent(router, bare))
+                    {
+                        return true;
+                    }
+                    if !spelling::has_ascii_escape(&current[..len]) {
+                        return false;
+                    }
                 }
-                if !spelling::has_ascii_escape(&current[..len]) {
-                    return false;
-                }
-            }
-            // Still escaped after every round: a path built to outlast the check.
-            true
+                // Still escaped after every round: a path built to outlast the check.
+                true
+            })
         })
     }
 }
@@ -488,6 +493,28 @@ mod tests {
             "/v1/x/send/m9",
         ] {
             assert_eq!(put(&t, path), None, "{path}");
+        }
+    }
+
+    /// Found by review: Rails routes `capture.json` to the `capture` action.
+    #[test]
+    fn a_format_suffix_is_routed_alike() {
+        let t = table(&[(
+            Method::POST,
+            "/v1/charges/{id}/capture",
+            Idempotency::NonIdempotent,
+        )]);
+        let post = |path| t.lookup(&Method::POST, path);
+        for path in [
+            "/v1/charges/c1/capture.json",
+            "/v1/charges/c1/capture.xml",
+            "/v1/charges/c1/capture%2Ejson",
+            "/v1/charges/c1/Capture.JSON",
+        ] {
+            assert_eq!(post(path), Some(Idempotency::NonIdempotent), "{path}");
+        }
+        for path in ["/v1/charges/c1/.capture", "/v1/charges/c1/captured.json"] {
+            assert_eq!(post(path), None, "{path}");
         }
     }
 

@@ -16,8 +16,8 @@ pub(crate) struct Shape {
     pub(crate) normalises: bool,
     /// An ASCII capital letter: folding changes it.
     pub(crate) has_upper: bool,
-    /// A `;`, a `\\` or an escape of a reserved ASCII character (`%2F`, `%3B`, …): the lenient
-    /// spelling differs.
+    /// A `;`, a `\\`, an escape of a reserved ASCII character (`%2F`, `%3B`, …) or a dot in
+    /// the last segment (a format suffix): the lenient spelling differs.
     pub(crate) lenient: bool,
 }
 
@@ -94,6 +94,15 @@ pub(crate) fn lenient_into(path: &[u8], out: &mut [u8]) -> usize {
     len
 }
 
+/// `path` without a format suffix on its last segment (`/charges/c1/capture.json` →
+/// `/charges/c1/capture`): Rails routes every path with an optional `.format`, and older
+/// Spring MVC matched suffixes alike. `None` if the last segment has none.
+pub(crate) fn without_format(path: &str) -> Option<&str> {
+    let start = path.rfind('/').map_or(0, |i| i + 1);
+    let dot = path[start..].rfind('.')?;
+    (dot > 0).then(|| &path[..start + dot])
+}
+
 /// Whether `path` still has an escape of an ASCII character: another lenient round changes it.
 pub(crate) fn has_ascii_escape(path: &[u8]) -> bool {
     (0..path.len()).any(|i| path[i] == b'%' && ascii_escape(path, i).is_some())
@@ -129,6 +138,14 @@ pub(crate) fn shape(path: &str) -> Shape {
             Some(b';' | b'\\') => shape.lenient = true,
             Some(b) => shape.has_upper |= b.is_ascii_uppercase(),
         }
+    }
+    // A format suffix on the last segment (a dot segment normalises instead).
+    let last = &bytes[bytes.iter().rposition(|&b| b == b'/').map_or(0, |i| i + 1)..];
+    let escaped_dot = last
+        .windows(3)
+        .any(|w| w[0] == b'%' && w[1] == b'2' && (w[2] | 0x20) == b'e');
+    if !matches!(last, b"." | b"..") && (escaped_dot || last.iter().skip(1).any(|&b| b == b'.')) {
+        shape.lenient = true;
     }
     shape
 }

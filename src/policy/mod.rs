@@ -137,10 +137,7 @@ impl RetryPolicy {
     pub fn classify<B>(&self, req: &Request<B>) -> RequestVerdict {
         self.classify_parts(
             req.method(),
-            || {
-                let uri = req.uri();
-                Some((uri.host()?, crate::classify::host::effective_port(uri)))
-            },
+            || crate::classify::host::of_request(req.uri(), req.headers()),
             req.uri().path(),
             self.idempotency_key(req.headers()).is_some(),
             req.extensions(),

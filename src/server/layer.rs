@@ -48,7 +48,7 @@ pub struct IdempotencyLayer<St> {
     store: Arc<St>,
     config: Arc<Config>,
     /// Shared by every service this layer makes (servers often make one per connection): one
-    /// ticker renews the claims of all of them.
+    /// ticker per runtime renews the claims of all of them.
     renewals: Arc<Renewals<St>>,
 }
 
@@ -116,11 +116,11 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     }
 
     /// How long a claim on a key lasts without renewal. While its handler runs, the layer
-    /// renews the claim every quarter of the lease (see the [module docs](super#leases-and-fencing)
-    /// for what that asks of the handler), so a handler may run longer than it; a server
-    /// that dies mid-handler holds its keys until the lease ends. After that a repeat of the key
-    /// runs the handler again: the lease is the window within which a crashed server's write
-    /// cannot be told from one that never started. Values under 30 ms are taken as 30 ms,
+    /// renews the claim every quarter of the lease, at most a third apart (see the
+    /// [module docs](super#leases-and-fencing) for what that asks of the handler), so a
+    /// handler may run longer than it; a server that dies mid-handler holds its keys until the
+    /// lease ends. After that a repeat of the key runs the handler again: the lease is the
+    /// window within which a crashed server's write cannot be told from one that never started. Values under 30 ms are taken as 30 ms,
     /// above a year as a year.
     ///
     /// Defaults to 60 seconds.

@@ -47,16 +47,15 @@
 //! ([`Claim`]): the layer renews it while the handler runs, so a handler may outlast it, and a
 //! server that dies mid-handler holds its keys only until the lease ends.
 //!
-//! **Renewal guarantee.** A running handler's claim is renewed at least every third of the
-//! lease by a task of the layer's own, on its own timer, whatever the handler does: on a
-//! multi-thread runtime a handler keeps its claim, even one that never yields, while another
-//! worker is free; on a current-thread runtime, whose one thread the handler shares, a handler
-//! that yields (an `.await` that waits, or `tokio::task::yield_now`) at least once per half
-//! lease keeps its claim with [`MemoryStore`], and at least once per quarter lease with
-//! `RedisStore` (a renewal there also takes a turn of redis-rs's connection task). A store refuses to
-//! complete or release a claim that was taken over, so a stale server never overwrites a newer
-//! outcome. A claim whose lease ran out while no other request took the key (a handler busy
-//! past its lease without yielding, a slow store) still completes: its outcome is kept.
+//! **Renewal guarantee.** While a handler runs, its claim is renewed every quarter of the
+//! lease (at most a third apart) by a task of the layer's own on the handler's runtime, on its
+//! own timer, whatever the handler does: on a multi-thread runtime a handler keeps its claim,
+//! even one that never yields, while another worker is free; on a current-thread runtime,
+//! whose one thread the handler shares, the claim is kept as long as the thread is yielded
+//! (an `.await` that waits, or `tokio::task::yield_now`) at least once per half lease of clock
+//! time with [`MemoryStore`], and once per quarter lease with `RedisStore` (a renewal there
+//! also takes a turn of redis-rs's connection task). Outside a tokio runtime nothing is
+//! renewed.
 //!
 //! The lease bounds the windows in which "never twice" cannot hold, and they are these:
 //!

@@ -2,14 +2,18 @@
 //! and holding the key while an outcome that the store refused is tried again. A claim whose
 //! lease lapses after its handler ran would free the key, so neither may be left to chance.
 //!
-//! Renewal does not depend on how the handler yields: one task per layer (the *ticker*) wakes
-//! on its own timer every twelfth of the lease, and renews each claim that has held its key
-//! for a quarter of the lease since it was claimed or last renewed. Time is counted in the
-//! ticker's ticks, read from its clock when it wakes: a claim reads the count before it asks
-//! the store (no clock read of its own, and a slow reply from the store eats none of the
-//! margin), and a ticker that woke late still renews every claim that fell due meanwhile.
+//! Renewal does not depend on how the handler yields: a task of the layer's own (the
+//! *ticker*), one per tokio runtime the layer serves on, wakes on its own timer every twelfth
+//! of the lease and renews each claim made on its runtime that has gone a quarter of the lease
+//! since it was asked of the store or last renewed. A claim reads the clock before it asks the
+//! store, so a slow reply eats none of the margin; a ticker that wakes late renews all that
+//! fell due meanwhile. Each runtime has its own ticker because a claim's handler runs on its
+//! runtime: a ticker elsewhere could be stranded on a runtime nobody drives while the handler
+//! goes on. When a runtime shuts down, its ticker and its claims' handlers end together, as in
+//! a crash.
+//!
 //! Registering a claim is a push under a lock; a claim that ends before its first renewal
-//! (most do) costs nothing more: no task, no timer of its own. The queue keeps an entry of 24
+//! (most do) costs nothing more: no task, no timer of its own. The queue keeps an entry of 32
 //! bytes per claim until it would have been due (a quarter lease).
 
 use std::cmp::Reverse;
@@ -17,11 +21,11 @@ use std::collections::BinaryHeap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::runtime::Id as RuntimeId;
 use tokio::time::{Instant, Sleep};
 
 use super::claim::Claimed;
@@ -30,38 +34,31 @@ use crate::target::cap;
 
 /// The ticker wakes this many times per lease.
 const TICKS: u32 = 12;
-/// A claim is renewed once this many ticks (a quarter of the lease) have begun since it was
-/// claimed or last renewed: so at most a third of the lease after (the count is read at the
-/// start of a tick), and, with a ticker that wakes on time, at least a sixth.
-const EVERY: u64 = 3;
+/// A claim is renewed a quarter lease after it was asked of the store or last renewed, and so
+/// at most a third (a quarter and a tick) after.
+const EVERY: u32 = 4;
 
-/// The claims of one layer that are held while their handlers run, and the ticker that
-/// renews them.
+/// The claims of one layer that are held while their handlers run, per runtime, and the
+/// tickers that renew them.
 pub(crate) struct Renewals<St> {
     store: Arc<St>,
     lease: Duration,
     /// A twelfth of the lease.
     tick: Duration,
-    held: Mutex<Held>,
-    /// Ticks begun since the first ticker started, as of the ticker's last wake: a claim reads
-    /// it before it asks the store, so its count is never later than its claim.
-    ticks: AtomicU64,
-    /// A ticker task is alive (cleared by the ticker as it ends, even when its runtime drops
-    /// it).
-    ticking: AtomicBool,
+    runtimes: Mutex<Vec<Held>>,
 }
 
-/// Claims in flight: a slot each, and when each falls due.
-#[derive(Default)]
+/// The claims held on one runtime: a slot each, and when each falls due.
 struct Held {
+    runtime: RuntimeId,
+    /// A ticker was spawned for this runtime and has not ended.
+    ticking: bool,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
-    /// `(due tick, slot, serial)`, soonest first. An ended claim's entry stays until it is
-    /// due, and is skipped then (its slot was freed or reused: the serial tells).
-    due: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    /// `(due, slot, serial)`, soonest first. An ended claim's entry stays until it is due, and
+    /// is skipped then (its slot was freed or reused: the serial tells).
+    due: BinaryHeap<Reverse<(Instant, usize, u64)>>,
     serial: u64,
-    /// What tick 0 began at: set by the first ticker, kept by the ones after it.
-    epoch: Option<Instant>,
 }
 
 struct Slot {
@@ -85,11 +82,34 @@ impl<St> Renewals<St> {
             store,
             lease,
             tick: (lease / TICKS).max(Duration::from_millis(1)),
-            held: Mutex::new(Held::default()),
-            ticks: AtomicU64::new(0),
-            ticking: AtomicBool::new(false),
+            runtimes: Mutex::new(Vec::new()),
         }
     }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Held>> {
+        // Each change under the lock is one push or one take: a poisoned lock is still usable.
+        self.runtimes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+fn held_for(runtimes: &mut Vec<Held>, runtime: RuntimeId) -> &mut Held {
+    let i = match runtimes.iter().position(|h| h.runtime == runtime) {
+        Some(i) => i,
+        None => {
+            runtimes.push(Held {
+                runtime,
+                ticking: false,
+                slots: Vec::new(),
+                free: Vec::new(),
+                due: BinaryHeap::new(),
+                serial: 0,
+            });
+            runtimes.len() - 1
+        }
+    };
+    &mut runtimes[i]
 }
 
 impl<St: IdempotencyStore> Renewals<St> {
@@ -97,29 +117,39 @@ impl<St: IdempotencyStore> Renewals<St> {
         &self.store
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
-        // A panic while the lock is held leaves the slots consistent (each change is one push
-        // or one take): a poisoned lock is still usable.
-        self.held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The time to pass to [`hold`](Self::hold): read before the store is asked, so that
+    /// renewals are timed from no later than the store's lease began.
+    pub(crate) fn now(&self) -> Instant {
+        Instant::now()
     }
 
-    /// The tick count to pass to [`hold`](Self::hold), read before the store is asked.
-    pub(crate) fn now(&self) -> Tick {
-        Tick(self.ticks.load(Ordering::Acquire))
-    }
-
-    /// Holds `claim` on `key` (asked of the store at `sent`) until the returned guard is
-    /// stopped or dropped, renewing its lease meanwhile. `Err` on a runtime without a timer,
-    /// where the ticker cannot run (the claim may still be released: nothing ran). Outside a
-    /// runtime nothing is renewed.
+    /// Holds `c`'s claim (asked of the store at `sent`) until the returned guard is stopped or
+    /// dropped, renewing its lease meanwhile from a ticker on the current runtime. `Err` on a
+    /// runtime without a timer, where no ticker can run (the claim may still be released:
+    /// nothing ran). Outside a runtime nothing is renewed.
     pub(crate) fn hold(
         self: &Arc<Self>,
         c: &Claimed<St>,
-        sent: Tick,
+        sent: Instant,
     ) -> Result<Renewal<St>, NoTimer> {
-        let mut held = self.lock();
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return Ok(Renewal::none());
+        };
+        let runtime = handle.id();
+        let mut runtimes = self.lock();
+        let held = held_for(&mut runtimes, runtime);
+        let start_ticker = !held.ticking;
+        let first = if start_ticker {
+            // tokio panics making a timer on a runtime without one: find out here, where the
+            // request can still be refused, not in the ticker.
+            let tick = self.tick;
+            let first = std::panic::catch_unwind(AssertUnwindSafe(|| tokio::time::sleep(tick)))
+                .map_err(|_| NoTimer)?;
+            held.ticking = true;
+            Some(first)
+        } else {
+            None
+        };
         let serial = held.serial;
         held.serial += 1;
         let slot = Slot {
@@ -138,22 +168,32 @@ impl<St: IdempotencyStore> Renewals<St> {
                 held.slots.len() - 1
             }
         };
-        held.due.push(Reverse((sent.0 + EVERY, index, serial)));
-        drop(held);
-        let mut renewal = Renewal {
-            renewals: Some(self.clone()),
+        held.due
+            .push(Reverse((sent + self.lease / EVERY, index, serial)));
+        drop(runtimes);
+        if let Some(first) = first {
+            // The guard goes into the task before it is spawned: a task that the runtime drops
+            // unpolled (it was shutting down) still clears `ticking` for its runtime.
+            let ticker = Ticker {
+                renewals: Arc::downgrade(self),
+                runtime,
+                tick: self.tick,
+            };
+            drop(handle.spawn(ticker.run(first)));
+        }
+        Ok(Renewal {
+            renewals: Some((self.clone(), runtime)),
             index,
             serial,
-            started: false,
-        };
-        // After the push: a ticker that ends for want of claims looks once more after it
-        // clears `ticking`, so either it sees this claim or this call sees it gone.
-        renewal.started = self.ensure_ticker()?;
-        Ok(renewal)
+            started: start_ticker,
+        })
     }
 
-    fn forget(&self, index: usize, serial: u64) {
-        let mut held = self.lock();
+    fn forget(&self, runtime: RuntimeId, index: usize, serial: u64) {
+        let mut runtimes = self.lock();
+        let Some(held) = runtimes.iter_mut().find(|h| h.runtime == runtime) else {
+            return;
+        };
         if held
             .slots
             .get(index)
@@ -165,44 +205,44 @@ impl<St: IdempotencyStore> Renewals<St> {
         }
     }
 
-    /// Starts the ticker unless one is alive: `Ok(true)` if this call started it.
-    fn ensure_ticker(self: &Arc<Self>) -> Result<bool, NoTimer> {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Ok(false);
+    /// The claims on `runtime` due for renewal at `now`, each queued again for a quarter lease
+    /// from now (from when its renewal is sent, not from its reply: a slow reply delays no
+    /// renewal).
+    fn take_due(&self, runtime: RuntimeId, now: Instant) -> Vec<(Arc<str>, Arc<str>, Claim)> {
+        let mut runtimes = self.lock();
+        let Some(held) = runtimes.iter_mut().find(|h| h.runtime == runtime) else {
+            return Vec::new();
         };
-        if self.ticking.load(Ordering::Acquire) || self.ticking.swap(true, Ordering::AcqRel) {
-            return Ok(false);
+        let mut due = Vec::new();
+        while let Some(&Reverse((at, index, serial))) = held.due.peek() {
+            if at > now {
+                break;
+            }
+            held.due.pop();
+            let Some(slot) = held
+                .slots
+                .get(index)
+                .and_then(Option::as_ref)
+                .filter(|s| s.serial == serial)
+            else {
+                continue;
+            };
+            due.push((slot.key.clone(), slot.shown.clone(), slot.claim));
+            held.due
+                .push(Reverse((now + self.lease / EVERY, index, serial)));
         }
-        let tick = self.tick;
-        // tokio panics making a timer on a runtime without one: find out here, where the
-        // request can still be refused, not in the ticker.
-        let Ok(first) = std::panic::catch_unwind(AssertUnwindSafe(|| tokio::time::sleep(tick)))
-        else {
-            self.ticking.store(false, Ordering::Release);
-            return Err(NoTimer);
-        };
-        let epoch = *self.lock().epoch.get_or_insert_with(Instant::now);
-        let ticker = Ticker {
-            renewals: Arc::downgrade(self),
-            tick,
-            epoch,
-        };
-        drop(runtime.spawn(ticker.run(first)));
-        Ok(true)
+        due
     }
 }
-
-/// A count of the ticker's ticks (see the module docs).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Tick(u64);
 
 /// The runtime has no timer (`enable_time`): no lease can be renewed on it.
 #[derive(Debug)]
 pub(crate) struct NoTimer;
 
-/// One claim's place in its service's renewals: renewed until stopped or dropped.
+/// One claim's place in its layer's renewals: renewed until stopped or dropped.
 pub(crate) struct Renewal<St: IdempotencyStore> {
-    renewals: Option<Arc<Renewals<St>>>,
+    /// The layer's renewals and the runtime the claim was made on; `None` outside a runtime.
+    renewals: Option<(Arc<Renewals<St>>, RuntimeId)>,
     index: usize,
     serial: u64,
     started: bool,
@@ -219,18 +259,18 @@ impl<St: IdempotencyStore> Renewal<St> {
         }
     }
 
-    /// This claim started the ticker. The ticker is then only queued on this thread: on a
-    /// multi-thread runtime tokio keeps a task spawned from a worker in a slot no other worker
-    /// takes from, so a handler that never yields would keep the ticker from its first poll.
-    /// The caller yields once before the handler runs.
+    /// This claim started its runtime's ticker. The ticker is then only queued on this thread:
+    /// on a multi-thread runtime tokio keeps a task spawned from a worker in a slot no other
+    /// worker takes from, so a handler that never yields would keep the ticker from its first
+    /// poll. The caller yields once before the handler runs.
     pub(crate) fn started_ticker(&self) -> bool {
         self.started
     }
 
     /// Stops renewing (the outcome is about to be stored: a renewal then would be refused).
     pub(crate) fn stop(&mut self) {
-        if let Some(r) = self.renewals.take() {
-            r.forget(self.index, self.serial);
+        if let Some((r, runtime)) = self.renewals.take() {
+            r.forget(runtime, self.index, self.serial);
         }
     }
 }
@@ -241,99 +281,43 @@ impl<St: IdempotencyStore> Drop for Renewal<St> {
     }
 }
 
-/// Wakes every `tick` and renews the claims that fell due. Ends when its service is gone, or
-/// when no claim was held for a whole lease (the next claim starts another).
+/// Wakes every `tick` and renews the claims on its runtime that fell due. Ends when its layer
+/// is gone, or with its runtime.
 struct Ticker<St> {
     renewals: Weak<Renewals<St>>,
+    runtime: RuntimeId,
     tick: Duration,
-    epoch: Instant,
 }
 
-/// Clears `ticking` if the ticker is dropped before it ends (its runtime shut down), so that
-/// the next claim starts another.
-struct Ticking<St> {
-    renewals: Weak<Renewals<St>>,
-    /// This ticker owns the flag.
-    armed: bool,
-}
-
-impl<St> Drop for Ticking<St> {
+impl<St> Drop for Ticker<St> {
+    /// The ticker's runtime dropped it (it shut down, or it never ran it): its claims' handlers
+    /// ended with it. Forget them, so that the layer on another runtime with the same id (ids
+    /// are not reused while a runtime lives) starts afresh.
     fn drop(&mut self) {
-        if let (true, Some(r)) = (self.armed, self.renewals.upgrade()) {
-            r.ticking.store(false, Ordering::Release);
+        if let Some(r) = self.renewals.upgrade() {
+            r.lock().retain(|h| h.runtime != self.runtime);
         }
     }
 }
 
 impl<St: IdempotencyStore> Ticker<St> {
+    /// The ticker's task. Its `Drop` runs even if the task is never polled: the future owns
+    /// the ticker from the moment it is made.
     async fn run(self, first: Sleep) {
-        let mut ticking = Ticking {
-            renewals: self.renewals.clone(),
-            armed: true,
-        };
         first.await;
-        let mut idle = 0;
         loop {
             let Some(renewals) = self.renewals.upgrade() else {
                 return;
             };
-            // Counted from the clock, not from wakes: a ticker that woke late (its thread was
-            // busy) is at the right count, and renews all that fell due meanwhile.
-            let now = Instant::now().saturating_duration_since(self.epoch);
-            let tick = u64::try_from(now.as_nanos() / self.tick.as_nanos()).unwrap_or(u64::MAX);
-            renewals.ticks.store(tick, Ordering::Release);
-            let (due, any_held) = renewals.take_due(tick);
-            idle = if any_held { 0 } else { idle + 1 };
-            if idle > TICKS {
-                // No claim for a whole lease: end, unless one came in meanwhile (see `hold`).
-                renewals.ticking.store(false, Ordering::Release);
-                if !renewals.any_held() || renewals.ticking.swap(true, Ordering::AcqRel) {
-                    // Not ours to clear any more.
-                    ticking.armed = false;
-                    return;
-                }
-                idle = 0;
-            }
+            // Timed by the clock, not by wakes: a ticker that woke late (its thread was busy)
+            // renews all that fell due meanwhile.
+            let due = renewals.take_due(self.runtime, Instant::now());
             for (key, shown, claim) in due {
                 renew(&renewals, key, shown, claim).await;
             }
             drop(renewals);
             tokio::time::sleep(self.tick).await;
         }
-    }
-}
-
-impl<St: IdempotencyStore> Renewals<St> {
-    /// The claims due for renewal at tick `now`, each queued again for a quarter lease from
-    /// now (from when its renewal is sent, not from its reply: a slow reply delays no
-    /// renewal). Also says whether any claim is held.
-    #[allow(clippy::type_complexity)]
-    fn take_due(&self, now: u64) -> (Vec<(Arc<str>, Arc<str>, Claim)>, bool) {
-        let mut held = self.lock();
-        let mut due = Vec::new();
-        while let Some(&Reverse((at, index, serial))) = held.due.peek() {
-            if at > now {
-                break;
-            }
-            held.due.pop();
-            let Some(slot) = held
-                .slots
-                .get(index)
-                .and_then(Option::as_ref)
-                .filter(|s| s.serial == serial)
-            else {
-                continue;
-            };
-            due.push((slot.key.clone(), slot.shown.clone(), slot.claim));
-            held.due.push(Reverse((now + EVERY, index, serial)));
-        }
-        let any = held.slots.len() > held.free.len();
-        (due, any)
-    }
-
-    fn any_held(&self) -> bool {
-        let held = self.lock();
-        held.slots.len() > held.free.len()
     }
 }
 

@@ -16,7 +16,7 @@ use super::claim::Claimed;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use super::outcome::{replay, reply, retry_later};
-use super::renewal::{Renewal, Renewals};
+use super::renewal::Renewals;
 use super::run;
 use super::store::{Begin, Entry, Fingerprint, IdempotencyStore};
 use super::ResponseBody;
@@ -220,21 +220,14 @@ where
             claim,
             fingerprint,
         };
-        let renewal = if tokio::runtime::Handle::try_current().is_ok() {
-            match renewals.hold(&claimed, sent) {
-                Ok(renewal) => renewal,
-                Err(_) => {
-                    // Nothing ran: the claim may be freed.
-                    tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
-                    let _ = claimed.store.release(&claimed.key, claimed.claim).await;
-                    return Ok(retry_later(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-                    ));
-                }
-            }
-        } else {
-            Renewal::none()
+        let Ok(renewal) = renewals.hold(&claimed, sent) else {
+            // Nothing ran: the claim may be freed.
+            tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
+            let _ = claimed.store.release(&claimed.key, claimed.claim).await;
+            return Ok(retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+            ));
         };
         run::call(
             inner,

@@ -107,10 +107,7 @@ where
         let mut plan = Plan::new(
             policy,
             &parts.method,
-            || {
-                let uri = &parts.uri;
-                Some((uri.host()?, crate::classify::host::effective_port(uri)))
-            },
+            || crate::classify::host::of_request(&parts.uri, &parts.headers),
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,
