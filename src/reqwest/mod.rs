@@ -65,7 +65,7 @@ use crate::{BoxError, Error, RetryPolicy};
 /// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), and a retry replays it (see
 /// [`Replayable`](crate::Replayable)): the adapter hands reqwest each attempt's body through
 /// `reqwest::Body::wrap`. A larger stream is sent exactly once, never refused before sending;
-/// the report says [`StopReason::BodyNotReplayable`] and
+/// the report says [`StopReason::BodyNotReplayable`](crate::StopReason::BodyNotReplayable) and
 /// [`body_not_replayable`](crate::RetryReport::body_not_replayable) says why.
 ///
 /// ```

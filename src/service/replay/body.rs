@@ -4,7 +4,7 @@ use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
 
-use super::tape::Player;
+use super::tape::Playback;
 use super::{Recorded, ReplayBuffer};
 use crate::ReplayBody;
 
@@ -68,7 +68,7 @@ enum Inner<B: Body> {
     /// The caller's body, sent as it is (the layer did not record it).
     Caller(B),
     /// One attempt's view of the recording.
-    Player(Player<B>),
+    Playback(Playback<B>),
 }
 
 impl<B: Body> Replayable<B> {
@@ -79,9 +79,9 @@ impl<B: Body> Replayable<B> {
         }
     }
 
-    pub(crate) fn playing(player: Player<B>) -> Self {
+    pub(crate) fn playing(player: Playback<B>) -> Self {
         Replayable {
-            inner: Inner::Player(player),
+            inner: Inner::Playback(player),
         }
     }
 }
@@ -123,21 +123,21 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         match &mut self.get_mut().inner {
             Inner::Caller(body) => Pin::new(body).poll_frame(cx),
-            Inner::Player(player) => player.poll_frame(cx),
+            Inner::Playback(player) => player.poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Inner::Caller(body) => body.is_end_stream(),
-            Inner::Player(player) => player.is_end_stream(),
+            Inner::Playback(player) => player.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
             Inner::Caller(body) => body.size_hint(),
-            Inner::Player(player) => player.size_hint(),
+            Inner::Playback(player) => player.size_hint(),
         }
     }
 }
@@ -145,7 +145,7 @@ where
 /// Says whether the layer records the body; never its content.
 impl<B: Body> fmt::Debug for Replayable<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let recorded = matches!(self.inner, Inner::Player(_));
+        let recorded = matches!(self.inner, Inner::Playback(_));
         f.debug_struct("Replayable")
             .field("recorded", &recorded)
             .finish_non_exhaustive()

@@ -17,7 +17,7 @@ pub(crate) enum Kept<B> {
     /// A copy, copied again for each retry.
     Copy(B),
     /// A recording of the body as it streams.
-    Tape(Replays<B>),
+    Recorded(Replays<B>),
 }
 
 /// Records a body that cannot be copied (`try_clone_body` gave `None`), up to `limit` bytes
@@ -39,7 +39,7 @@ pub(crate) fn keep_stream<B: ReplayBody>(
         declared_len,
     };
     let (body, replays) = body.record(&buffer).into_parts();
-    (body, replays.map(Kept::Tape))
+    (body, replays.map(Kept::Recorded))
 }
 
 impl<B: ReplayBody> Kept<B> {
@@ -49,13 +49,13 @@ impl<B: ReplayBody> Kept<B> {
     pub(crate) fn check(&self, responded: bool) -> Result<(), NotReplayable> {
         match self {
             Kept::Copy(_) => Ok(()),
-            Kept::Tape(replays) => replays.check(responded),
+            Kept::Recorded(replays) => replays.check(responded),
         }
     }
 
     /// Whether the next body may have to wait for the last attempt to let go of it.
     pub(crate) fn is_recording(&self) -> bool {
-        matches!(self, Kept::Tape(_))
+        matches!(self, Kept::Recorded(_))
     }
 
     /// The next attempt's body from a copy, or from a recording that is free now (a copy never
@@ -64,7 +64,7 @@ impl<B: ReplayBody> Kept<B> {
         match self {
             // A body that copied once but not twice is treated as a stream.
             Kept::Copy(copy) => copy.try_clone_body().ok_or(NotReplayable::Stream),
-            Kept::Tape(replays) => {
+            Kept::Recorded(replays) => {
                 let mut cx = Context::from_waker(std::task::Waker::noop());
                 match replays.poll_next(&mut cx) {
                     Poll::Ready(next) => next,
@@ -79,7 +79,7 @@ impl<B: ReplayBody> Kept<B> {
         match self {
             // A body that copied once but not twice is treated as a stream.
             Kept::Copy(copy) => Poll::Ready(copy.try_clone_body().ok_or(NotReplayable::Stream)),
-            Kept::Tape(replays) => replays.poll_next(cx),
+            Kept::Recorded(replays) => replays.poll_next(cx),
         }
     }
 }

@@ -17,6 +17,21 @@
 //!
 //! The recording is freed when the request's future ends (or, if the transport is still
 //! sending the last attempt's body then, as soon as that attempt has sent it).
+//!
+//! # Glossary
+//!
+//! - **recording** (`Recording`): one request's recorded body, shared by the layer and the
+//!   bodies of its attempts: the limit, the [flags](tape) known so far, and the tape's home.
+//! - **tape** (`Tape`): what was recorded so far, and the caller's body from where the last
+//!   attempt stopped reading it. It moves into the body of the attempt that sends it, and back
+//!   **home** (`Home`) when that body is dropped; the layer waits there for it.
+//! - **playback** (`Playback`): one attempt's body: the tape played from its start, then the
+//!   caller's body, recorded as it goes, then the recorded trailers.
+//! - **replays** (`Replays`): the layer's handle on the recording, which makes each next
+//!   attempt's body. It names only the body type the inner service takes (`NextBody`, made
+//!   by `WrappedRecording` and changed by `Mapped`); a playback reaches its recording through
+//!   a `RecordingHandle`, which names only the caller's body type.
+//! - **kept** (`Kept`): what the layer keeps to send a body again: a copy, or replays.
 
 mod body;
 mod kept;

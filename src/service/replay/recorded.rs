@@ -4,7 +4,7 @@ use std::task::{Context, Poll};
 
 use http_body::Body;
 
-use super::tape::{Holder, Owner, Player, Shared};
+use super::tape::{HoldsRecording, Playback, Recording, RecordingHandle};
 use super::{NotReplayable, Replayable};
 
 /// The replay buffer a request gets: what [`ReplayBody::record`](crate::ReplayBody::record)
@@ -37,7 +37,7 @@ impl ReplayBuffer {
 /// what [`ReplayBody::record`](crate::ReplayBody::record) returns.
 pub struct Recorded<T> {
     body: T,
-    replays: Result<Arc<dyn Rewind<T>>, NotReplayable>,
+    replays: Result<Arc<dyn NextBody<T>>, NotReplayable>,
 }
 
 impl<T> Recorded<T> {
@@ -68,13 +68,13 @@ impl<T> Recorded<T> {
             };
         }
         let declared_len = buffer.declared_len.or(hint.exact());
-        let deck = Arc::new(Deck {
-            shared: Shared::new(buffer.limit, declared_len),
+        let deck = Arc::new(WrappedRecording {
+            recording: Recording::new(buffer.limit, declared_len),
             wrap,
         });
-        let owner: Owner<B> = deck.clone();
+        let handle: RecordingHandle<B> = deck.clone();
         Recorded {
-            body: wrap(Replayable::playing(Player::first(owner, body))),
+            body: wrap(Replayable::playing(Playback::first(handle, body))),
             replays: Ok(deck),
         }
     }
@@ -89,7 +89,7 @@ impl<T> Recorded<T> {
             body: f(self.body),
             replays: self
                 .replays
-                .map(|inner| Arc::new(Mapped { inner, f }) as Arc<dyn Rewind<U>>),
+                .map(|inner| Arc::new(Mapped { inner, f }) as Arc<dyn NextBody<U>>),
         }
     }
 
@@ -109,7 +109,7 @@ impl<T> fmt::Debug for Recorded<T> {
 
 /// The recording, as the layer drives it. Dropping it ends the recording: what is kept is
 /// freed now, or when the body that holds it next sends a frame.
-pub(crate) struct Replays<T>(Arc<dyn Rewind<T>>);
+pub(crate) struct Replays<T>(Arc<dyn NextBody<T>>);
 
 impl<T> Replays<T> {
     /// Whether another attempt could be sent after the last one, which ended in a response
@@ -133,7 +133,7 @@ impl<T> Drop for Replays<T> {
 
 /// The recording without its body type, so that `Recorded<T>` names only the type the inner
 /// service takes.
-trait Rewind<T>: Send + Sync {
+trait NextBody<T>: Send + Sync {
     fn check(&self, responded: bool) -> Result<(), NotReplayable>;
     /// Takes the handle by `Arc`: a player keeps one to its recording.
     fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<Result<T, NotReplayable>>;
@@ -141,51 +141,51 @@ trait Rewind<T>: Send + Sync {
 }
 
 /// The recording and the way to hand it to the inner service, in one allocation.
-struct Deck<B: Body, T> {
-    shared: Shared<B>,
+struct WrappedRecording<B: Body, T> {
+    recording: Recording<B>,
     wrap: fn(Replayable<B>) -> T,
 }
 
-impl<B, T> Holder<B> for Deck<B, T>
+impl<B, T> HoldsRecording<B> for WrappedRecording<B, T>
 where
     B: Body + Send + 'static,
     B::Data: Send,
     T: 'static,
 {
-    fn shared(&self) -> &Shared<B> {
-        &self.shared
+    fn recording(&self) -> &Recording<B> {
+        &self.recording
     }
 }
 
-impl<B, T> Rewind<T> for Deck<B, T>
+impl<B, T> NextBody<T> for WrappedRecording<B, T>
 where
     B: Body + Send + 'static,
     B::Data: Send,
     T: 'static,
 {
     fn check(&self, responded: bool) -> Result<(), NotReplayable> {
-        self.shared.check(responded)
+        self.recording.check(responded)
     }
 
     fn poll_next(self: Arc<Self>, cx: &mut Context<'_>) -> Poll<Result<T, NotReplayable>> {
         let wrap = self.wrap;
-        let owner: Owner<B> = self.clone();
-        self.shared
-            .poll_player(owner, cx)
+        let handle: RecordingHandle<B> = self.clone();
+        self.recording
+            .poll_playback(handle, cx)
             .map_ok(|player| wrap(Replayable::playing(player)))
     }
 
     fn close(&self) {
-        self.shared.close();
+        self.recording.close();
     }
 }
 
 struct Mapped<T, U> {
-    inner: Arc<dyn Rewind<T>>,
+    inner: Arc<dyn NextBody<T>>,
     f: fn(T) -> U,
 }
 
-impl<T, U> Rewind<U> for Mapped<T, U> {
+impl<T, U> NextBody<U> for Mapped<T, U> {
     fn check(&self, responded: bool) -> Result<(), NotReplayable> {
         self.inner.check(responded)
     }

@@ -12,32 +12,70 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::NotReplayable;
 
-/// The caller's body has been read to its end (trailers included).
-const ENDED: u8 = 1;
-/// The body streamed past the limit: the recording was dropped.
-const OVER_LIMIT: u8 = 2;
-/// Reading the caller's body failed.
-const FAILED: u8 = 4;
-/// The request's future ended: nothing more is worth keeping.
-const CLOSED: u8 = 8;
+/// What is known of a recording while an attempt's body holds its tape: flags that are only
+/// ever set, never cleared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Flags(u8);
+
+impl Flags {
+    /// The caller's body has been read to its end (trailers included).
+    const ENDED: Flags = Flags(1);
+    /// The body streamed past the limit: the tape was emptied.
+    const OVER_LIMIT: Flags = Flags(2);
+    /// Reading the caller's body failed.
+    const FAILED: Flags = Flags(4);
+    /// The request's future ended: nothing more is worth keeping.
+    const CLOSED: Flags = Flags(8);
+
+    /// Whether any of `flags` is set.
+    fn any(self, flags: Flags) -> bool {
+        self.0 & flags.0 != 0
+    }
+
+    fn and(self, other: Flags) -> Flags {
+        Flags(self.0 | other.0)
+    }
+}
+
+/// [`Flags`] shared by a recording's attempts.
+struct AtomicFlags(AtomicU8);
+
+impl AtomicFlags {
+    fn load(&self) -> Flags {
+        Flags(self.0.load(Ordering::Acquire))
+    }
+
+    fn set(&self, flags: Flags) {
+        self.0.fetch_or(flags.0, Ordering::AcqRel);
+    }
+}
 
 /// One request's recording, shared by its attempts' bodies and the layer.
-pub(crate) struct Shared<B: Body> {
-    slot: Mutex<Slot<B>>,
+pub(crate) struct Recording<B: Body> {
+    home: Mutex<Home<B>>,
     limit: usize,
     /// The body's length, when the request declared it (content-length or an exact size
     /// hint). hyper stops reading a body once that many bytes are sent, without asking it
     /// for its end, so reaching the length counts as the end.
     declared_len: Option<u64>,
     /// What is known of the recording while an attempt's body holds the tape.
-    flags: AtomicU8,
+    flags: AtomicFlags,
 }
 
-struct Slot<B: Body> {
+struct Home<B: Body> {
     /// The tape, when no attempt's body holds it.
     tape: Option<Tape<B>>,
     /// The layer, waiting for the last attempt's body to give the tape back.
     waiting: Option<Waker>,
+}
+
+impl<B: Body> Tape<B> {
+    /// Frees what was recorded (past the limit, or once the request is over).
+    fn clear(&mut self) {
+        self.data = Vec::new();
+        self.bytes = 0;
+        self.kept = 0;
+    }
 }
 
 struct Tape<B: Body> {
@@ -59,54 +97,54 @@ struct Tape<B: Body> {
 
 /// What holds a request's recording: the layer's handle (one allocation for both, whatever
 /// body type the inner service takes).
-pub(crate) trait Holder<B: Body>: Send + Sync {
-    fn shared(&self) -> &Shared<B>;
+pub(crate) trait HoldsRecording<B: Body>: Send + Sync {
+    fn recording(&self) -> &Recording<B>;
 }
 
-/// The recording's owner, as each attempt's body sees it.
-pub(crate) type Owner<B> = Arc<dyn Holder<B>>;
+/// The recording's handle, as each attempt's body sees it.
+pub(crate) type RecordingHandle<B> = Arc<dyn HoldsRecording<B>>;
 
-impl<B: Body> Shared<B> {
+impl<B: Body> Recording<B> {
     /// A recording of `body`, its tape out with the first attempt: build the first player with
-    /// [`Player::first`] once the holder is made.
+    /// [`Playback::first`] once the holder is made.
     pub(crate) fn new(limit: usize, declared_len: Option<u64>) -> Self {
-        Shared {
-            slot: Mutex::new(Slot {
+        Recording {
+            home: Mutex::new(Home {
                 tape: None,
                 waiting: None,
             }),
             limit,
             declared_len,
-            flags: AtomicU8::new(0),
+            flags: AtomicFlags(AtomicU8::new(0)),
         }
     }
 
-    fn slot(&self) -> MutexGuard<'_, Slot<B>> {
+    fn home(&self) -> MutexGuard<'_, Home<B>> {
         // Nothing panics while holding the lock; a poisoned one still holds a whole tape.
-        self.slot.lock().unwrap_or_else(PoisonError::into_inner)
+        self.home.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn flags(&self) -> u8 {
-        self.flags.load(Ordering::Acquire)
+    fn flags(&self) -> Flags {
+        self.flags.load()
     }
 
-    fn set(&self, flag: u8) {
-        self.flags.fetch_or(flag, Ordering::AcqRel);
+    fn set(&self, flags: Flags) {
+        self.flags.set(flags);
     }
 
     /// Whether another attempt could be sent after the last one, which ended in a response
     /// (`responded`) or an error.
     pub(crate) fn check(&self, responded: bool) -> Result<(), NotReplayable> {
         let flags = self.flags();
-        if flags & OVER_LIMIT != 0 {
+        if flags.any(Flags::OVER_LIMIT) {
             return Err(NotReplayable::OverLimit { limit: self.limit });
         }
-        if flags & FAILED != 0 {
+        if flags.any(Flags::FAILED) {
             return Err(NotReplayable::BodyFailed);
         }
         // The server answered before it had the whole body: it did not wait for it, and the
         // rest may still be on its way to it (linkerd's rule).
-        if responded && flags & ENDED == 0 {
+        if responded && !flags.any(Flags::ENDED) {
             return Err(NotReplayable::ResponseBeforeEnd);
         }
         Ok(())
@@ -115,24 +153,24 @@ impl<B: Body> Shared<B> {
     /// A player for the next attempt, once the last attempt's body has given the tape back —
     /// unless that body went past the limit or failed in the meantime (a transport may go on
     /// reading a body after it reported the attempt's failure).
-    pub(crate) fn poll_player(
+    pub(crate) fn poll_playback(
         &self,
-        owner: Owner<B>,
+        handle: RecordingHandle<B>,
         cx: &mut Context<'_>,
-    ) -> Poll<Result<Player<B>, NotReplayable>> {
-        let mut slot = self.slot();
-        match slot.tape.take() {
+    ) -> Poll<Result<Playback<B>, NotReplayable>> {
+        let mut home = self.home();
+        match home.tape.take() {
             Some(tape) => {
-                slot.waiting = None;
+                home.waiting = None;
                 // The last player is gone: its flags are final.
                 if let Err(why) = self.check(false) {
-                    slot.tape = Some(tape);
+                    home.tape = Some(tape);
                     return Poll::Ready(Err(why));
                 }
-                Poll::Ready(Ok(Player::new(owner, tape)))
+                Poll::Ready(Ok(Playback::new(handle, tape)))
             }
             None => {
-                slot.waiting = Some(cx.waker().clone());
+                home.waiting = Some(cx.waker().clone());
                 Poll::Pending
             }
         }
@@ -142,15 +180,15 @@ impl<B: Body> Shared<B> {
     /// a frame, and does not give it back. A recording at home goes with the layer's handle,
     /// the last one then (no body holds another), so there is nothing to take here.
     pub(crate) fn close(&self) {
-        self.set(CLOSED);
+        self.set(Flags::CLOSED);
     }
 }
 
 /// Streams the recording to one attempt, then the caller's body from where the last attempt
 /// stopped, recording it as it goes.
-pub(crate) struct Player<B: Body> {
-    owner: Owner<B>,
-    /// Always `Some` until dropped, when the tape goes back to `shared`.
+pub(crate) struct Playback<B: Body> {
+    handle: RecordingHandle<B>,
+    /// Always `Some` until dropped, when the tape goes back home.
     tape: Option<Tape<B>>,
     /// Recorded data frames this attempt has been sent.
     next: usize,
@@ -159,9 +197,9 @@ pub(crate) struct Player<B: Body> {
     trailers_sent: bool,
 }
 
-impl<B: Body> Player<B> {
+impl<B: Body> Playback<B> {
     /// The first attempt's player: it takes the caller's body, nothing recorded yet.
-    pub(crate) fn first(owner: Owner<B>, body: B) -> Self {
+    pub(crate) fn first(handle: RecordingHandle<B>, body: B) -> Self {
         let tape = Tape {
             data: Vec::new(),
             trailers: None,
@@ -170,13 +208,13 @@ impl<B: Body> Player<B> {
             read: 0,
             rest: Some(body),
         };
-        Player::new(owner, tape)
+        Playback::new(handle, tape)
     }
 
-    fn new(owner: Owner<B>, tape: Tape<B>) -> Self {
+    fn new(handle: RecordingHandle<B>, tape: Tape<B>) -> Self {
         let replay_left = tape.bytes as u64;
-        Player {
-            owner,
+        Playback {
+            handle,
             tape: Some(tape),
             next: 0,
             replay_left,
@@ -185,88 +223,50 @@ impl<B: Body> Player<B> {
     }
 }
 
-impl<B> Player<B>
+impl<B> Playback<B>
 where
     B: Body + Unpin,
     B::Data: Clone,
 {
+    /// The recording first, then the caller's body from where the last attempt stopped
+    /// (recorded as it goes), then the recorded trailers.
     pub(crate) fn poll_frame(&mut self, cx: &mut Context<'_>) -> PolledFrame<B> {
-        let shared = self.owner.shared();
         let Some(tape) = self.tape.as_mut() else {
             return Poll::Ready(None);
         };
-        // What was recorded, first.
         if let Some(chunk) = tape.data.get(self.next) {
             self.next += 1;
             // Saturating: a chunk type whose clones share a read position must not panic here.
             self.replay_left = self.replay_left.saturating_sub(chunk.remaining() as u64);
             return Poll::Ready(Some(Ok(Frame::data(chunk.clone()))));
         }
-        let flags = shared.flags();
-        if flags & CLOSED != 0 && tape.bytes > 0 {
-            // The request is over and this attempt has sent the recording: free it now,
-            // not when the transport drops the body.
-            tape.data = Vec::new();
-            tape.bytes = 0;
-            tape.kept = 0;
+        let recording = self.handle.recording();
+        let flags = recording.flags();
+        if flags.any(Flags::CLOSED) && tape.bytes > 0 {
+            // The request is over and this attempt has sent the recording: free it now, not
+            // when the transport drops the body.
+            tape.clear();
             self.next = 0;
         }
-        // Then the caller's body, from where the last attempt stopped.
         if let Some(rest) = tape.rest.as_mut() {
             match Pin::new(&mut *rest).poll_frame(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Some(Ok(frame))) => {
-                    let limit = shared.limit;
-                    let keep = flags & (OVER_LIMIT | CLOSED) == 0;
-                    if let Some(chunk) = frame.data_ref() {
-                        let len = chunk.remaining();
-                        tape.read += len as u64;
-                        // Each kept chunk costs its handle too: a body cut in tiny chunks must
-                        // not hold many times the limit.
-                        let cost = len + std::mem::size_of::<B::Data>();
-                        if !keep || len == 0 {
-                            // Nothing to keep: an empty chunk sends nothing when replayed.
-                        } else if tape.kept + cost <= limit {
-                            tape.data.push(chunk.clone());
-                            tape.bytes += len;
-                            tape.kept += cost;
-                            // This attempt sends it now, not again from the recording.
-                            self.next = tape.data.len();
-                        } else {
-                            // Past the limit: no attempt will replay this, so free it now.
-                            tape.data = Vec::new();
-                            tape.bytes = 0;
-                            tape.kept = 0;
-                            tape.trailers = None;
-                            shared.set(OVER_LIMIT);
-                        }
-                    } else if let Some(trailers) = frame.trailers_ref() {
-                        if keep {
-                            tape.trailers = Some(Box::new(trailers.clone()));
-                        }
-                        self.trailers_sent = true;
-                    }
-                    // Trailers are the last frame: hyper stops there, without asking for the
-                    // end.
-                    let at_end =
-                        frame.is_trailers() || rest_at_end(rest, tape.read, shared.declared_len);
-                    if at_end {
-                        shared.set(ENDED);
-                    }
+                    let keep = !flags.any(Flags::OVER_LIMIT.and(Flags::CLOSED));
+                    self.record(&frame, keep);
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(err))) => {
                     tape.rest = None;
-                    shared.set(FAILED);
+                    recording.set(Flags::FAILED);
                     return Poll::Ready(Some(Err(err)));
                 }
                 Poll::Ready(None) => {
                     tape.rest = None;
-                    shared.set(ENDED);
+                    recording.set(Flags::ENDED);
                 }
             }
         }
-        // The recorded trailers, last.
         if !self.trailers_sent {
             self.trailers_sent = true;
             if let Some(trailers) = &tape.trailers {
@@ -274,6 +274,50 @@ where
             }
         }
         Poll::Ready(None)
+    }
+
+    /// Records a frame of the caller's body that this attempt sends now (`keep`: the
+    /// recording still keeps what it is sent), and notes the body's end.
+    fn record(&mut self, frame: &Frame<B::Data>, keep: bool) {
+        let recording = self.handle.recording();
+        let Some(tape) = self.tape.as_mut() else {
+            return;
+        };
+        if let Some(chunk) = frame.data_ref() {
+            let len = chunk.remaining();
+            tape.read += len as u64;
+            // Each kept chunk costs its handle too: a body cut in tiny chunks must not hold
+            // many times the limit.
+            let cost = len + std::mem::size_of::<B::Data>();
+            if !keep || len == 0 {
+                // Nothing to keep: an empty chunk sends nothing when replayed.
+            } else if tape.kept + cost <= recording.limit {
+                tape.data.push(chunk.clone());
+                tape.bytes += len;
+                tape.kept += cost;
+                // This attempt sends it now, not again from the recording.
+                self.next = tape.data.len();
+            } else {
+                // Past the limit: no attempt will replay this, so free it now.
+                tape.clear();
+                tape.trailers = None;
+                recording.set(Flags::OVER_LIMIT);
+            }
+        } else if let Some(trailers) = frame.trailers_ref() {
+            if keep {
+                tape.trailers = Some(Box::new(trailers.clone()));
+            }
+            self.trailers_sent = true;
+        }
+        // Trailers are the last frame: hyper stops there, without asking for the end.
+        let at_end = frame.is_trailers()
+            || tape
+                .rest
+                .as_ref()
+                .is_some_and(|rest| rest_at_end(rest, tape.read, recording.declared_len));
+        if at_end {
+            recording.set(Flags::ENDED);
+        }
     }
 
     pub(crate) fn is_end_stream(&self) -> bool {
@@ -284,7 +328,7 @@ where
         if rest_ended {
             // A transport told so does not ask for the end (hyper never polls an empty body):
             // the caller's body has been read to its end.
-            self.owner.shared().set(ENDED);
+            self.handle.recording().set(Flags::ENDED);
         }
         self.next >= tape.data.len()
             && rest_ended
@@ -295,7 +339,7 @@ where
         let Some(tape) = self.tape.as_ref() else {
             return SizeHint::with_exact(0);
         };
-        let known = self.owner.shared().declared_len.is_some();
+        let known = self.handle.recording().declared_len.is_some();
         crate::body_hint::with_bytes_ahead(tape.rest.as_ref(), self.replay_left, known)
     }
 }
@@ -307,20 +351,20 @@ fn rest_at_end<B: Body>(rest: &B, read: u64, declared_len: Option<u64>) -> bool 
     rest.is_end_stream() || declared_len == Some(read)
 }
 
-impl<B: Body> Drop for Player<B> {
+impl<B: Body> Drop for Playback<B> {
     fn drop(&mut self) {
         let Some(tape) = self.tape.take() else {
             return;
         };
-        let shared = self.owner.shared();
-        if shared.flags() & CLOSED != 0 {
+        let recording = self.handle.recording();
+        if recording.flags().any(Flags::CLOSED) {
             // The request is over: the tape goes, not back.
             return;
         }
         let waiting = {
-            let mut slot = shared.slot();
-            slot.tape = Some(tape);
-            slot.waiting.take()
+            let mut home = recording.home();
+            home.tape = Some(tape);
+            home.waiting.take()
         };
         if let Some(waker) = waiting {
             waker.wake();
