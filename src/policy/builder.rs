@@ -46,6 +46,7 @@ pub struct RetryPolicyBuilder {
     replay_buffer: usize,
     budget: BudgetChoice,
     should_retry_header: Option<HeaderName>,
+    replay_header: Option<HeaderName>,
     request_id_header: Option<HeaderName>,
     attempt_header: Option<HeaderName>,
 }
@@ -134,6 +135,7 @@ impl RetryPolicyBuilder {
                 retry_percent: 0.2,
             },
             should_retry_header: Some(HeaderName::from_static("x-should-retry")),
+            replay_header: Some(HeaderName::from_static("idempotent-replayed")),
             request_id_header: Some(HeaderName::from_static("x-request-id")),
             attempt_header: None,
         }
@@ -537,6 +539,20 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// The header with which a server that honours idempotency keys marks a replay: its stored
+    /// response to an earlier request with the same key, sent again (this crate's
+    /// [`IdempotencyLayer`](crate::server::IdempotencyLayer) sets `idempotent-replayed: true`).
+    /// A response whose header says `true` is final, whatever its status: every repeat of the
+    /// key would get the same answer. The report says so
+    /// ([`StopReason::Replayed`](crate::StopReason::Replayed)): the server had already run the
+    /// request. `None` ignores the header.
+    ///
+    /// Defaults to `idempotent-replayed`.
+    pub fn replay_header(mut self, name: Option<HeaderName>) -> Self {
+        self.replay_header = name;
+        self
+    }
+
     /// The header whose value identifies a request for support, read from the request or the
     /// response and echoed in errors and reports (capped in length). `None` disables it.
     ///
@@ -666,6 +682,7 @@ impl RetryPolicyBuilder {
                 replay_buffer: self.replay_buffer,
                 budget,
                 should_retry_header: self.should_retry_header,
+                replay_header: self.replay_header,
                 request_id_header: self.request_id_header,
                 attempt_header: self.attempt_header,
             }),

@@ -72,6 +72,7 @@ pub(crate) struct Inner {
     pub(crate) replay_buffer: usize,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) should_retry_header: Option<HeaderName>,
+    pub(crate) replay_header: Option<HeaderName>,
     pub(crate) request_id_header: Option<HeaderName>,
     pub(crate) attempt_header: Option<HeaderName>,
 }
@@ -111,6 +112,7 @@ impl fmt::Debug for RetryPolicy {
             .field("replay_buffer", &i.replay_buffer)
             .field("budget", &i.budget.as_ref().map(|_| "enabled"))
             .field("should_retry_header", &i.should_retry_header)
+            .field("replay_header", &i.replay_header)
             .field("request_id_header", &i.request_id_header)
             .field("attempt_header", &i.attempt_header)
             .finish()
@@ -220,6 +222,10 @@ impl RetryPolicy {
     /// Classifies the response to a request with this `verdict`: its status against the retry
     /// set, the server's `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
     ///
+    /// - A response marked as a replay (`idempotent-replayed: true`, see
+    ///   [`replay_header`](RetryPolicyBuilder::replay_header)) is final whatever its status, and
+    ///   [`is_replayed`](Classification::is_replayed) says so: the server answers every repeat of
+    ///   the key with the same stored response.
     /// - `x-should-retry: false` makes any response final; `true` makes a non-success response
     ///   retryable (the decision still suppresses it for non-idempotent requests).
     /// - A status in the retry set is [`FailureClass::RetryableResponse`](crate::FailureClass),

@@ -12,7 +12,7 @@ pub(crate) const BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-
 
 /// The hint our client (and Stainless-style SDKs) read: repeating this key only replays the
 /// same record, so there is nothing to gain from retrying it.
-const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+pub(crate) const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 const UNKNOWN: &str = "the first request with this Idempotency-Key was handed to its handler, \
 which ended without a response (it failed, timed out or panicked); it may have applied its \

@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Either, Full};
 use tower_service::Service;
 
 use super::layer::Config;
+use super::outcome::SHOULD_RETRY;
 use super::run::{self, Claimed};
 use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::ResponseBody;
@@ -311,10 +312,18 @@ pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBo
 
 fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
     let mut res = stored_response(&stored);
-    res.headers_mut().insert(
+    let headers = res.headers_mut();
+    headers.insert(
         config.replay_header.clone(),
         HeaderValue::from_static("true"),
     );
+    // A stored 5xx is replayed to every repeat of the key: a client that retries on 5xx
+    // would spend its retries on the same answer. The handler ran; say there is nothing to
+    // gain (any hint the handler gave is replaced).
+    if res.status().is_server_error() {
+        res.headers_mut()
+            .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+    }
     res
 }
 
