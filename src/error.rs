@@ -209,6 +209,15 @@ impl Error {
         self.stop_reason() == StopReason::SuppressedNotIdempotent
     }
 
+    /// True when the request carried a well-formed idempotency key that the policy does not
+    /// trust its target to honour, so the key did not make a retry safe (see
+    /// [`RetryReport::idempotency_key_untrusted`]). `Display` says so when it mattered: when
+    /// the request was not retried because it is a write.
+    pub fn idempotency_key_untrusted(&self) -> bool {
+        self.report_ref()
+            .is_some_and(RetryReport::idempotency_key_untrusted)
+    }
+
     /// How many attempts were made (0 when the inner service failed before any).
     pub fn attempts(&self) -> u32 {
         self.report_ref().map_or(0, RetryReport::attempts)
@@ -293,13 +302,20 @@ impl fmt::Debug for Error {
                 .field("class", class)
                 .field("ambiguous", maybe_applied)
                 .field("request_id", &self.request_id())
-                .field("idempotency_key", &self.idempotency_key());
+                .field("idempotency_key", &self.idempotency_key())
+                .field(
+                    "idempotency_key_untrusted",
+                    &self.idempotency_key_untrusted(),
+                );
         } else {
             d.field("stop", &self.stop_reason());
         }
         d.field("source", &self.inner.source).finish()
     }
 }
+
+const UNTRUSTED_KEY: &str = " It carried an idempotency key that is not trusted for this target, \
+so the key did not make a retry safe; see `honor_idempotency_key_for_host`.";
 
 const CHECK_FIRST: &str =
     "Check the execution log or the provider's state before retrying it by hand.";
@@ -328,15 +344,17 @@ impl fmt::Display for Error {
             (_, Symptom::Other) => "failed after it may have been sent",
         };
         let idempotent = report.verdict().idempotency() == Idempotency::Idempotent;
+        let untrusted_key =
+            report.idempotency_key_untrusted() && !report.verdict().repeat_is_harmless();
         match report.stop_reason() {
             StopReason::SuppressedNotIdempotent => write!(
                 f,
                 "{method} {path} was not retried: it is not idempotent and the attempt {what}, \
                  so it may have been applied. {CHECK_FIRST}"
-            ),
+            )?,
             StopReason::NoRetryMarker => {
                 write!(f, "{method} {path} failed on its only attempt (it is marked NoRetry): the attempt {what}")?;
-                advice(f, *class, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)?
             }
             StopReason::BodyNotReplayable => {
                 let why = report
@@ -346,7 +364,7 @@ impl fmt::Display for Error {
                     f,
                     "{method} {path} was not retried: {why}, and the attempt {what}"
                 )?;
-                advice(f, *class, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)?
             }
             reason => {
                 let why = match reason {
@@ -361,9 +379,13 @@ impl fmt::Display for Error {
                 };
                 let plural = if attempts == 1 { "" } else { "s" };
                 write!(f, "{method} {path} failed after {attempts} attempt{plural} ({why}): the last attempt {what}")?;
-                advice(f, *class, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)?
             }
         }
+        if untrusted_key {
+            f.write_str(UNTRUSTED_KEY)?;
+        }
+        Ok(())
     }
 }
 
