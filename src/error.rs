@@ -405,6 +405,47 @@ fn advice(
     }
 }
 
+/// "May this request have been applied?", asked of any error (or report) a request ends
+/// in, and always answered: `false` only when it is known that no attempt reached the server's
+/// application; `true` when one may have, and when nothing says (an error this crate cannot
+/// see into is never taken to mean that a write did not happen).
+///
+/// Implemented for this crate's [`struct@Error`] ([`is_ambiguous`](Error::is_ambiguous)), for
+/// [`RetryReport`] ([`may_have_been_applied`](RetryReport::may_have_been_applied)), and with
+/// the `reqwest-middleware` feature for `reqwest_middleware::Error`: this crate's error
+/// inside it answers; a `reqwest::Error` (a client without the middleware) is classified
+/// like any attempt's error; any other middleware error is ambiguous (say an outer middleware
+/// failed after the request was sent).
+///
+/// ```
+/// use tower_retry_safety::{Error, MayHaveBeenApplied};
+///
+/// fn tell_the_caller(err: &impl MayHaveBeenApplied) -> &'static str {
+///     if err.may_have_been_applied() {
+///         "the write may have happened: check before sending it again"
+///     } else {
+///         "nothing was applied: safe to send again"
+///     }
+/// }
+/// # let _ = |e: &Error| tell_the_caller(e);
+/// ```
+pub trait MayHaveBeenApplied {
+    /// `false` only when no attempt can have reached the server's application.
+    fn may_have_been_applied(&self) -> bool;
+}
+
+impl MayHaveBeenApplied for Error {
+    fn may_have_been_applied(&self) -> bool {
+        self.is_ambiguous()
+    }
+}
+
+impl MayHaveBeenApplied for RetryReport {
+    fn may_have_been_applied(&self) -> bool {
+        RetryReport::may_have_been_applied(self)
+    }
+}
+
 impl StdError for Error {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         self.inner

@@ -100,7 +100,7 @@ pub use classify::{
     classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
     VerdictSource,
 };
-pub use error::Error;
+pub use error::{Error, MayHaveBeenApplied};
 pub use peek::{PeekBody, PeekBodyLayer, PeekedBody};
 pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
@@ -111,6 +111,9 @@ pub use service::{
     AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
     RetryReport, RetrySafety,
 };
+/// The trait of retry budgets that [`RetryPolicyBuilder::budget`] takes (tower's), re-exported
+/// so a custom budget needs no `tower` import; [`TpsBudget`] is tower's implementation.
+pub use tower::retry::budget::{Budget, TpsBudget};
 
 /// The boxed error type that inner services' errors are converted into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

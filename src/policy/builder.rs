@@ -498,7 +498,7 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Limit retries with tower's [`TpsBudget`] instead, with the same meaning as
+    /// Limit retries with tower's [`TpsBudget`](crate::TpsBudget) instead, with the same meaning as
     /// [`lock_free_budget`](Self::lock_free_budget). It takes a mutex and reads the clock on
     /// every deposit and withdrawal, and two threads withdrawing at once can overdraw it.
     /// `ttl` is 1–60 s, `retry_percent` 0–1000, `min_per_sec` below `i32::MAX`; `build` checks
@@ -514,7 +514,28 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Limit retries with any tower [`Budget`].
+    /// Limit retries with any tower [`Budget`](crate::Budget) (re-exported by this crate).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use tower_retry_safety::{Budget, RetryPolicy};
+    ///
+    /// /// At most ten retries for the life of the process.
+    /// struct TenRetries(AtomicU32);
+    ///
+    /// impl Budget for TenRetries {
+    ///     fn deposit(&self) {}
+    ///     fn withdraw(&self) -> bool {
+    ///         self.0
+    ///             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+    ///             .is_ok()
+    ///     }
+    /// }
+    ///
+    /// let policy = RetryPolicy::builder().budget(TenRetries(AtomicU32::new(10))).build()?;
+    /// # drop(policy);
+    /// # Ok::<(), tower_retry_safety::BuildError>(())
+    /// ```
     ///
     /// Defaults to the [`lock_free_budget`](Self::lock_free_budget) above.
     pub fn budget(mut self, budget: impl Budget + Send + Sync + 'static) -> Self {
