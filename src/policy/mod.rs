@@ -32,7 +32,7 @@ use statuses::StatusSet;
 /// The retry-safety policy: which requests may be repeated, after which failures, how often
 /// and how long to wait.
 ///
-/// Build one with [`RetryPolicy::builder`]. It is also a [`tower::Layer`] (see
+/// Build one with [`RetryPolicy::builder`]. It is also a [`tower::Layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html) (see
 /// [`RetrySafety`](crate::RetrySafety)).
 ///
 /// # Clone
