@@ -312,6 +312,7 @@ pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBo
 
 fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
     let mut res = stored_response(&stored);
+    let server_error = res.status().is_server_error();
     let headers = res.headers_mut();
     headers.insert(
         config.replay_header.clone(),
@@ -320,9 +321,8 @@ fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B
     // A stored 5xx is replayed to every repeat of the key: a client that retries on 5xx
     // would spend its retries on the same answer. The handler ran; say there is nothing to
     // gain (any hint the handler gave is replaced).
-    if res.status().is_server_error() {
-        res.headers_mut()
-            .insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+    if server_error {
+        headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
     }
     res
 }

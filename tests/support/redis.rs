@@ -79,11 +79,21 @@ impl TestRedis {
 
     /// Keys under the test's prefix now (for tests that check they leave none).
     pub fn keys(&self) -> usize {
-        let Ok(mut conn) = connection(&self.url) else {
-            return 0;
-        };
-        scan(&mut conn, &self.prefix).len()
+        count_keys(&self.url, &self.prefix)
     }
+
+    /// Whether this is a `redis-server` of the test's own (it goes when the test ends).
+    pub fn is_own(&self) -> bool {
+        self.own.is_some()
+    }
+}
+
+/// Keys that start with `prefix` on the Redis at `url` (0 when it does not answer).
+pub fn count_keys(url: &str, prefix: &str) -> usize {
+    let Ok(mut conn) = connection(url) else {
+        return 0;
+    };
+    scan(&mut conn, prefix).len()
 }
 
 impl Drop for TestRedis {
