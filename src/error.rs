@@ -161,6 +161,15 @@ impl Error {
         self.stop_reason() == StopReason::SuppressedNotIdempotent
     }
 
+    /// True when the request carried a well-formed idempotency key that the policy does not
+    /// trust its target to honour, so the key did not make a retry safe (see
+    /// [`RetryReport::idempotency_key_untrusted`]). `Display` says so when it mattered: when
+    /// the request was not retried because it is a write.
+    pub fn idempotency_key_untrusted(&self) -> bool {
+        self.report_ref()
+            .is_some_and(RetryReport::idempotency_key_untrusted)
+    }
+
     /// How many attempts were made (0 when the inner service failed before any).
     pub fn attempts(&self) -> u32 {
         self.report_ref().map_or(0, RetryReport::attempts)
@@ -245,13 +254,20 @@ impl fmt::Debug for Error {
                 .field("class", class)
                 .field("ambiguous", maybe_applied)
                 .field("request_id", &self.request_id())
-                .field("idempotency_key", &self.idempotency_key());
+                .field("idempotency_key", &self.idempotency_key())
+                .field(
+                    "idempotency_key_untrusted",
+                    &self.idempotency_key_untrusted(),
+                );
         } else {
             d.field("stop", &self.stop_reason());
         }
         d.field("source", &self.inner.source).finish()
     }
 }
+
+const UNTRUSTED_KEY: &str = " It carried an idempotency key that is not trusted for this target, \
+so the key did not make a retry safe; see `honor_idempotency_key_for_host`.";
 
 const CHECK_FIRST: &str =
     "Check the execution log or the provider's state before retrying it by hand.";
@@ -280,15 +296,17 @@ impl fmt::Display for Error {
             (_, Symptom::Other) => "failed after it may have been sent",
         };
         let idempotent = report.verdict().idempotency() == Idempotency::Idempotent;
+        let untrusted_key =
+            report.idempotency_key_untrusted() && !report.verdict().repeat_is_harmless();
         match report.stop_reason() {
             StopReason::SuppressedNotIdempotent => write!(
                 f,
                 "{method} {path} was not retried: it is not idempotent and the attempt {what}, \
                  so it may have been applied. {CHECK_FIRST}"
-            ),
+            )?,
             StopReason::NoRetryMarker => {
                 write!(f, "{method} {path} failed on its only attempt (it is marked NoRetry): the attempt {what}")?;
-                advice(f, *class, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)?
             }
             StopReason::BodyNotReplayable => {
                 let why = report
@@ -298,7 +316,7 @@ impl fmt::Display for Error {
                     f,
                     "{method} {path} was not retried: {why}, and the attempt {what}"
                 )?;
-                advice(f, *class, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)?
             }
             reason => {
                 let why = match reason {
@@ -313,9 +331,13 @@ impl fmt::Display for Error {
                 };
                 let plural = if attempts == 1 { "" } else { "s" };
                 write!(f, "{method} {path} failed after {attempts} attempt{plural} ({why}): the last attempt {what}")?;
-                advice(f, *class, *maybe_applied, idempotent)
+                advice(f, *class, *maybe_applied, idempotent)?
             }
         }
+        if untrusted_key {
+            f.write_str(UNTRUSTED_KEY)?;
+        }
+        Ok(())
     }
 }
 
@@ -332,6 +354,47 @@ fn advice(
         (false, _) => f.write_str(". It was never applied, so it is safe to send again."),
         (true, true) => f.write_str(". Repeating it is harmless."),
         (true, false) => write!(f, ", so it may have been applied. {CHECK_FIRST}"),
+    }
+}
+
+/// "May this request have been applied?", asked of any error (or report) a request ends
+/// in, and always answered: `false` only when it is known that no attempt reached the server's
+/// application; `true` when one may have, and when nothing says (an error this crate cannot
+/// see into is never taken to mean that a write did not happen).
+///
+/// Implemented for this crate's [`struct@Error`] ([`is_ambiguous`](Error::is_ambiguous)), for
+/// [`RetryReport`] ([`may_have_been_applied`](RetryReport::may_have_been_applied)), and with
+/// the `reqwest-middleware` feature for `reqwest_middleware::Error`: this crate's error
+/// inside it answers; a `reqwest::Error` (a client without the middleware) is classified
+/// like any attempt's error; any other middleware error is ambiguous (say an outer middleware
+/// failed after the request was sent).
+///
+/// ```
+/// use tower_retry_safety::{Error, MayHaveBeenApplied};
+///
+/// fn tell_the_caller(err: &impl MayHaveBeenApplied) -> &'static str {
+///     if err.may_have_been_applied() {
+///         "the write may have happened: check before sending it again"
+///     } else {
+///         "nothing was applied: safe to send again"
+///     }
+/// }
+/// # let _ = |e: &Error| tell_the_caller(e);
+/// ```
+pub trait MayHaveBeenApplied {
+    /// `false` only when no attempt can have reached the server's application.
+    fn may_have_been_applied(&self) -> bool;
+}
+
+impl MayHaveBeenApplied for Error {
+    fn may_have_been_applied(&self) -> bool {
+        self.is_ambiguous()
+    }
+}
+
+impl MayHaveBeenApplied for RetryReport {
+    fn may_have_been_applied(&self) -> bool {
+        RetryReport::may_have_been_applied(self)
     }
 }
 

@@ -58,16 +58,76 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! The policy is a [`tower::Layer`]: `ServiceBuilder::new().layer(policy).timeout(per_attempt)`
-//! over any HTTP client service (see [`RetrySafety`]). With the `reqwest-middleware` feature the
-//! same policy drives `RetrySafetyMiddleware` in a reqwest-middleware stack.
+//! # What it is for
+//!
+//! - **A tower or hyper-util client.** A [`RetryPolicy`] is a tower `Layer`: put it over any
+//!   HTTP client service, such as hyper-util's `Client` ([`RetrySafety`] is its service;
+//!   responses carry a [`RetryReport`], errors are an [`struct@Error`]). Streaming request
+//!   bodies are recorded for replay ([`Replayable`]).
+//! - **A reqwest client.** With the `reqwest-middleware` feature, the same policy drives
+//!   [`RetrySafetyMiddleware`] in a reqwest-middleware stack
+//!   (`examples/reqwest.rs` in the repository); `RetryReport::of_reqwest` and
+//!   [`MayHaveBeenApplied`] read the outcome.
+//! - **A server that honours idempotency keys (axum, hyper).** [`server::IdempotencyLayer`]
+//!   over [`server::MemoryStore`] stores the first response per key and replays it; with the
+//!   `axum` feature, [`for_axum`](crate::server::IdempotencyLayer::for_axum) wraps a whole axum `Router` for
+//!   `axum::serve` (see [the `server` module](server#with-axum)).
+//! - **A fleet of servers on Redis.** With the `redis` feature,
+//!   [`server::RedisStore`] shares keys
+//!   across instances, so a retry that lands on another instance is replayed, not run again.
+//!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+//! use tower::ServiceBuilder;
+//! use tower_retry_safety::RetryPolicy;
+//!
+//! let policy = RetryPolicy::builder()
+//!     .attempt_timeout(Duration::from_secs(10)) // each attempt
+//!     .deadline(Duration::from_secs(30))        // the whole request, retries included
+//!     .build()?;
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let svc = ServiceBuilder::new().layer(policy).service(client);
+//! # let _ = svc;
+//! # Ok::<(), tower_retry_safety::BuildError>(())
+//! ```
+//!
+//! # Per-call options
+//!
+//! A [`RequestOptions`] in a request's extensions overrides the policy's `max_retries`,
+//! `deadline` and `attempt_timeout` for that request (reqwest: `with_extension`); the
+//! [`Idempotency`] and [`NoRetry`] markers say what only the caller knows about it.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_safety::{Idempotency, RequestOptions};
+//!
+//! let mut req = http::Request::post("https://api.example.com/v1/reports").body(())?;
+//! req.extensions_mut().insert(
+//!     RequestOptions::new()
+//!         .attempt_timeout(Duration::from_secs(120)) // a slow endpoint
+//!         .max_retries(5),
+//! );
+//! req.extensions_mut().insert(Idempotency::Idempotent); // a POST that only reads
+//! # Ok::<(), http::Error>(())
+//! ```
+//!
+//! Set timeouts on the policy (or per call), not with tower's `.timeout()`: a tower
+//! timeout *under* the layer cuts every attempt at its own fixed duration, whatever a
+//! request's `attempt_timeout` says (the shorter of the two wins), and one *over* the layer
+//! cuts the whole request without a report or this crate's error. The policy's own timers
+//! classify a cut attempt as ambiguous and keep the report, the request id and the key.
 //!
 //! # Reading the outcome
 //!
 //! [`RetryReport::of`] reads the report on a response; with the `reqwest-middleware` feature,
 //! `RetryReport::of_reqwest` reads it on a `reqwest::Response` and
 //! `Error::from_reqwest_middleware` finds this crate's [`struct@Error`] in a
-//! `reqwest_middleware::Error`.
+//! `reqwest_middleware::Error`. Before telling a caller that a write did not happen, ask
+//! [`RetryReport::may_have_been_applied`] (or [`Error::is_ambiguous`], or
+//! [`MayHaveBeenApplied`] of any of them).
 //!
 //! # Cargo features
 //!
@@ -77,6 +137,8 @@
 //!   `reqwest::Body` as a [`ReplayBody`] (hyper-util's `Client<_, reqwest::Body>` behind the
 //!   layer).
 //! - `redis`: `server::RedisStore`, idempotency keys shared by a fleet through Redis.
+//! - `axum`: `server::AxumIdempotencyLayer` (`IdempotencyLayer::for_axum`), to wrap a whole
+//!   axum 0.8 `Router` for `axum::serve`, and axum's `Body` as a [`ReplayBody`].
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -102,7 +164,7 @@ pub use classify::{
     classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
     VerdictSource,
 };
-pub use error::Error;
+pub use error::{Error, MayHaveBeenApplied};
 pub use peek::{PeekBody, PeekBodyLayer, PeekedBody};
 pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
@@ -113,6 +175,9 @@ pub use service::{
     AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
     RetryReport, RetrySafety,
 };
+/// The trait of retry budgets that [`RetryPolicyBuilder::budget`] takes (tower's), re-exported
+/// so a custom budget needs no `tower` import; [`TpsBudget`] is tower's implementation.
+pub use tower::retry::budget::{Budget, TpsBudget};
 
 /// The boxed error type that inner services' errors are converted into.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -13,11 +13,11 @@ use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use support::fleet::{forwarder, Counts, Fault, Instance, OwnRedis};
+use support::redis::TestRedis;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_retry_safety::server::{Entry, IdempotencyStore, RedisStore};
 use tower_retry_safety::{RetryPolicy, RetryReport};
 
-const SHARED_REDIS: &str = "redis://127.0.0.1:6379";
 const PER_ATTEMPT: Duration = Duration::from_millis(400);
 const OPS_PER_FAULT: usize = 4;
 
@@ -43,19 +43,13 @@ fn post(url: String, fault: Fault) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-fn prefix(test: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("trs-fleet-{test}-{}-{nanos}:", std::process::id())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fault_on_either_instance_applies_each_write_once() {
     let counts = Counts::default();
-    let prefix = prefix("faults");
-    let mut a = Instance::start(SHARED_REDIS, &prefix, counts.clone()).await;
-    let b = Instance::start(SHARED_REDIS, &prefix, counts.clone()).await;
+    let redis = TestRedis::start("faults");
+    let prefix = redis.prefix().to_owned();
+    let mut a = Instance::start(redis.url(), &prefix, counts.clone()).await;
+    let b = Instance::start(redis.url(), &prefix, counts.clone()).await;
     let front = forwarder(vec![a.addr, b.addr]).await;
     let svc = ServiceBuilder::new()
         .layer(patient())
@@ -119,7 +113,7 @@ async fn every_fault_on_either_instance_applies_each_write_once() {
     assert_eq!(counts.applied(op), 1);
     let report = res.extensions().get::<RetryReport>().unwrap();
     let key = report.idempotency_key().unwrap().to_owned();
-    let store = RedisStore::connect(SHARED_REDIS)
+    let store = RedisStore::connect(redis.url())
         .await
         .unwrap()
         .prefix(prefix);
@@ -133,9 +127,10 @@ async fn every_fault_on_either_instance_applies_each_write_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_four_concurrent_requests_with_one_key_run_once() {
     let counts = Counts::default();
-    let prefix = prefix("same-key");
-    let a = Instance::start(SHARED_REDIS, &prefix, counts.clone()).await;
-    let b = Instance::start(SHARED_REDIS, &prefix, counts.clone()).await;
+    let redis = TestRedis::start("same-key");
+    let prefix = redis.prefix().to_owned();
+    let a = Instance::start(redis.url(), &prefix, counts.clone()).await;
+    let b = Instance::start(redis.url(), &prefix, counts.clone()).await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..64u32 {
         let addr = if i.is_multiple_of(2) { a.addr } else { b.addr };
@@ -238,10 +233,11 @@ async fn a_handler_busy_past_its_lease_without_yielding_runs_once() {
     use std::sync::Arc;
     use tower_retry_safety::server::IdempotencyLayer;
 
-    let store = RedisStore::connect(SHARED_REDIS)
+    let redis = TestRedis::start("busy");
+    let store = RedisStore::connect(redis.url())
         .await
         .unwrap()
-        .prefix(prefix("busy"));
+        .prefix(redis.prefix());
     let runs = Arc::new(AtomicU32::new(0));
     let counted = runs.clone();
     let layer = IdempotencyLayer::new(store).lease(Duration::from_millis(100));

@@ -534,8 +534,13 @@ async fn suppressed_error_predicates_and_display() {
         err.to_string(),
         "POST /v1/tools/execute/GMAIL_SEND_EMAIL was not retried: it is not idempotent and the \
          attempt timed out after it was sent, so it may have been applied. Check the execution \
-         log or the provider's state before retrying it by hand."
+         log or the provider's state before retrying it by hand. It carried an idempotency key \
+         that is not trusted for this target, so the key did not make a retry safe; see \
+         `honor_idempotency_key_for_host`."
     );
+    // The policy trusts no target with keys: the key was carried and ignored, and says so.
+    assert!(err.idempotency_key_untrusted());
+    assert!(err.report().unwrap().idempotency_key_untrusted());
     assert!(err.is_ambiguous());
     assert!(!err.is_not_sent());
     assert!(err.is_timeout());

@@ -161,6 +161,48 @@ mod reqwest_side {
         assert!(Error::from_reqwest_middleware(&err).is_none());
     }
 
+    /// `MayHaveBeenApplied` always answers for a `reqwest_middleware::Error`: ours inside
+    /// answers for itself (also behind context), a bare reqwest error is classified, any other
+    /// middleware's error is ambiguous.
+    #[tokio::test]
+    async fn may_have_been_applied_always_answers() {
+        use tower_retry_safety::MayHaveBeenApplied;
+
+        let server = FaultServer::start().await;
+        let ours = ClientBuilder::new(reqwest_client())
+            .with(WithContext)
+            .with(RetrySafetyMiddleware::new(policy()))
+            .build();
+        // Ours, suppressed after a slow response: may have been applied (it was).
+        let err = send_email(&ours, &server).await;
+        assert!(err.may_have_been_applied());
+        assert_eq!(server.applied("send-email"), 1);
+
+        let addr = refused_addr().await;
+        let url = format!("http://{addr}/ops/x");
+        // Ours, every attempt refused: not applied.
+        let err = ours.post(&url).send().await.unwrap_err();
+        assert!(Error::from_reqwest_middleware(&err).is_some());
+        assert!(!err.may_have_been_applied(), "{err}");
+        // A client without our middleware, refused: classified as not sent.
+        let plain = ClientBuilder::new(reqwest_client()).build();
+        let err = plain.post(&url).send().await.unwrap_err();
+        assert!(matches!(err, reqwest_middleware::Error::Reqwest(_)));
+        assert!(!err.may_have_been_applied(), "{err}");
+        // A client without it, timed out after the write: may have been applied.
+        let err = plain
+            .post(server.url("plain-slow"))
+            .header("x-fault", Fault::SlowAfterApply.name())
+            .send()
+            .await
+            .unwrap_err();
+        assert!(err.may_have_been_applied(), "{err}");
+        // Another middleware's own error, not ours: ambiguous, whatever it says.
+        let other = ClientBuilder::new(reqwest_client()).with(Refuses).build();
+        let err = other.post(&url).send().await.unwrap_err();
+        assert!(err.may_have_been_applied());
+    }
+
     #[tokio::test]
     async fn the_report_of_a_reqwest_response_and_none_without_our_middleware() {
         let server = FaultServer::start().await;

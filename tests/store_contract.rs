@@ -1,6 +1,10 @@
 //! One contract, every store: what `IdempotencyLayer` relies on, checked against
-//! `MemoryStore` and (feature `redis`) `RedisStore` on the Redis at 127.0.0.1:6379.
+//! `MemoryStore` and (feature `redis`) `RedisStore` on the test's Redis (`REDIS_URL`, else
+//! 127.0.0.1:6379, else a `redis-server` of its own: `tests/support/redis.rs`).
 //! Leases and TTLs are short and real: the checks wait them out, they never time anything.
+
+#[cfg(feature = "redis")]
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -174,19 +178,12 @@ async fn memory_store_keeps_the_contract() {
 #[tokio::test]
 async fn redis_store_keeps_the_contract() {
     use tower_retry_safety::server::RedisStore;
-    let store = RedisStore::connect("redis://127.0.0.1:6379")
+    // REDIS_URL, else 127.0.0.1:6379, else a redis-server of its own; its keys are deleted
+    // when it ends.
+    let redis = support::redis::TestRedis::start("contract");
+    let store = RedisStore::connect(redis.url())
         .await
-        .expect("the Redis on 127.0.0.1:6379 (started on this machine before the session)");
-    let ns = format!("contract-{}:", uuid_like());
-    contract(store.prefix("trs-test:"), &ns).await;
-}
-
-/// A namespace fresh for each run, so runs never see each other's keys.
-#[cfg(feature = "redis")]
-fn uuid_like() -> String {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    format!("{}-{nanos}", std::process::id())
+        .expect("the test's Redis answered PING");
+    contract(store.prefix(redis.prefix()), "").await;
+    drop(redis);
 }

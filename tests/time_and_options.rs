@@ -191,6 +191,50 @@ async fn per_call_deadline_and_attempt_timeout_override_the_policy() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
+/// The README's "Use" stack: timeouts on the policy, so a per-call `attempt_timeout` can
+/// lengthen the policy's. A tower `.timeout()` under the layer cannot be lengthened by it:
+/// the shorter wins (the README says so; this is its control).
+#[tokio::test(start_paused = true)]
+async fn a_per_call_attempt_timeout_lengthens_the_policys_but_not_a_tower_timeout_under_it() {
+    let slow_call = || {
+        with(
+            get(),
+            RequestOptions::new().attempt_timeout(Duration::from_secs(2)),
+        )
+    };
+
+    let policy = builder()
+        .attempt_timeout(Duration::from_millis(300))
+        .max_retries(0)
+        .build()
+        .unwrap();
+    let (svc, calls) = slow(&[1_000]);
+    let start = Instant::now();
+    let res = ServiceBuilder::new()
+        .layer(policy)
+        .service(svc)
+        .oneshot(slow_call())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(start.elapsed(), Duration::from_millis(1_000));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let policy = builder().max_retries(0).build().unwrap();
+    let (svc, calls) = slow(&[1_000]);
+    let start = Instant::now();
+    let err = ServiceBuilder::new()
+        .layer(policy)
+        .timeout(Duration::from_millis(300))
+        .service(svc)
+        .oneshot(slow_call())
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    assert_eq!(start.elapsed(), Duration::from_millis(300));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn settings_that_cannot_work_fail_build() {
     let err = builder()

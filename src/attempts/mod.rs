@@ -95,8 +95,6 @@ pub(crate) struct Attempts {
     first_attempt_at: SystemTime,
     last_attempt_at: SystemTime,
     records: Records,
-    /// Whether any attempt may have reached the server's application.
-    maybe_applied: bool,
     request_id: Option<Box<str>>,
     idempotency_key: Option<Box<str>>,
 }
@@ -155,7 +153,6 @@ impl Attempts {
             first_attempt_at: now,
             last_attempt_at: now,
             records: Records::default(),
-            maybe_applied: false,
             request_id,
             idempotency_key,
         }
@@ -287,8 +284,6 @@ impl Attempts {
                 self.request_id = printable(headers.get(name), MAX_REQUEST_ID_LEN);
             }
         }
-        // A response means the request reached the server, whatever its status.
-        self.maybe_applied = true;
         let body_verdict = extensions.get::<BodyVerdict>().map(|v| v.0);
         let outcome = self
             .policy
@@ -297,12 +292,9 @@ impl Attempts {
     }
 
     pub(crate) fn on_error(&mut self, err: &(dyn StdError + 'static)) -> Decision {
+        // Whether it may have been applied is read from the records: not sent, or a request the
+        // client refused to build (final), did not reach the server.
         let class = classify_error(err);
-        // Not sent, or a request the client refused to build (final): neither reached the
-        // server.
-        if class == FailureClass::Ambiguous {
-            self.maybe_applied = true;
-        }
         self.decide(class.into(), None)
     }
 
@@ -390,7 +382,13 @@ impl Attempts {
                 Level::WARN,
                 verdict_source = self.verdict.source().as_str(),
                 request_id = self.request_id.as_deref(),
+                idempotency_key_untrusted = self.idempotency_key.is_some(),
                 "retry suppressed: the request is not idempotent and may have been applied"
+            ),
+            Decision::Stop(StopReason::Replayed) => event!(
+                Level::DEBUG,
+                request_id = self.request_id.as_deref(),
+                "not retrying request: the response is the server's replay of a stored response"
             ),
             Decision::Stop(
                 reason @ (StopReason::Budget
@@ -449,17 +447,15 @@ impl Attempts {
             .map_or(FailureClass::Ambiguous, |r| r.class);
         let symptom = Symptom::of(&*source);
         let target = self.target.clone();
-        let maybe_applied = self.maybe_applied;
-        Error::after_attempts(
-            target,
-            self.take_report(stop),
-            class,
-            maybe_applied,
-            symptom,
-            source,
-        )
+        let report = self.take_report(stop);
+        // One answer for the error and its report: any response but proof that nothing was
+        // applied, or a failure after the request may have been sent.
+        let maybe_applied = report.may_have_been_applied();
+        Error::after_attempts(target, report, class, maybe_applied, symptom, source)
     }
 }
 
+#[cfg(test)]
+mod report_cells;
 #[cfg(test)]
 mod tests;

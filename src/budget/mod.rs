@@ -50,7 +50,7 @@ const STRIPES: usize = 16;
 /// Each request deposits; each retry withdraws. A retry is allowed while the retries of the
 /// last `ttl`, itself included, stay within `min_per_sec × ttl` plus `retry_percent` × the
 /// requests of the last `ttl` (kept in millionths, rounded down). It reads tokio's clock
-/// ([`tokio::time::Instant`]), so paused-time tests drive it.
+/// ([`tokio::time::Instant`](https://docs.rs/tokio/1/tokio/time/struct.Instant.html)), so paused-time tests drive it.
 ///
 /// # Cost
 ///

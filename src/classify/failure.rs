@@ -45,6 +45,7 @@ pub struct Classification {
     class: FailureClass,
     retry_after: Option<Duration>,
     retry_after_too_long: bool,
+    replayed: bool,
 }
 
 impl Classification {
@@ -53,6 +54,18 @@ impl Classification {
             class,
             retry_after,
             retry_after_too_long: false,
+            replayed: false,
+        }
+    }
+
+    /// A response the server marked as a replay of its stored response to an earlier request
+    /// with the same idempotency key: it is final, since a repeat gets the same answer.
+    pub(crate) fn replayed() -> Self {
+        Classification {
+            class: FailureClass::Final,
+            retry_after: None,
+            retry_after_too_long: false,
+            replayed: true,
         }
     }
 
@@ -63,6 +76,7 @@ impl Classification {
             class: FailureClass::Final,
             retry_after: Some(delay),
             retry_after_too_long: true,
+            replayed: false,
         }
     }
 
@@ -82,6 +96,15 @@ impl Classification {
     /// policy's `max_retry_after`, which made it final.
     pub fn is_retry_after_too_long(&self) -> bool {
         self.retry_after_too_long
+    }
+
+    /// True when the response is the server's replay of the stored response to an earlier
+    /// request with the same idempotency key (the policy's
+    /// [`replay_header`](crate::RetryPolicyBuilder::replay_header) says `true`), which made it
+    /// final: the server already ran the request once, and a repeat with the same key gets the
+    /// same answer, whatever its status.
+    pub fn is_replayed(&self) -> bool {
+        self.replayed
     }
 }
 

@@ -41,6 +41,32 @@ impl Idempotency {
             Idempotency::NonIdempotent
         }
     }
+
+    /// The RFC 9110 default for a method named by a string, such as the method of a call
+    /// tunnelled through a proxy endpoint (`POST /proxy` with `{"method": "PUT", …}`), where
+    /// the outer request's method says nothing: [`of_method`](Self::of_method) of the parsed
+    /// name. Method names are case-sensitive (RFC 9110 §9.1), so `"put"` is an extension
+    /// method, and a name that is not a valid method is too: both are
+    /// [`NonIdempotent`](Self::NonIdempotent), as an unknown method is.
+    ///
+    /// ```
+    /// use tower_retry_safety::{Idempotency, RetryPolicy};
+    ///
+    /// let tunnelled = "PUT"; // read from the proxy call's body
+    /// let mut req = http::Request::post("/v1/proxy").body(())?;
+    /// req.extensions_mut().insert(Idempotency::from_method(tunnelled));
+    /// let policy = RetryPolicy::builder().build()?;
+    /// assert_eq!(policy.classify(&req).idempotency(), Idempotency::Idempotent);
+    ///
+    /// assert_eq!(Idempotency::from_method("POST"), Idempotency::NonIdempotent);
+    /// assert_eq!(Idempotency::from_method("put"), Idempotency::NonIdempotent);
+    /// assert_eq!(Idempotency::from_method("GET /x"), Idempotency::NonIdempotent);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_method(method: impl AsRef<[u8]>) -> Self {
+        Method::from_bytes(method.as_ref())
+            .map_or(Idempotency::NonIdempotent, |m| Idempotency::of_method(&m))
+    }
 }
 
 /// Marker for a request that must be attempted exactly once, whatever happens.

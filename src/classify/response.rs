@@ -16,6 +16,17 @@ pub(crate) fn classify(
     body_verdict: Option<FailureClass>,
     now: impl FnOnce() -> SystemTime,
 ) -> Classification {
+    // A replay of a stored response never changes: repeating the key gets it again. This
+    // comes before the caller's classifiers, which read a status that the server will only
+    // ever repeat.
+    if let Some(name) = &policy.replay_header {
+        if headers
+            .get(name)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+        {
+            return Classification::replayed();
+        }
+    }
     // The caller's classifiers speak first, the one that read the body before the one that
     // saw the head: they know the API (even a 2xx may be worth repeating).
     let hook = || policy.response_hook.as_ref()?.0(status, headers);

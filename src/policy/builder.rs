@@ -47,6 +47,7 @@ pub struct RetryPolicyBuilder {
     replay_buffer: usize,
     budget: BudgetChoice,
     should_retry_header: Option<HeaderName>,
+    replay_header: Option<HeaderName>,
     request_id_header: Option<HeaderName>,
     attempt_header: Option<HeaderName>,
 }
@@ -135,6 +136,7 @@ impl RetryPolicyBuilder {
                 retry_percent: 0.2,
             },
             should_retry_header: Some(HeaderName::from_static("x-should-retry")),
+            replay_header: Some(HeaderName::from_static("idempotent-replayed")),
             request_id_header: Some(HeaderName::from_static("x-request-id")),
             attempt_header: None,
         }
@@ -515,7 +517,7 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Limit retries with tower's [`TpsBudget`] instead, with the same meaning as
+    /// Limit retries with tower's [`TpsBudget`](crate::TpsBudget) instead, with the same meaning as
     /// [`lock_free_budget`](Self::lock_free_budget). It takes a mutex and reads the clock on
     /// every deposit and withdrawal, and two threads withdrawing at once can overdraw it.
     /// `ttl` is 1–60 s, `retry_percent` 0–1000, `min_per_sec` below `i32::MAX`; `build` checks
@@ -531,7 +533,28 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Limit retries with any tower [`Budget`].
+    /// Limit retries with any tower [`Budget`](crate::Budget) (re-exported by this crate).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use tower_retry_safety::{Budget, RetryPolicy};
+    ///
+    /// /// At most ten retries for the life of the process.
+    /// struct TenRetries(AtomicU32);
+    ///
+    /// impl Budget for TenRetries {
+    ///     fn deposit(&self) {}
+    ///     fn withdraw(&self) -> bool {
+    ///         self.0
+    ///             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+    ///             .is_ok()
+    ///     }
+    /// }
+    ///
+    /// let policy = RetryPolicy::builder().budget(TenRetries(AtomicU32::new(10))).build()?;
+    /// # drop(policy);
+    /// # Ok::<(), tower_retry_safety::BuildError>(())
+    /// ```
     ///
     /// Defaults to the [`lock_free_budget`](Self::lock_free_budget) above.
     pub fn budget(mut self, budget: impl Budget + Send + Sync + 'static) -> Self {
@@ -553,6 +576,20 @@ impl RetryPolicyBuilder {
     /// Defaults to `x-should-retry`.
     pub fn should_retry_header(mut self, name: Option<HeaderName>) -> Self {
         self.should_retry_header = name;
+        self
+    }
+
+    /// The header with which a server that honours idempotency keys marks a replay: its stored
+    /// response to an earlier request with the same key, sent again (this crate's
+    /// [`IdempotencyLayer`](crate::server::IdempotencyLayer) sets `idempotent-replayed: true`).
+    /// A response whose header says `true` is final, whatever its status: every repeat of the
+    /// key would get the same answer. The report says so
+    /// ([`StopReason::Replayed`](crate::StopReason::Replayed)): the server had already run the
+    /// request. `None` ignores the header.
+    ///
+    /// Defaults to `idempotent-replayed`.
+    pub fn replay_header(mut self, name: Option<HeaderName>) -> Self {
+        self.replay_header = name;
         self
     }
 
@@ -685,6 +722,7 @@ impl RetryPolicyBuilder {
                 replay_buffer: self.replay_buffer,
                 budget,
                 should_retry_header: self.should_retry_header,
+                replay_header: self.replay_header,
                 request_id_header: self.request_id_header,
                 attempt_header: self.attempt_header,
             }),

@@ -33,7 +33,7 @@ use statuses::StatusSet;
 /// The retry-safety policy: which requests may be repeated, after which failures, how often
 /// and how long to wait.
 ///
-/// Build one with [`RetryPolicy::builder`]. It is also a [`tower::Layer`] (see
+/// Build one with [`RetryPolicy::builder`]. It is also a [`tower::Layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html) (see
 /// [`RetrySafety`](crate::RetrySafety)).
 ///
 /// # Clone
@@ -73,6 +73,7 @@ pub(crate) struct Inner {
     pub(crate) replay_buffer: usize,
     pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
     pub(crate) should_retry_header: Option<HeaderName>,
+    pub(crate) replay_header: Option<HeaderName>,
     pub(crate) request_id_header: Option<HeaderName>,
     pub(crate) attempt_header: Option<HeaderName>,
 }
@@ -112,6 +113,7 @@ impl fmt::Debug for RetryPolicy {
             .field("replay_buffer", &i.replay_buffer)
             .field("budget", &i.budget.as_ref().map(|_| "enabled"))
             .field("should_retry_header", &i.should_retry_header)
+            .field("replay_header", &i.replay_header)
             .field("request_id_header", &i.request_id_header)
             .field("attempt_header", &i.attempt_header)
             .finish()
@@ -222,6 +224,10 @@ impl RetryPolicy {
     /// Classifies the response to a request with this `verdict`: its status against the retry
     /// set, the server's `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
     ///
+    /// - A response marked as a replay (`idempotent-replayed: true`, see
+    ///   [`replay_header`](RetryPolicyBuilder::replay_header)) is final whatever its status, and
+    ///   [`is_replayed`](Classification::is_replayed) says so: the server answers every repeat of
+    ///   the key with the same stored response.
     /// - `x-should-retry: false` makes any response final; `true` makes a non-success response
     ///   retryable (the decision still suppresses it for non-idempotent requests).
     /// - A status in the retry set is [`FailureClass::RetryableResponse`](crate::FailureClass),

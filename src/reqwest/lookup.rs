@@ -1,6 +1,39 @@
 //! One call to reach this crate's error and report through reqwest-middleware's types.
 
-use crate::{Error, RetryReport};
+use crate::classify::{classify_error, FailureClass};
+use crate::{Error, MayHaveBeenApplied, RetryReport};
+
+/// Always answers: this crate's error inside answers for itself; a bare `reqwest::Error` (a
+/// client without [`RetrySafetyMiddleware`](crate::RetrySafetyMiddleware)) is classified as
+/// an attempt's error is (a connect failure was not sent, a timeout may have been applied);
+/// any other middleware's error is ambiguous, since it may have failed after sending.
+///
+/// ```no_run
+/// # async fn demo(client: reqwest_middleware::ClientWithMiddleware) {
+/// use tower_retry_safety::MayHaveBeenApplied;
+///
+/// if let Err(err) = client.post("http://127.0.0.1:8080/v1/messages").send().await {
+///     if err.may_have_been_applied() {
+///         eprintln!("check the outbox before sending again: {err}");
+///     }
+/// }
+/// # }
+/// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
+impl MayHaveBeenApplied for reqwest_middleware::Error {
+    fn may_have_been_applied(&self) -> bool {
+        if let Some(ours) = Error::from_reqwest_middleware(self) {
+            return ours.is_ambiguous();
+        }
+        match self {
+            reqwest_middleware::Error::Reqwest(err) => !matches!(
+                classify_error(err),
+                FailureClass::NotSent | FailureClass::Final
+            ),
+            reqwest_middleware::Error::Middleware(_) => true,
+        }
+    }
+}
 
 impl Error {
     /// This crate's error inside a `reqwest_middleware::Error`, if it is one.

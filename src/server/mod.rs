@@ -116,7 +116,34 @@
 //! # Ok(()) }
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 //! ```
+//!
+//! # With axum
+//!
+//! `Router::layer` takes the layer as it is (it wraps each route). To wrap a whole `Router`
+//! for `axum::serve`, which takes only services that answer with axum's body type, use
+//! [`for_axum`](IdempotencyLayer::for_axum) (feature `axum`, axum 0.8):
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # async fn demo() -> std::io::Result<()> {
+//! use axum::{routing::post, Router};
+//! use tower::Layer;
+//! use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+//!
+//! let router = Router::new().route("/v1/messages", post(|| async { "sent" }));
+//! let app = IdempotencyLayer::new(MemoryStore::new()).for_axum().layer(router);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let serving =
+//! axum::serve(listener, tower::make::Shared::new(app));
+//! # drop(serving);
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/axum.rs` in the repository runs one, with a client that retries its writes
+//! through it (`cargo run --example axum --features axum`).
 
+#[cfg(feature = "axum")]
+mod axum;
 mod body;
 mod buffer;
 mod claim;
@@ -134,6 +161,10 @@ mod run;
 mod service;
 mod store;
 
+#[cfg(feature = "axum")]
+pub use self::axum::{
+    AxumIdempotencyLayer, AxumIdempotencyService, ResponseFuture as AxumResponseFuture,
+};
 pub use body::ResponseBody;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;

@@ -14,7 +14,7 @@ pub(crate) const BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-
 
 /// The hint our client (and Stainless-style SDKs) read: repeating this key only replays the
 /// same record, so there is nothing to gain from retrying it.
-const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+pub(crate) const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 const UNKNOWN: &str = "the first request with this Idempotency-Key was handed to its handler, \
 which ended without a response (it failed, timed out or panicked); it may have applied its \
@@ -84,9 +84,17 @@ pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBo
 
 pub(crate) fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
     let mut res = stored_response(&stored);
-    res.headers_mut().insert(
+    let server_error = res.status().is_server_error();
+    let headers = res.headers_mut();
+    headers.insert(
         config.replay_header.clone(),
         HeaderValue::from_static("true"),
     );
+    // A stored 5xx is replayed to every repeat of the key: a client that retries on 5xx
+    // would spend its retries on the same answer. The handler ran; say there is nothing to
+    // gain (any hint the handler gave is replaced).
+    if server_error {
+        headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
+    }
     res
 }

@@ -276,6 +276,11 @@ impl std::error::Error for StoreError {
 ///
 /// [`MemoryStore`](super::MemoryStore) is the embedded store; `RedisStore` (feature `redis`)
 /// the shared one.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an idempotency store",
+    label = "`IdempotencyLayer::new` takes a store",
+    note = "use `tower_retry_safety::server::MemoryStore::new()` in one process, or `RedisStore::connect(url).await?` (feature `redis`) for a fleet; or implement `IdempotencyStore` for your own store"
+)]
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Atomically: if `key` is free, mark it in flight with `fingerprint` under a fresh claim
     /// for `lease` and return [`Begin::Started`]; otherwise return what it holds.

@@ -16,6 +16,12 @@ use super::replay::{Recorded, ReplayBuffer};
 /// layer, are sent exactly once and are never refused before sending, and their report says
 /// [`StopReason::BodyNotReplayable`](crate::StopReason::BodyNotReplayable).
 ///
+/// A body type that is neither is refused at compile time, with a message that names
+/// [`Replayable::new`](crate::Replayable::new) and the bodies that work. rustc shows that message where it
+/// checks the bound itself (`Service::call`, a function that takes `impl Service<Request<B>>`);
+/// through `ServiceExt::oneshot` or `ready` it reports only that the method's trait bounds
+/// are not satisfied (E0599) by `RetrySafety<…>`: then the request body is the cause.
+///
 /// Implement it for your own body type: return a copy that yields the same bytes, or `None`;
 /// a streaming type can also record itself with [`Recorded::stream`].
 ///
@@ -33,6 +39,12 @@ use super::replay::{Recorded, ReplayBuffer};
 ///     }
 /// }
 /// ```
+#[diagnostic::on_unimplemented(
+    message = "the retry layer cannot send a `{Self}` request body again",
+    label = "this body type is not a `ReplayBody`",
+    note = "wrap a streaming body in `tower_retry_safety::Replayable::new(body)` and build the client for `Replayable<{Self}>`; it is then recorded up to the policy's `replay_buffer` for retries",
+    note = "bodies that work as they are: `Full<Bytes>`, `Empty<Bytes>`, `Bytes`, `String`, `Vec<u8>`, `BoxBody`, `UnsyncBoxBody`, `hyper::body::Incoming` (sent once), `reqwest::Body` (feature `reqwest-middleware`) and `axum::body::Body` (feature `axum`)"
+)]
 pub trait ReplayBody: Sized {
     /// A body that sends the same bytes again, or `None` if this body cannot be copied.
     fn try_clone_body(&self) -> Option<Self>;
@@ -139,3 +151,22 @@ never_replay!(
     [S] StreamBody<S>,
     [B] BodyStream<B>,
 );
+
+/// axum's `Body` (feature `axum`) is a stream: recorded as it is sent, as `BoxBody` is, so a
+/// client or proxy built for it can retry with it.
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+impl ReplayBody for axum_core::body::Body {
+    /// A stream: not copied, recorded (see [`Replayable`](crate::Replayable)).
+    fn try_clone_body(&self) -> Option<Self> {
+        None
+    }
+
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        Recorded::stream(
+            self,
+            buffer,
+            axum_core::body::Body::new::<crate::Replayable<axum_core::body::Body>>,
+        )
+    }
+}

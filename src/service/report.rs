@@ -16,6 +16,19 @@ pub struct AttemptRecord {
 }
 
 impl AttemptRecord {
+    /// Whether this attempt may have reached the server's application: any response but one
+    /// classified as proof that nothing was applied, and any failure after it may have been
+    /// sent.
+    fn may_have_been_applied(&self) -> bool {
+        match self.class {
+            FailureClass::NotSent => false,
+            FailureClass::Ambiguous | FailureClass::RetryableResponse => true,
+            // A final error (the request could not be built) was never sent; a final response
+            // came from the server.
+            FailureClass::Final => self.status.is_some(),
+        }
+    }
+
     /// How the attempt ended: [`FailureClass::Final`] for a success.
     pub fn class(&self) -> FailureClass {
         self.class
@@ -90,6 +103,65 @@ impl RetryReport {
         self.stop == StopReason::SuppressedNotIdempotent
     }
 
+    /// True when the request may have been applied by the server: some attempt reached it
+    /// (any response, unless it was classified as proof that nothing was applied: a
+    /// [`not_applied_statuses`](crate::RetryPolicyBuilder::not_applied_statuses) status or a
+    /// classifier's [`NotSent`](crate::FailureClass::NotSent)), or failed after it may have
+    /// been sent. False only when no attempt can have reached the server's application.
+    ///
+    /// This is the question to ask before telling a caller that a write did not happen. It
+    /// holds whatever stopped the retries: a suppressed retry, retries used up on 409 ("still
+    /// in flight") after a timed-out attempt, a [replay](StopReason::Replayed) of a stored
+    /// response (the server ran the write), an error response after an earlier ambiguous
+    /// attempt. A success was applied, so it answers true too. The same answer as
+    /// [`Error::is_ambiguous`](crate::Error::is_ambiguous) for the attempts an error ends.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    /// use tower::{service_fn, Layer, ServiceExt};
+    /// use tower_retry_safety::{RetryPolicy, RetryReport};
+    ///
+    /// let policy = RetryPolicy::builder().build()?;
+    /// let svc = policy.layer(service_fn(|_req: http::Request<String>| async {
+    ///     let res = http::Response::builder().status(503).body(String::new());
+    ///     Ok::<_, http::Error>(res?)
+    /// }));
+    /// let res = svc.oneshot(http::Request::post("/v1/messages").body(String::new())?).await?;
+    /// let report = RetryReport::of(&res).expect("the layer adds a report");
+    /// assert!(report.retry_suppressed());
+    /// assert!(report.may_have_been_applied()); // a 503 may come after the write
+    /// # Ok(()) }
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub fn may_have_been_applied(&self) -> bool {
+        self.records
+            .iter()
+            .any(AttemptRecord::may_have_been_applied)
+    }
+
+    /// True when the response is the server's replay of its stored response to an earlier
+    /// attempt with the same idempotency key ([`StopReason::Replayed`]): the server had already
+    /// run the request, and a repeat with the key gets the same answer. A replayed 5xx means
+    /// the write ran and then failed on the server: check the resource's state, and do not send
+    /// the request again with a new key.
+    pub fn replayed(&self) -> bool {
+        self.stop == StopReason::Replayed
+    }
+
+    /// True when the request carried a well-formed idempotency key that the policy does not
+    /// trust its target to honour, so the key did not make a repeat harmless: a write was
+    /// treated as one without a key. Trust a target with
+    /// [`honor_idempotency_key_for_host`](crate::RetryPolicyBuilder::honor_idempotency_key_for_host)
+    /// (or, for a route, [`route_honors_idempotency_key`](crate::RetryPolicyBuilder::route_honors_idempotency_key));
+    /// unscoped trust ([`honor_idempotency_key`](crate::RetryPolicyBuilder::honor_idempotency_key),
+    /// or minting keys with no host named) does not cover a request that a marker or a route
+    /// rule calls [`NonIdempotent`](crate::Idempotency::NonIdempotent).
+    pub fn idempotency_key_untrusted(&self) -> bool {
+        self.idempotency_key.is_some()
+            && !self.verdict.is_no_retry()
+            && !self.verdict.keys_honored()
+    }
+
     /// Why the request's body could not be sent again, when that is why retries stopped
     /// ([`StopReason::BodyNotReplayable`]): a stream the layer does not record, a body over
     /// the replay buffer's limit (with the limit), a response before the body's end…
@@ -144,7 +216,82 @@ impl fmt::Debug for RetryReport {
             .field("request_id", &self.request_id)
             .field("idempotency_key", &self.idempotency_key)
             .field("body_not_replayable", &self.body)
+            .field("may_have_been_applied", &self.may_have_been_applied())
+            .field(
+                "idempotency_key_untrusted",
+                &self.idempotency_key_untrusted(),
+            )
             .finish()
+    }
+}
+
+/// One sentence on how the request ended and what it means for a write: for a caller's own
+/// message or log line. It names no method, path or header value.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_retry_safety::{RetryPolicy, RetryReport};
+///
+/// let policy = RetryPolicy::builder().build()?;
+/// let svc = policy.layer(service_fn(|_req: http::Request<String>| async {
+///     // A server that honours keys replays its stored 503: the handler ran and failed.
+///     let res = http::Response::builder()
+///         .status(503)
+///         .header("idempotent-replayed", "true")
+///         .body(String::new());
+///     Ok::<_, http::Error>(res?)
+/// }));
+/// let req = http::Request::post("/v1/messages").header("idempotency-key", "\"k-1\"");
+/// let res = svc.oneshot(req.body(String::new())?).await?;
+/// let report = RetryReport::of(&res).expect("the layer adds a report");
+/// assert!(report.replayed());
+/// assert!(report.to_string().contains("had already run the request"));
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+/// ```
+impl fmt::Display for RetryReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let attempts = self.attempts();
+        let plural = if attempts == 1 { "" } else { "s" };
+        let status = self.records.iter().last().and_then(|r| r.status);
+        write!(f, "{attempts} attempt{plural}")?;
+        if let Some(status) = status {
+            write!(f, ", last answered {status}")?;
+        }
+        match self.stop {
+            StopReason::Replayed => {
+                f.write_str(
+                    "; the response is the server's replay of its stored response to an \
+                     earlier attempt with the same idempotency key: the server had already run \
+                     the request",
+                )?;
+                if status.is_some_and(|s| s.is_server_error()) {
+                    f.write_str(
+                        " and it failed there. Repeating the key gets the same answer; check \
+                         the resource's state before sending the request again with a new key",
+                    )?;
+                }
+            }
+            StopReason::SuppressedNotIdempotent => f.write_str(
+                "; not retried: the request is not idempotent and may have been applied",
+            )?,
+            reason => write!(f, "; stopped: {}", reason.as_str())?,
+        }
+        if self.stop != StopReason::Replayed {
+            f.write_str(if self.may_have_been_applied() {
+                "; it may have been applied"
+            } else {
+                "; it was not applied"
+            })?;
+        }
+        if self.idempotency_key_untrusted() && !self.verdict.repeat_is_harmless() {
+            f.write_str(
+                "; it carried an idempotency key that is not trusted for this target \
+                 (see `honor_idempotency_key_for_host`)",
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -3,4 +3,6 @@ pub mod fault_server;
 #[cfg(feature = "redis")]
 pub mod fleet;
 pub mod logs;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod script;
