@@ -125,15 +125,14 @@ impl Attempts {
             options,
             ..
         } = plan;
-        let inner = &policy.inner;
         let (deadline, attempt_timeout) = if outer_layer {
             (None, None)
         } else {
             (
-                options.and_then(|o| o.deadline).or(inner.deadline),
+                options.and_then(|o| o.deadline).or(policy.timeouts().0),
                 options
                     .and_then(|o| o.attempt_timeout)
-                    .or(inner.attempt_timeout),
+                    .or(policy.timeouts().1),
             )
         };
         if !outer_layer {
@@ -266,7 +265,7 @@ impl Attempts {
         if number > 1 {
             self.last_attempt_at = SystemTime::now();
         }
-        if let Some(name) = &self.policy.inner.attempt_header {
+        if let Some(name) = &self.policy.headers().attempt_header {
             headers.insert(name.clone(), HeaderValue::from(number));
         }
     }
@@ -280,7 +279,7 @@ impl Attempts {
         extensions: &Extensions,
     ) -> Decision {
         if self.request_id.is_none() {
-            if let Some(name) = &self.policy.inner.request_id_header {
+            if let Some(name) = &self.policy.headers().request_id_header {
                 self.request_id = printable(headers.get(name), MAX_REQUEST_ID_LEN);
             }
         }
@@ -326,7 +325,7 @@ impl Attempts {
             }
         }
         self.log(attempt, &outcome, status, decision);
-        if let Some(hook) = &self.policy.inner.on_attempt {
+        if let Some(hook) = self.policy.on_attempt() {
             (hook.0)(&AttemptEvent {
                 method: &self.target.method,
                 path: self.target.path(),

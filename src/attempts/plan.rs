@@ -72,11 +72,10 @@ impl Plan {
         headers: &HeaderMap,
         extensions: &Extensions,
     ) -> Self {
-        let inner = &policy.inner;
         let (key, request_id) = two_headers(
             headers,
-            &inner.idempotency_key_header,
-            inner.request_id_header.as_ref(),
+            &policy.headers().idempotency_key_header,
+            policy.headers().request_id_header.as_ref(),
         );
         let has_key_header = key.is_some();
         let key = key.and_then(idempotency_key::parse);
@@ -95,7 +94,7 @@ impl Plan {
     #[inline]
     pub(crate) fn mint_key(&mut self, policy: &RetryPolicy, headers: &mut HeaderMap) {
         if self.outer_layer
-            || !policy.inner.mint_idempotency_keys
+            || !policy.mints_keys()
             || self.verdict.idempotency() == Idempotency::Idempotent
             || self.has_key_header
         {
@@ -112,7 +111,7 @@ impl Plan {
     pub(super) fn max_retries(&self, policy: &RetryPolicy) -> u32 {
         self.options
             .and_then(|o| o.max_retries)
-            .unwrap_or(policy.inner.max_retries)
+            .unwrap_or(policy.max_retries())
     }
 
     /// Whether this layer could ever send the request again, so a copy is worth keeping.

@@ -19,6 +19,7 @@ pub(crate) mod response;
 pub(crate) mod retry_after;
 pub(crate) mod routes;
 mod spelling;
+pub(crate) mod statuses;
 mod symptom;
 
 pub(crate) use body_verdict::BodyVerdict;

@@ -1,15 +1,43 @@
 //! Response classification: retry set, the server's retry hint, Retry-After.
 
-use std::time::SystemTime;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
 use super::retry_after::{self, Hint};
+use super::statuses::StatusSet;
 use super::{Classification, FailureClass, RequestVerdict};
-use crate::policy::Inner;
+
+type ResponseHookFn = dyn Fn(StatusCode, &HeaderMap) -> Option<FailureClass> + Send + Sync;
+
+/// The caller's response classifier (see
+/// [`classify_responses_with`](crate::RetryPolicyBuilder::classify_responses_with)).
+#[derive(Clone)]
+pub(crate) struct ResponseHook(pub(crate) Arc<ResponseHookFn>);
+
+impl fmt::Debug for ResponseHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseHook(..)")
+    }
+}
+
+/// What a policy says about responses: which statuses are worth repeating, which prove
+/// nothing was applied, the caller's classifier, and the server's hints it reads.
+#[derive(Clone, Debug)]
+pub(crate) struct ResponseRules {
+    pub(crate) retry_statuses: StatusSet,
+    pub(crate) not_applied_statuses: StatusSet,
+    pub(crate) hook: Option<ResponseHook>,
+    /// The longest `Retry-After` waited for; a longer one ends the retries.
+    pub(crate) max_retry_after: Duration,
+    pub(crate) should_retry_header: Option<HeaderName>,
+    pub(crate) replay_header: Option<HeaderName>,
+}
 
 pub(crate) fn classify(
-    policy: &Inner,
+    policy: &ResponseRules,
     verdict: &RequestVerdict,
     status: StatusCode,
     headers: &HeaderMap,
@@ -29,7 +57,7 @@ pub(crate) fn classify(
     }
     // The caller's classifiers speak first, the one that read the body before the one that
     // saw the head: they know the API (even a 2xx may be worth repeating).
-    let hook = || policy.response_hook.as_ref()?.0(status, headers);
+    let hook = || policy.hook.as_ref()?.0(status, headers);
     if let Some(class) = body_verdict.or_else(hook) {
         return match class {
             FailureClass::Final => FailureClass::Final.into(),
@@ -65,7 +93,7 @@ pub(crate) fn classify(
 
 /// `class` with the server's `Retry-After`; a hint above the policy's cap makes it final.
 fn with_hint(
-    policy: &Inner,
+    policy: &ResponseRules,
     class: FailureClass,
     headers: &HeaderMap,
     now: impl FnOnce() -> SystemTime,

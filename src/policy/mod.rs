@@ -7,7 +7,6 @@ mod events;
 mod host_routes;
 mod key_trust;
 mod options;
-mod statuses;
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,10 +24,10 @@ pub use options::RequestOptions;
 
 use crate::backoff::Backoff;
 use crate::classify::host::RequestHost;
+use crate::classify::response::{self, ResponseRules};
 use crate::classify::routes::RouteTable;
 use crate::classify::{idempotency_key, Classification, Idempotency, NoRetry, RequestVerdict};
-use crate::classify::{response, BodyVerdict, FailureClass, VerdictSource};
-use statuses::StatusSet;
+use crate::classify::{BodyVerdict, FailureClass, VerdictSource};
 
 /// The retry-safety policy: which requests may be repeated, after which failures, how often
 /// and how long to wait.
@@ -54,42 +53,31 @@ pub struct RetryPolicy {
     pub(crate) inner: Arc<Inner>,
 }
 
-pub(crate) struct Inner {
-    pub(crate) max_retries: u32,
-    pub(crate) routes: RouteTable,
-    pub(crate) host_routes: host_routes::HostRoutes,
-    pub(crate) key_trust: key_trust::KeyTrust,
-    pub(crate) mint_idempotency_keys: bool,
+/// The headers a policy reads and writes.
+#[derive(Clone, Debug)]
+pub(crate) struct Headers {
     pub(crate) idempotency_key_header: HeaderName,
-    pub(crate) backoff: Backoff,
-    pub(crate) jitter: bool,
-    pub(crate) retry_statuses: StatusSet,
-    pub(crate) not_applied_statuses: StatusSet,
-    pub(crate) response_hook: Option<ResponseHook>,
-    pub(crate) on_attempt: Option<AttemptHook>,
-    pub(crate) max_retry_after: Duration,
-    pub(crate) deadline: Option<Duration>,
-    pub(crate) attempt_timeout: Option<Duration>,
-    pub(crate) replay_buffer: usize,
-    pub(crate) budget: Option<Arc<dyn Budget + Send + Sync>>,
-    pub(crate) should_retry_header: Option<HeaderName>,
-    pub(crate) replay_header: Option<HeaderName>,
     pub(crate) request_id_header: Option<HeaderName>,
     pub(crate) attempt_header: Option<HeaderName>,
 }
 
-type ResponseHookFn =
-    dyn Fn(http::StatusCode, &HeaderMap) -> Option<crate::FailureClass> + Send + Sync;
-
-/// The caller's response classifier (see
-/// [`classify_responses_with`](RetryPolicyBuilder::classify_responses_with)).
-#[derive(Clone)]
-pub(crate) struct ResponseHook(pub(crate) Arc<ResponseHookFn>);
-
-impl fmt::Debug for ResponseHook {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("ResponseHook(..)")
-    }
+/// A policy's settings, built and checked. Private to `policy/`: the rest of the crate reads
+/// them through `RetryPolicy`'s narrow methods.
+pub(crate) struct Inner {
+    max_retries: u32,
+    routes: RouteTable,
+    host_routes: host_routes::HostRoutes,
+    key_trust: key_trust::KeyTrust,
+    mint_idempotency_keys: bool,
+    backoff: Backoff,
+    jitter: bool,
+    responses: ResponseRules,
+    on_attempt: Option<AttemptHook>,
+    deadline: Option<Duration>,
+    attempt_timeout: Option<Duration>,
+    replay_buffer: usize,
+    budget: Option<Arc<dyn Budget + Send + Sync>>,
+    headers: Headers,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -100,27 +88,63 @@ impl fmt::Debug for RetryPolicy {
             .field("routes", &i.routes.len())
             .field("key_trust", &i.key_trust)
             .field("mint_idempotency_keys", &i.mint_idempotency_keys)
-            .field("idempotency_key_header", &i.idempotency_key_header)
+            .field("idempotency_key_header", &i.headers.idempotency_key_header)
             .field("backoff", &(i.backoff.initial, i.backoff.max))
             .field("jitter", &i.jitter)
-            .field("retry_statuses", &i.retry_statuses)
-            .field("not_applied_statuses", &i.not_applied_statuses)
-            .field("response_hook", &i.response_hook.as_ref().map(|_| "set"))
+            .field("retry_statuses", &i.responses.retry_statuses)
+            .field("not_applied_statuses", &i.responses.not_applied_statuses)
+            .field("response_hook", &i.responses.hook.as_ref().map(|_| "set"))
             .field("on_attempt", &i.on_attempt.as_ref().map(|_| "set"))
-            .field("max_retry_after", &i.max_retry_after)
+            .field("max_retry_after", &i.responses.max_retry_after)
             .field("deadline", &i.deadline)
             .field("attempt_timeout", &i.attempt_timeout)
             .field("replay_buffer", &i.replay_buffer)
             .field("budget", &i.budget.as_ref().map(|_| "enabled"))
-            .field("should_retry_header", &i.should_retry_header)
-            .field("replay_header", &i.replay_header)
-            .field("request_id_header", &i.request_id_header)
-            .field("attempt_header", &i.attempt_header)
+            .field("should_retry_header", &i.responses.should_retry_header)
+            .field("replay_header", &i.responses.replay_header)
+            .field("request_id_header", &i.headers.request_id_header)
+            .field("attempt_header", &i.headers.attempt_header)
             .finish()
     }
 }
 
 impl RetryPolicy {
+    /// The headers the policy reads and writes.
+    #[inline]
+    pub(crate) fn headers(&self) -> &Headers {
+        &self.inner.headers
+    }
+
+    /// Retries allowed per request, unless its options say otherwise.
+    #[inline]
+    pub(crate) fn max_retries(&self) -> u32 {
+        self.inner.max_retries
+    }
+
+    /// Whether the policy mints idempotency keys for writes.
+    #[inline]
+    pub(crate) fn mints_keys(&self) -> bool {
+        self.inner.mint_idempotency_keys
+    }
+
+    /// The request's deadline and each attempt's timeout, unless its options say otherwise.
+    #[inline]
+    pub(crate) fn timeouts(&self) -> (Option<Duration>, Option<Duration>) {
+        (self.inner.deadline, self.inner.attempt_timeout)
+    }
+
+    /// The replay buffer's limit, in bytes.
+    #[inline]
+    pub(crate) fn replay_buffer(&self) -> usize {
+        self.inner.replay_buffer
+    }
+
+    /// The caller's attempt hook, if any.
+    #[inline]
+    pub(crate) fn on_attempt(&self) -> Option<&AttemptHook> {
+        self.inner.on_attempt.as_ref()
+    }
+
     /// A builder with safe defaults; each setter documents its default.
     pub fn builder() -> RetryPolicyBuilder {
         RetryPolicyBuilder::new()
@@ -209,7 +233,7 @@ impl RetryPolicy {
         // as the report shows any key: the sf-string's content, without its quotes.
         let value = HeaderValue::from_bytes(&text).ok()?;
         let key = std::str::from_utf8(&text[1..=LEN]).ok()?.into();
-        headers.insert(self.inner.idempotency_key_header.clone(), value);
+        headers.insert(self.inner.headers.idempotency_key_header.clone(), value);
         Some(key)
     }
 
@@ -217,7 +241,7 @@ impl RetryPolicy {
     /// policy honours keys).
     pub(crate) fn idempotency_key<'h>(&self, headers: &'h HeaderMap) -> Option<&'h str> {
         headers
-            .get(&self.inner.idempotency_key_header)
+            .get(&self.inner.headers.idempotency_key_header)
             .and_then(idempotency_key::parse)
     }
 
@@ -267,7 +291,7 @@ impl RetryPolicy {
         body_verdict: Option<FailureClass>,
     ) -> Classification {
         response::classify(
-            &self.inner,
+            &self.inner.responses,
             verdict,
             status,
             headers,

@@ -117,7 +117,7 @@ impl Middleware for RetrySafetyMiddleware {
         );
         plan.mint_key(policy, req.headers_mut());
         let kept = if plan.may_retry(policy) {
-            keep_request(&mut req, policy.inner.replay_buffer)
+            keep_request(&mut req, policy.replay_buffer())
         } else {
             Err(NotReplayable::Stream)
         };

@@ -1,6 +1,6 @@
-//! Keeping a claim alive: renewing its lease while the handler runs, on a schedule of its own,
-//! and holding the key while an outcome that the store refused is tried again. A claim whose
-//! lease lapses after its handler ran would free the key, so neither may be left to chance.
+//! Keeping a claim alive: renewing its lease while the handler runs, on a schedule of its own.
+//! A claim whose lease lapses while its handler runs frees the key for a second run, so this
+//! may not be left to chance.
 //!
 //! Renewal does not depend on how the handler yields: a task of the layer's own (the
 //! *ticker*), one per tokio runtime the layer serves on, wakes on its own timer every twelfth
@@ -28,8 +28,7 @@ use std::time::Duration;
 use tokio::runtime::Id as RuntimeId;
 use tokio::time::{Instant, Sleep};
 
-use super::claim::Claimed;
-use super::store::{Claim, IdempotencyStore, StoredResponse};
+use super::store::{Claim, IdempotencyStore};
 use crate::target::cap;
 
 /// The ticker wakes this many times per lease.
@@ -123,13 +122,15 @@ impl<St: IdempotencyStore> Renewals<St> {
         Instant::now()
     }
 
-    /// Holds `c`'s claim (asked of the store at `sent`) until the returned guard is stopped or
+    /// Holds `claim` on `key` (`shown` in logs; asked of the store at `sent`) until the returned guard is stopped or
     /// dropped, renewing its lease meanwhile from a ticker on the current runtime. `Err` on a
     /// runtime without a timer, where no ticker can run (the claim may still be released:
     /// nothing ran). Outside a runtime nothing is renewed.
     pub(crate) fn hold(
         self: &Arc<Self>,
-        c: &Claimed<St>,
+        key: &Arc<str>,
+        shown: &Arc<str>,
+        claim: Claim,
         sent: Instant,
     ) -> Result<Renewal<St>, NoTimer> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -153,9 +154,9 @@ impl<St: IdempotencyStore> Renewals<St> {
         let serial = held.serial;
         held.serial += 1;
         let slot = Slot {
-            key: c.key.clone(),
-            shown: c.shown.clone(),
-            claim: c.claim,
+            key: key.clone(),
+            shown: shown.clone(),
+            claim,
             serial,
         };
         let index = match held.free.pop() {
@@ -356,52 +357,4 @@ async fn renew<St: IdempotencyStore>(
             call as Pin<Box<dyn Future<Output = ()> + Send>>,
         ));
     }
-}
-
-/// Holds the key in flight (renewing its lease) and, from a task of its own, tries to store
-/// `record` again until it is stored, the claim is taken over (a store outage longer than the
-/// lease), or the key's TTL has passed.
-pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredResponse) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(
-            key = cap(&c.shown, 64),
-            "idempotency outcome not stored outside a runtime: the key stays in flight until its lease ends"
-        );
-        return;
-    };
-    runtime.spawn(async move {
-        let lease = c.config.lease;
-        let give_up = Instant::now().checked_add(c.config.ttl);
-        let mut wait = Duration::from_millis(100);
-        loop {
-            match c
-                .store
-                .complete(&c.key, c.claim, c.fingerprint, record.clone(), c.config.ttl)
-                .await
-            {
-                Ok(()) => {
-                    tracing::info!(key = cap(&c.shown, 64), "idempotency outcome stored after a retry");
-                    return;
-                }
-                Err(err) if err.is_fenced() => {
-                    tracing::warn!(key = cap(&c.shown, 64), "idempotency claim taken over before its outcome was stored (the store was out longer than the lease)");
-                    return;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "idempotency outcome not stored yet; the key is held in flight");
-                    if let Err(err) = c.store.renew(&c.key, c.claim, lease).await {
-                        if err.is_fenced() {
-                            return;
-                        }
-                    }
-                }
-            }
-            if give_up.is_some_and(|end| Instant::now() >= end) {
-                tracing::warn!(key = cap(&c.shown, 64), "idempotency outcome never stored within the key's TTL; the key is freed when its lease ends");
-                return;
-            }
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(lease / 3);
-        }
-    });
 }

@@ -9,18 +9,20 @@
 
 use std::future::{poll_fn, Future};
 use std::task::Poll;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::buffer::{buffer, Buffered};
 use super::claim::Claimed;
 use super::detach::DetachOnDrop;
 use super::outcome;
-use super::renewal::{self, Renewal};
+use super::renewal::Renewal;
 use super::store::{IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
 use crate::target::cap;
@@ -204,7 +206,7 @@ impl<St: IdempotencyStore> Pending<St> {
         } else {
             record
         };
-        renewal::settle(c, record);
+        settle(c, record);
     }
 
     /// Frees the key: the handler answered a server error and the layer was told not to keep
@@ -229,9 +231,57 @@ fn complete<St: IdempotencyStore>(
 impl<St: IdempotencyStore> Drop for Pending<St> {
     fn drop(&mut self) {
         if let Some(c) = self.claimed.take() {
-            renewal::settle(c, outcome::unknown());
+            settle(c, outcome::unknown());
         }
     }
+}
+
+/// Holds the key in flight (renewing its lease) and, from a task of its own, tries to store
+/// `record` again until it is stored, the claim is taken over (a store outage longer than the
+/// lease), or the key's TTL has passed.
+pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredResponse) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(
+            key = cap(&c.shown, 64),
+            "idempotency outcome not stored outside a runtime: the key stays in flight until its lease ends"
+        );
+        return;
+    };
+    runtime.spawn(async move {
+        let lease = c.config.lease;
+        let give_up = Instant::now().checked_add(c.config.ttl);
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match c
+                .store
+                .complete(&c.key, c.claim, c.fingerprint, record.clone(), c.config.ttl)
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(key = cap(&c.shown, 64), "idempotency outcome stored after a retry");
+                    return;
+                }
+                Err(err) if err.is_fenced() => {
+                    tracing::warn!(key = cap(&c.shown, 64), "idempotency claim taken over before its outcome was stored (the store was out longer than the lease)");
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "idempotency outcome not stored yet; the key is held in flight");
+                    if let Err(err) = c.store.renew(&c.key, c.claim, lease).await {
+                        if err.is_fenced() {
+                            return;
+                        }
+                    }
+                }
+            }
+            if give_up.is_some_and(|end| Instant::now() >= end) {
+                tracing::warn!(key = cap(&c.shown, 64), "idempotency outcome never stored within the key's TTL; the key is freed when its lease ends");
+                return;
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(lease / 3);
+        }
+    });
 }
 
 #[cfg(test)]

@@ -220,7 +220,7 @@ where
             claim,
             fingerprint,
         };
-        let Ok(renewal) = renewals.hold(&claimed, sent) else {
+        let Ok(renewal) = renewals.hold(&claimed.key, &claimed.shown, claimed.claim, sent) else {
             // Nothing ran: the claim may be freed.
             tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
             let _ = claimed.store.release(&claimed.key, claimed.claim).await;

@@ -310,7 +310,7 @@ fn record<B: ReplayBody>(
     kept: &mut Option<Kept<B>>,
     why_not: &mut Result<(), NotReplayable>,
 ) -> B {
-    let (body, tape) = keep_stream(body, headers, policy.inner.replay_buffer);
+    let (body, tape) = keep_stream(body, headers, policy.replay_buffer());
     match tape {
         Ok(tape) => *kept = Some(tape),
         Err(why) => *why_not = Err(why),
