@@ -126,8 +126,9 @@ impl Error {
     }
 
     /// True when the request may have been applied by the server: some attempt was sent and
-    /// its outcome is unknown, or the server answered. Check the execution log or the
-    /// provider's state before retrying it by hand.
+    /// its outcome is unknown, or the server answered. Check the resource's state before
+    /// retrying it by hand (an SDK that runs tools would check its execution log, or the
+    /// provider's state).
     pub fn is_ambiguous(&self) -> bool {
         matches!(
             self.inner.kind,
@@ -269,8 +270,7 @@ impl fmt::Debug for Error {
 const UNTRUSTED_KEY: &str = " It carried an idempotency key that is not trusted for this target, \
 so the key did not make a retry safe; see `honor_idempotency_key_for_host`.";
 
-const CHECK_FIRST: &str =
-    "Check the execution log or the provider's state before retrying it by hand.";
+const CHECK_FIRST: &str = "Check the resource's state on the server before retrying it by hand.";
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -533,8 +533,8 @@ async fn suppressed_error_predicates_and_display() {
     assert_eq!(
         err.to_string(),
         "POST /v1/tools/execute/GMAIL_SEND_EMAIL was not retried: it is not idempotent and the \
-         attempt timed out after it was sent, so it may have been applied. Check the execution \
-         log or the provider's state before retrying it by hand. It carried an idempotency key \
+         attempt timed out after it was sent, so it may have been applied. Check the resource's \
+         state on the server before retrying it by hand. It carried an idempotency key \
          that is not trusted for this target, so the key did not make a retry safe; see \
          `honor_idempotency_key_for_host`."
     );
@@ -587,7 +587,7 @@ async fn no_retry_error_says_what_to_do() {
         err.to_string(),
         "POST /v1/tools/execute/GMAIL_SEND_EMAIL failed on its only attempt (it is marked \
          NoRetry): the attempt lost its connection after it was sent, so it may have been \
-         applied. Check the execution log or the provider's state before retrying it by hand."
+         applied. Check the resource's state on the server before retrying it by hand."
     );
 }
 

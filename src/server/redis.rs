@@ -13,25 +13,26 @@ use super::store::{
 
 /// Compare-and-set on the claim, then act: every script reads and writes one key only, so it
 /// runs unchanged on Redis Cluster and Valkey. `ARGV[1]` is the claim's record prefix
-/// (version, kind, token).
+/// (version, kind, token: `record::HOLDER_LEN` bytes), compared at its own length, so the
+/// scripts hold no copy of the record format.
 ///
 /// `COMPLETE` writes the completed record (`ARGV[2]`) if the key holds the claim, or nothing
 /// (the claim's lease ran out and no one claimed the key since: the outcome is kept, not lost).
 const COMPLETE: &str = r"
 local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, 10) ~= ARGV[1] then return 0 end
+if v and string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1";
 
 const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
-if (not v) or string.sub(v, 1, 10) ~= ARGV[1] then return 0 end
+if (not v) or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1";
 
 const RELEASE: &str = r"
 local v = redis.call('GET', KEYS[1])
-if (not v) or string.sub(v, 1, 10) ~= ARGV[1] then return 0 end
+if (not v) or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 return 1";
 
