@@ -122,10 +122,12 @@ impl<St: IdempotencyStore> Renewals<St> {
         Instant::now()
     }
 
-    /// Holds `claim` on `key` (`shown` in logs; asked of the store at `sent`) until the returned guard is stopped or
-    /// dropped, renewing its lease meanwhile from a ticker on the current runtime. `Err` on a
-    /// runtime without a timer, where no ticker can run (the claim may still be released:
-    /// nothing ran). Outside a runtime nothing is renewed.
+    /// Holds `claim` on `key` (`shown` in logs; asked of the store at `sent`) until the
+    /// returned guard is stopped or dropped, renewing its lease meanwhile from a ticker on the
+    /// current runtime. A claim whose store answered so late that its first renewal is already
+    /// due is renewed at once, not at the ticker's next wake. `Err` on a runtime without a
+    /// timer, where no ticker can run (the claim may still be released: nothing ran). Outside
+    /// a runtime nothing is renewed.
     pub(crate) fn hold(
         self: &Arc<Self>,
         key: &Arc<str>,
@@ -169,9 +171,18 @@ impl<St: IdempotencyStore> Renewals<St> {
                 held.slots.len() - 1
             }
         };
-        held.due
-            .push(Reverse((sent + self.lease / EVERY, index, serial)));
+        let mut due = sent + self.lease / EVERY;
+        let now = Instant::now();
+        let late = now >= due;
+        if late {
+            due = now + self.lease / EVERY;
+        }
+        held.due.push(Reverse((due, index, serial)));
         drop(runtimes);
+        if late {
+            let (renewals, key, shown) = (self.clone(), key.clone(), shown.clone());
+            drop(handle.spawn(async move { renew(&renewals, key, shown, claim).await }));
+        }
         if let Some(first) = first {
             // The guard goes into the task before it is spawned: a task that the runtime drops
             // unpolled (it was shutting down) still clears `ticking` for its runtime.
@@ -186,7 +197,7 @@ impl<St: IdempotencyStore> Renewals<St> {
             renewals: Some((self.clone(), runtime)),
             index,
             serial,
-            started: start_ticker,
+            spawned: start_ticker || late,
         })
     }
 
@@ -246,7 +257,7 @@ pub(crate) struct Renewal<St: IdempotencyStore> {
     renewals: Option<(Arc<Renewals<St>>, RuntimeId)>,
     index: usize,
     serial: u64,
-    started: bool,
+    spawned: bool,
 }
 
 impl<St: IdempotencyStore> Renewal<St> {
@@ -256,16 +267,16 @@ impl<St: IdempotencyStore> Renewal<St> {
             renewals: None,
             index: 0,
             serial: 0,
-            started: false,
+            spawned: false,
         }
     }
 
-    /// This claim started its runtime's ticker. The ticker is then only queued on this thread:
-    /// on a multi-thread runtime tokio keeps a task spawned from a worker in a slot no other
-    /// worker takes from, so a handler that never yields would keep the ticker from its first
-    /// poll. The caller yields once before the handler runs.
-    pub(crate) fn started_ticker(&self) -> bool {
-        self.started
+    /// This claim spawned a task (its runtime's ticker, or its own first renewal). The task is
+    /// then only queued on this thread: on a multi-thread runtime tokio keeps a task spawned
+    /// from a worker in a slot no other worker takes from, so a handler that never yields
+    /// would keep it from its first poll. The caller yields once before the handler runs.
+    pub(crate) fn spawned_task(&self) -> bool {
+        self.spawned
     }
 
     /// Stops renewing (the outcome is about to be stored: a renewal then would be refused).

@@ -74,9 +74,9 @@ where
     async move {
         let limit = claimed.config.max_response_bytes;
         let store_server_errors = claimed.config.store_server_errors;
-        if renewal.started_ticker() {
+        if renewal.spawned_task() {
             // Let the ticker this claim just spawned have its first poll (see
-            // `Renewal::started_ticker`): woken at once, this task goes to the back of the
+            // `Renewal::spawned_task`): woken at once, this task goes to the back of the
             // queue, behind it.
             let mut yielded = false;
             poll_fn(|cx| {
