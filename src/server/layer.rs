@@ -44,8 +44,8 @@ impl std::fmt::Debug for Scope {
 /// Clones share the store (behind an `Arc`).
 #[derive(Debug)]
 pub struct IdempotencyLayer<St> {
-    store: Arc<St>,
-    config: Arc<Config>,
+    pub(crate) store: Arc<St>,
+    pub(crate) config: Arc<Config>,
 }
 
 impl<St> Clone for IdempotencyLayer<St> {

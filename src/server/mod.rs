@@ -111,11 +111,14 @@
 //! ```
 
 mod body;
+mod derive;
 mod detach;
 mod layer;
 mod memory;
 mod outcome;
-#[cfg(feature = "redis")]
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
@@ -125,8 +128,14 @@ mod service;
 mod store;
 
 pub use body::ResponseBody;
+pub use derive::{DerivedKey, RequestKey};
 pub use layer::IdempotencyLayer;
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, PostgresStore,
+    TransactionError, SCHEMA,
+};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use service::IdempotencyService;

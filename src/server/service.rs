@@ -10,6 +10,7 @@ use http_body_util::{BodyExt, Either, Full};
 use tower_service::Service;
 
 use super::layer::Config;
+use super::derive::RequestKey;
 use super::run::{self, Claimed};
 use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::ResponseBody;
@@ -103,7 +104,7 @@ where
     }
 }
 
-fn reply<B>(status: StatusCode, message: &'static str) -> Response<ResponseBody<B>> {
+pub(crate) fn reply<B>(status: StatusCode, message: &'static str) -> Response<ResponseBody<B>> {
     let mut res = Response::new(ResponseBody::full(Bytes::from_static(message.as_bytes())));
     *res.status_mut() = status;
     res.headers_mut().insert(
@@ -204,6 +205,10 @@ where
         };
 
         // From here on the handler runs and its outcome is kept, even if this request goes away.
+        let mut parts = parts;
+        parts
+            .extensions
+            .insert(RequestKey::new(key.clone(), shown.clone()));
         let claimed = Claimed {
             store,
             config,
@@ -221,13 +226,13 @@ where
     }
 }
 
-enum ReadError {
+pub(crate) enum ReadError {
     TooLarge,
     Failed,
 }
 
 /// A request body, read whole up to `limit` bytes (trailers are not part of it).
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
+pub(crate) async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ReadError>
 where
     B: Body<Data = Bytes>,
 {
@@ -287,7 +292,7 @@ impl Chunks {
 
 /// The stored key of a scoped request: a hash of the scope (which may be a secret, such as an
 /// API key: it never reaches a store's key names or a log in clear), then the client's key.
-fn scoped_key(scope: &str, key: &str) -> String {
+pub(crate) fn scoped_key(scope: &str, key: &str) -> String {
     use sha2::{Digest, Sha256};
     use std::fmt::Write;
     let digest = Sha256::digest(scope.as_bytes());
@@ -309,7 +314,7 @@ pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBo
     res
 }
 
-fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
+pub(crate) fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
     let mut res = stored_response(&stored);
     res.headers_mut().insert(
         config.replay_header.clone(),
