@@ -121,7 +121,20 @@ where
 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
+    tokio::spawn(serve_on(listener, svc));
+    addr
+}
+
+/// Serves `svc` on `listener` until the runtime ends.
+pub async fn serve_on<S, B>(listener: TcpListener, svc: S)
+where
+    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
@@ -134,8 +147,7 @@ where
                     .await;
             });
         }
-    });
-    addr
+    }
 }
 
 pub fn client() -> Client<HttpConnector, Full<Bytes>> {
