@@ -53,12 +53,11 @@ async fn handler(calls: Arc<Calls>, req: Req) -> Result<Response<Full<Bytes>>, B
         *res.status_mut() = StatusCode::CONFLICT;
         return Ok(res);
     }
-    let id: i64 =
-        sqlx::query_scalar("INSERT INTO orders (key, note) VALUES ($1, $2) RETURNING id")
-            .bind(&key)
-            .bind(&note)
-            .fetch_one(&mut *conn)
-            .await?;
+    let id: i64 = sqlx::query_scalar("INSERT INTO orders (key, note) VALUES ($1, $2) RETURNING id")
+        .bind(&key)
+        .bind(&note)
+        .fetch_one(&mut *conn)
+        .await?;
     if sleep_ms > 0 {
         tokio::time::sleep(Duration::from_millis(sleep_ms)).await;
     }
@@ -149,13 +148,20 @@ async fn a_concurrent_repeat_gets_409_at_once_never_waits() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let c = client();
     let started = Instant::now();
-    let repeat = post(&c, addr, "/orders?sleep=800", &key, "x").await.unwrap();
+    let repeat = post(&c, addr, "/orders?sleep=800", &key, "x")
+        .await
+        .unwrap();
     let waited = started.elapsed();
     assert_eq!(repeat.0, 409);
-    assert!(waited < Duration::from_millis(200), "the repeat waited {waited:?}");
+    assert!(
+        waited < Duration::from_millis(200),
+        "the repeat waited {waited:?}"
+    );
     let first = first.await.unwrap().unwrap();
     assert_eq!((first.0, first.1), (201, false));
-    let replay = post(&c, addr, "/orders?sleep=800", &key, "x").await.unwrap();
+    let replay = post(&c, addr, "/orders?sleep=800", &key, "x")
+        .await
+        .unwrap();
     assert_eq!(replay, (201, true, first.2));
     assert_eq!(orders(&db, &key).await, 1);
     println!("409 for a concurrent repeat in {waited:?}");
@@ -172,7 +178,11 @@ async fn a_handler_that_fails_or_panics_after_its_write_leaves_nothing() {
         // The first run writes, then fails (hyper closes the connection on the error) or
         // panics: rolled back, the key stays free.
         assert!(post(&c, addr, path, &key, "x").await.is_err(), "{path}");
-        assert_eq!(orders(&db, &key).await, 0, "{path}: the write was rolled back");
+        assert_eq!(
+            orders(&db, &key).await,
+            0,
+            "{path}: the write was rolled back"
+        );
         assert_eq!(keys_for(&db, &key).await, 0, "{path}: the key is free");
         // The repeat runs on a clean slate.
         let again = post(&c, addr, path, &key, "x").await.unwrap();
@@ -191,7 +201,9 @@ async fn a_handler_that_commits_itself_is_a_reported_error_never_a_second_run() 
     let key = fresh("k");
     let first = post(&c, addr, "/commit-itself", &key, "x").await.unwrap();
     assert_eq!(first.0, 500);
-    assert!(first.2.contains("ended the request's database transaction itself"));
+    assert!(first
+        .2
+        .contains("ended the request's database transaction itself"));
     // Its write committed (by its own COMMIT); the key keeps the unknown outcome.
     assert_eq!(orders(&db, &key).await, 1);
     let again = post(&c, addr, "/commit-itself", &key, "x").await.unwrap();
@@ -224,7 +236,9 @@ async fn a_client_that_goes_away_leaves_the_run_to_commit() {
     assert!(gone.is_err(), "the client gave up");
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(orders(&db, &key).await, 1);
-    let again = post(&c, addr, "/orders?sleep=400", &key, "x").await.unwrap();
+    let again = post(&c, addr, "/orders?sleep=400", &key, "x")
+        .await
+        .unwrap();
     assert_eq!((again.0, again.1), (201, true));
     assert_eq!(orders(&db, &key).await, 1);
 }
@@ -301,8 +315,9 @@ async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
             let c = client();
             let mut conflicts = 0;
             loop {
-                let (status, replayed, body) =
-                    post(&c, addr, "/orders?sleep=300", &key, "x").await.unwrap();
+                let (status, replayed, body) = post(&c, addr, "/orders?sleep=300", &key, "x")
+                    .await
+                    .unwrap();
                 if status == 409 {
                     conflicts += 1;
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -331,4 +346,49 @@ async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
     assert_eq!(saw_409, 63, "every repeat met the run in flight first");
     assert_eq!(bodies.len(), 1, "every caller got the same response");
     assert_eq!(orders(&db, &key).await, 1);
+}
+
+/// The axum extractors find the request's key and transaction where the layer put them.
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn axum_extractors_take_the_key_and_the_transaction() {
+    use axum_core::extract::FromRequestParts;
+    use axum_core::response::IntoResponse;
+    let db = TestDb::new().await;
+    let store = PostgresStore::from_pool(db.pool(4).await);
+    store.migrate().await.unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store).atomic())
+        .service(service_fn(|req: Req| async move {
+            let (mut parts, _body) = req.into_parts();
+            let key = match RequestKey::from_request_parts(&mut parts, &()).await {
+                Ok(key) => key,
+                Err(rejection) => {
+                    let res = rejection.into_response();
+                    let mut out = Response::new(Full::new(Bytes::from("rejected")));
+                    *out.status_mut() = res.status();
+                    return Ok::<_, BoxError>(out);
+                }
+            };
+            let tx = KeyTransaction::from_request_parts(&mut parts, &())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut conn = tx.acquire().await?;
+            sqlx::query("INSERT INTO orders (key, note) VALUES ($1, 'axum')")
+                .bind(key.as_str())
+                .execute(&mut *conn)
+                .await?;
+            Ok(Response::new(Full::new(Bytes::from("ok"))))
+        }));
+    let addr = serve(svc).await;
+    let c = client();
+    let key = fresh("k");
+    assert_eq!(post(&c, addr, "/", &key, "x").await.unwrap().0, 200);
+    assert!(post(&c, addr, "/", &key, "x").await.unwrap().1, "replayed");
+    assert_eq!(orders(&db, &key).await, 1);
+    // Without a key: the extractor's 400.
+    let req = Request::post(format!("http://{addr}/"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(c.request(req).await.unwrap().status(), 400);
 }

@@ -77,7 +77,11 @@ async fn child_handler(
     provider: String,
     req: Req,
 ) -> Result<Response<Full<Bytes>>, BoxError> {
-    let key = req.extensions().get::<RequestKey>().cloned().ok_or("no key")?;
+    let key = req
+        .extensions()
+        .get::<RequestKey>()
+        .cloned()
+        .ok_or("no key")?;
     let tx = KeyTransaction::of(&req).cloned().ok_or("no transaction")?;
     let mut conn = tx.acquire().await?;
     let id: i64 =
@@ -222,9 +226,7 @@ async fn provider() -> (SocketAddr, Arc<AtomicU32>, Arc<AtomicU32>) {
         .service(service_fn(move |_req: Req| {
             let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
             async move {
-                Ok::<_, BoxError>(Response::new(Full::new(Bytes::from(format!(
-                    "charge {n}"
-                )))))
+                Ok::<_, BoxError>(Response::new(Full::new(Bytes::from(format!("charge {n}")))))
             }
         }));
     let seen = reached.clone();
@@ -307,7 +309,10 @@ async fn killed_after_the_providers_charge_runs_again_and_the_provider_replays()
     assert!(out.last.2.ends_with("charge 1"), "{}", out.last.2);
     assert_eq!(out.orders, 1);
     assert_eq!(out.applied, 1, "the provider applied the charge once");
-    assert_eq!(out.reached, 2, "the re-run's charge reached the provider, replayed");
+    assert_eq!(
+        out.reached, 2,
+        "the re-run's charge reached the provider, replayed"
+    );
 }
 
 #[tokio::test]

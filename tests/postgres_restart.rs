@@ -37,7 +37,9 @@ impl OwnPostgres {
             .filter(|p| p.join("initdb").exists())
             .collect();
         found.sort();
-        found.pop().expect("an initdb under /usr/lib/postgresql/*/bin")
+        found
+            .pop()
+            .expect("an initdb under /usr/lib/postgresql/*/bin")
     }
 
     /// `args` run as the `postgres` user if this process is root (initdb refuses root).
@@ -97,7 +99,16 @@ impl OwnPostgres {
         let log = self.dir.join("log").display().to_string();
         let started = self.run(
             "pg_ctl",
-            &["-D", &self.data(), "-o", &options, "-l", &log, "-w", "start"],
+            &[
+                "-D",
+                &self.data(),
+                "-o",
+                &options,
+                "-l",
+                &log,
+                "-w",
+                "start",
+            ],
         );
         assert!(started.status.success(), "pg_ctl start: {started:?}");
     }
@@ -129,7 +140,11 @@ async fn handler(
     go: Arc<Notify>,
     req: Req,
 ) -> Result<Response<Full<Bytes>>, BoxError> {
-    let key = req.extensions().get::<RequestKey>().cloned().ok_or("no key")?;
+    let key = req
+        .extensions()
+        .get::<RequestKey>()
+        .cloned()
+        .ok_or("no key")?;
     let tx = KeyTransaction::of(&req).cloned().ok_or("no transaction")?;
     let mut conn = tx.acquire().await?;
     sqlx::query("INSERT INTO orders (key, note) VALUES ($1, 'x')")
@@ -151,10 +166,12 @@ async fn handler(
 async fn postgres_restarted_mid_request_gives_503_applies_nothing_and_service_comes_back() {
     let own = OwnPostgres::start();
     let pool = pg::pool_in(&own.url(), "public", 4).await;
-    sqlx::raw_sql("CREATE TABLE orders (id bigserial PRIMARY KEY, key text NOT NULL, note text NOT NULL)")
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE orders (id bigserial PRIMARY KEY, key text NOT NULL, note text NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     let store = PostgresStore::from_pool(pool.clone());
     store.migrate().await.unwrap();
     let (wrote, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
@@ -199,7 +216,11 @@ async fn postgres_restarted_mid_request_gives_503_applies_nothing_and_service_co
         }
     }
     let last = last.expect("the service came back");
-    assert_eq!((last.0, last.1), (201, false), "the same key runs once, cleanly");
+    assert_eq!(
+        (last.0, last.1),
+        (201, false),
+        "the same key runs once, cleanly"
+    );
     println!("back {:?} after the restart", restarted.elapsed());
     let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE key = $1")
         .bind(&key)

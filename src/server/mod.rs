@@ -81,8 +81,20 @@
 //! # Stores
 //!
 //! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
-//! shares keys across a fleet. [`IdempotencyStore`] is implementable over any store with an
-//! atomic insert-if-absent with expiry and a compare-and-set.
+//! shares keys across a fleet. `PostgresStore` (feature `postgres`) does too, and has an
+//! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's record commits in the
+//! handler's own database transaction: a crash before the commit rolls back the key and the
+//! handler's writes together, so the windows of the lease below do not exist for effects in
+//! that transaction. [`IdempotencyStore`] is implementable over any store with an atomic
+//! insert-if-absent with expiry and a compare-and-set.
+//!
+//! # The handler's own outbound calls
+//!
+//! Every keyed request reaches its handler with a [`RequestKey`] in its extensions. A handler
+//! that calls a provider puts [`RequestKey::derive`]`("label")` on the outbound request's
+//! `Idempotency-Key` (sent through this crate's client layer, with keys trusted for the
+//! provider's host): a re-run of the handler — after a crash, or after its lease ended — sends
+//! the same key, and a provider that honours keys replays instead of applying twice.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -110,6 +122,8 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 //! ```
 
+#[cfg(feature = "axum")]
+mod axum;
 mod body;
 mod derive;
 mod detach;
@@ -127,6 +141,8 @@ mod run;
 mod service;
 mod store;
 
+#[cfg(feature = "axum")]
+pub use self::axum::NotKeyed;
 pub use body::ResponseBody;
 pub use derive::{DerivedKey, RequestKey};
 pub use layer::IdempotencyLayer;

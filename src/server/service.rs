@@ -9,8 +9,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full};
 use tower_service::Service;
 
-use super::layer::Config;
 use super::derive::RequestKey;
+use super::layer::Config;
 use super::run::{self, Claimed};
 use super::store::{Begin, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::ResponseBody;

@@ -169,7 +169,11 @@ pub async fn post(
     let status = res.status().as_u16();
     let replayed = res.headers().contains_key("idempotent-replayed");
     let body = res.into_body().collect().await?.to_bytes();
-    Ok((status, replayed, String::from_utf8_lossy(&body).into_owned()))
+    Ok((
+        status,
+        replayed,
+        String::from_utf8_lossy(&body).into_owned(),
+    ))
 }
 
 pub type Never = Infallible;

@@ -38,13 +38,15 @@ const LOCKED: &str = "tower_retry_safety.key_locked";
 
 /// Reads the key under the lock, in a statement of its own: its snapshot is taken after the
 /// lock was granted, so it sees the record of any earlier holder that committed.
-const READ: &str = "SELECT current_setting('tower_retry_safety.key_locked', true) AS locked, t.record
+const READ: &str =
+    "SELECT current_setting('tower_retry_safety.key_locked', true) AS locked, t.record
     FROM (SELECT 1) AS one
     LEFT JOIN idempotency_keys AS t ON t.key = $1 AND t.expires_at > clock_timestamp()";
 
 /// Writes the completed record in the handler's transaction, only if that transaction is still
 /// the one that took the lock (no row otherwise).
-const COMPLETE: &str = "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
+const COMPLETE: &str =
+    "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
     SELECT $1, $2, true, $3, clock_timestamp() + make_interval(secs => $4)
     WHERE current_setting('tower_retry_safety.key_locked', true) = 'true'
     ON CONFLICT (key) DO UPDATE
@@ -54,7 +56,8 @@ const COMPLETE: &str = "INSERT INTO idempotency_keys AS t (key, claim, completed
 
 /// After a handler ended the transaction itself: keep a record that says the outcome is
 /// unknown, unless a live record is there already.
-const KEEP_UNKNOWN: &str = "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
+const KEEP_UNKNOWN: &str =
+    "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
     VALUES ($1, $2, true, $3, clock_timestamp() + make_interval(secs => $4))
     ON CONFLICT (key) DO UPDATE
         SET claim = excluded.claim, completed = true, record = excluded.record,
@@ -265,7 +268,8 @@ pub struct KeyTransactionGuard(
 
 impl fmt::Debug for KeyTransactionGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KeyTransactionGuard").finish_non_exhaustive()
+        f.debug_struct("KeyTransactionGuard")
+            .finish_non_exhaustive()
     }
 }
 
@@ -430,7 +434,9 @@ where
         row.try_get::<Option<Vec<u8>>, _>("record"),
     ) {
         (Ok(locked), Ok(record)) => (locked.as_deref() == Some("true"), record),
-        (Err(err), _) | (_, Err(err)) => return Ok(unavailable("the key's row is unreadable", &err)),
+        (Err(err), _) | (_, Err(err)) => {
+            return Ok(unavailable("the key's row is unreadable", &err))
+        }
     };
     if !locked {
         return Ok(retry_later(
@@ -468,7 +474,9 @@ where
     // From here the handler runs in the transaction; the call runs to its commit even if the
     // request goes away (it is detached onto the runtime then).
     let slot: Slot = Arc::new(Mutex::new(Some(tx)));
-    parts.extensions.insert(KeyTransaction { slot: slot.clone() });
+    parts
+        .extensions
+        .insert(KeyTransaction { slot: slot.clone() });
     parts
         .extensions
         .insert(RequestKey::new(key.clone(), shown.clone()));
@@ -521,7 +529,10 @@ impl Run {
             Buffered::Whole(bytes) => {
                 let stored =
                     StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
-                (stored, Response::from_parts(parts, ResponseBody::full(bytes)))
+                (
+                    stored,
+                    Response::from_parts(parts, ResponseBody::full(bytes)),
+                )
             }
             Buffered::Partial {
                 prefix,

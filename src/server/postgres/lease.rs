@@ -26,7 +26,8 @@ const GET: &str = "SELECT record FROM idempotency_keys
 
 /// Writes the completed record if the key is in flight under this claim (its lease may have
 /// run out), or nothing holds it (absent or expired).
-const COMPLETE: &str = "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
+const COMPLETE: &str =
+    "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
     VALUES ($1, $2, true, $3, clock_timestamp() + make_interval(secs => $4))
     ON CONFLICT (key) DO UPDATE
         SET claim = excluded.claim, completed = true, record = excluded.record,
@@ -34,7 +35,8 @@ const COMPLETE: &str = "INSERT INTO idempotency_keys AS t (key, claim, completed
         WHERE (t.claim = excluded.claim AND NOT t.completed) OR t.expires_at <= clock_timestamp()
     RETURNING claim";
 
-const RENEW: &str = "UPDATE idempotency_keys SET expires_at = clock_timestamp() + make_interval(secs => $3)
+const RENEW: &str =
+    "UPDATE idempotency_keys SET expires_at = clock_timestamp() + make_interval(secs => $3)
     WHERE key = $1 AND claim = $2 AND NOT completed AND expires_at > clock_timestamp()";
 
 const RELEASE: &str = "DELETE FROM idempotency_keys

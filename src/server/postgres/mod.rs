@@ -15,7 +15,9 @@ use sqlx::Executor;
 
 use super::store::StoreError;
 
-pub use atomic::{AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, TransactionError};
+pub use atomic::{
+    AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, TransactionError,
+};
 
 /// The schema: one table, `idempotency_keys`, and its expiry index. Shipped as a file too
 /// (`src/server/postgres/schema.sql`), to run with your own migration tool.
