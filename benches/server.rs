@@ -13,8 +13,8 @@
 //!   `postgres://postgres@127.0.0.1:5432/postgres`, in a schema of the run's own, dropped at
 //!   the end): `pg_floor`, the handler doing the same `INSERT` in a transaction of its own
 //!   (`BEGIN`, `INSERT`, `COMMIT`: three round trips), and `idem_pg`, the handler doing it in
-//!   the request's transaction behind the layer in atomic mode (`BEGIN` with the key's lock,
-//!   the key's read, the `INSERT`, the record's write, `COMMIT`: five round trips).
+//!   the request's transaction behind the layer in atomic mode (the key's lock and check with
+//!   `BEGIN`, the `INSERT`, the record's write, `COMMIT`: four round trips).
 //!
 //! Run: `cargo bench --bench server --features redis,postgres`
 //!

@@ -81,7 +81,12 @@ async fn handler(calls: Arc<Calls>, req: Req) -> Result<Response<Full<Bytes>>, B
 
 /// A server on 127.0.0.1 with the atomic layer over its own pool in `db`'s schema.
 async fn server(db: &TestDb, calls: Arc<Calls>) -> std::net::SocketAddr {
-    let store = PostgresStore::from_pool(db.pool(16).await);
+    server_with(db, calls, 16).await
+}
+
+/// [`server`] with a pool of `connections`.
+async fn server_with(db: &TestDb, calls: Arc<Calls>, connections: u32) -> std::net::SocketAddr {
+    let store = PostgresStore::from_pool(db.pool(connections).await);
     store.migrate().await.unwrap();
     let layer = IdempotencyLayer::new(store)
         .max_request_bytes(1024)
@@ -134,6 +139,29 @@ async fn a_key_runs_once_and_repeats_get_the_replay_or_422() {
     assert_eq!(other.0, 422);
     assert_eq!(orders(&db, &key).await, 1);
     assert_eq!(keys(&db).await, 1);
+}
+
+/// A refused claim (a replay, a 422) fails its statement before `BEGIN` takes effect: the
+/// connection goes back to the pool idle and clean. With one connection, every request after
+/// the refusals reuses it.
+#[tokio::test]
+async fn refused_claims_leave_the_connection_clean() {
+    let db = TestDb::new().await;
+    let addr = server_with(&db, Arc::default(), 1).await;
+    let c = client();
+    let key = fresh("k");
+    assert_eq!(post(&c, addr, "/orders", &key, "one").await.unwrap().0, 201);
+    for _ in 0..5 {
+        assert!(post(&c, addr, "/orders", &key, "one").await.unwrap().1);
+        assert_eq!(post(&c, addr, "/orders", &key, "two").await.unwrap().0, 422);
+    }
+    for _ in 0..3 {
+        let other = fresh("k");
+        let ran = post(&c, addr, "/orders", &other, "x").await.unwrap();
+        assert_eq!((ran.0, ran.1), (201, false));
+        assert_eq!(orders(&db, &other).await, 1);
+    }
+    assert_eq!(keys(&db).await, 4);
 }
 
 #[tokio::test]

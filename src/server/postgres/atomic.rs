@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use sqlx::postgres::{PgConnection, Postgres};
-use sqlx::{Row, Transaction};
+use sqlx::Transaction;
 use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 use tower_layer::Layer;
 use tower_service::Service;
@@ -25,23 +25,17 @@ use super::super::record;
 use super::super::service::{
     buffer, read_body, replay, reply, retry_later, scoped_key, Buffered, ReadError,
 };
-use super::super::store::{Claim, Entry, Fingerprint, StoredResponse};
+use super::super::store::{Claim, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::super::{IdempotencyLayer, ResponseBody};
-use super::{lease, lock_id, secs, PostgresStore};
+use super::{lock_id, secs, PostgresStore};
 use crate::classify::idempotency_key;
 use crate::BoxError;
 
 /// The transaction-local setting that says this transaction took the key's advisory lock.
-/// Set by the statement that takes the lock, read by the two that rely on it: it is gone once
-/// the transaction ends, which is how a handler that ended the transaction itself is caught.
+/// Set by the statement that takes the lock, read by the one that writes the record: it is gone
+/// once the transaction ends, which is how a handler that ended the transaction itself is
+/// caught.
 const LOCKED: &str = "tower_retry_safety.key_locked";
-
-/// Reads the key under the lock, in a statement of its own: its snapshot is taken after the
-/// lock was granted, so it sees the record of any earlier holder that committed.
-const READ: &str =
-    "SELECT current_setting('tower_retry_safety.key_locked', true) AS locked, t.record
-    FROM (SELECT 1) AS one
-    LEFT JOIN idempotency_keys AS t ON t.key = $1 AND t.expires_at > clock_timestamp()";
 
 /// Writes the completed record in the handler's transaction, only if that transaction is still
 /// the one that took the lock (no row otherwise).
@@ -83,11 +77,12 @@ impl IdempotencyLayer<PostgresStore> {
 ///
 /// For a request with a key, the layer:
 ///
-/// 1. begins a transaction and takes the key's **advisory transaction lock** with
-///    `pg_try_advisory_xact_lock`, which never waits: a repeat while the first runs (on this
-///    server or another) gets **409** at once;
-/// 2. reads the key's row: a completed record is replayed (422 if the request differs), and
-///    nothing runs;
+/// 1. takes the key's **advisory transaction lock** with `pg_try_advisory_xact_lock`, which
+///    never waits: a repeat while the first runs (on this server or another) gets **409** at
+///    once;
+/// 2. checks, under the lock, that no live record holds the key, and begins the transaction
+///    (steps 1 and 2 are one round trip); a completed record is replayed (422 if the request
+///    differs), and nothing runs;
 /// 3. hands the transaction to the handler as a [`KeyTransaction`] in the request's
 ///    extensions; the handler does its writes there;
 /// 4. writes the response into the key's row **in the same transaction** and commits once.
@@ -359,6 +354,96 @@ where
     }
 }
 
+/// The statement that begins a keyed request's transaction, in one round trip: the key's
+/// advisory lock, then (a statement of its own, so its snapshot is taken after the lock was
+/// granted and sees the record of any earlier holder that committed) whether a live record
+/// holds the key, then `BEGIN`. The first two run in the implicit transaction that `BEGIN`
+/// turns into the request's, so the lock and the [`LOCKED`] setting carry over. A busy or
+/// taken key fails the statement with a marked error: the implicit transaction ends there,
+/// the lock with it, and the connection is left idle and clean.
+///
+/// Only two values are written into the text: the lock id (a number) and the key in hex.
+fn claim_statement(key: &str) -> String {
+    let mut hex = String::with_capacity(key.len() * 2);
+    for b in key.bytes() {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    format!(
+        "SELECT (CASE WHEN pg_try_advisory_xact_lock({lock}) \
+            THEN length(set_config('{LOCKED}', 'true', true))::text ELSE '{BUSY}' END)::int; \
+         SELECT (CASE WHEN EXISTS (SELECT 1 FROM idempotency_keys \
+            WHERE key = convert_from(decode('{hex}', 'hex'), 'UTF8') \
+            AND expires_at > clock_timestamp()) THEN '{TAKEN}' ELSE '0' END)::int; \
+         BEGIN",
+        lock = lock_id(key),
+    )
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+/// The marks of [`claim_statement`]'s two refusals: values that fail a cast to `int` (the
+/// error quotes them, in every language the server speaks).
+const BUSY: &str = "tower-retry-safety: key busy";
+const TAKEN: &str = "tower-retry-safety: key taken";
+
+enum Refusal {
+    /// Another transaction holds the key's lock.
+    Busy,
+    /// A live record holds the key.
+    Taken,
+}
+
+fn refusal(err: &sqlx::Error) -> Option<Refusal> {
+    let err = err.as_database_error()?;
+    if err.code().as_deref() != Some("22P02") {
+        return None;
+    }
+    let message = err.message();
+    if message.contains(BUSY) {
+        Some(Refusal::Busy)
+    } else if message.contains(TAKEN) {
+        Some(Refusal::Taken)
+    } else {
+        None
+    }
+}
+
+fn in_progress<B>() -> Response<ResponseBody<B>> {
+    retry_later(
+        StatusCode::CONFLICT,
+        "a request with this Idempotency-Key is still in progress; retry later",
+    )
+}
+
+/// A key that a live record holds: its replay, 409 or 422, read outside any transaction.
+async fn answer_from_record<B>(
+    store: &PostgresStore,
+    key: &str,
+    fingerprint: Fingerprint,
+    config: &Config,
+) -> Response<ResponseBody<B>> {
+    match IdempotencyStore::get(store, key).await {
+        Ok(Some(Entry::Completed {
+            fingerprint: first,
+            response,
+        })) if first == fingerprint => replay(response, config),
+        Ok(Some(Entry::InFlight { fingerprint: first })) if first == fingerprint => in_progress(),
+        // Expired since: the next repeat runs.
+        Ok(None) => in_progress(),
+        Ok(Some(_)) => reply(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "this Idempotency-Key was already used with a different request",
+        ),
+        Err(err) => {
+            tracing::warn!(error = %err, cause = super::super::cause(&err), "idempotency (atomic): the key's record could not be read; answering 503");
+            retry_later(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+            )
+        }
+    }
+}
+
 fn unavailable<B>(why: &'static str, err: &sqlx::Error) -> Response<ResponseBody<B>> {
     tracing::warn!(error = %err, "idempotency (atomic): {why}; answering 503");
     retry_later(
@@ -415,61 +500,18 @@ where
     let fingerprint = Fingerprint::of(&parts.method, target, &body);
 
     store.count_claim();
-    // One round trip: BEGIN, then the lock, whose outcome is kept in a transaction-local
-    // setting (the id is a number of ours, the only value written into the statement).
-    let begin = format!(
-        "BEGIN; SELECT set_config('{LOCKED}', pg_try_advisory_xact_lock({})::text, true)",
-        lock_id(&key)
-    );
-    let mut tx = match store.pool.begin_with(begin).await {
+    let tx = match store.pool.begin_with(claim_statement(&key)).await {
         Ok(tx) => tx,
-        Err(err) => return Ok(unavailable("no transaction", &err)),
-    };
-    let row = match sqlx::query(READ).bind(&*key).fetch_one(&mut *tx).await {
-        Ok(row) => row,
-        Err(err) => return Ok(unavailable("the key could not be read", &err)),
-    };
-    let (locked, existing) = match (
-        row.try_get::<Option<String>, _>("locked"),
-        row.try_get::<Option<Vec<u8>>, _>("record"),
-    ) {
-        (Ok(locked), Ok(record)) => (locked.as_deref() == Some("true"), record),
-        (Err(err), _) | (_, Err(err)) => {
-            return Ok(unavailable("the key's row is unreadable", &err))
+        Err(err) => {
+            return Ok(match refusal(&err) {
+                Some(Refusal::Busy) => in_progress(),
+                Some(Refusal::Taken) => {
+                    answer_from_record(&store, &key, fingerprint, &config).await
+                }
+                None => unavailable("no transaction", &err),
+            })
         }
     };
-    if !locked {
-        return Ok(retry_later(
-            StatusCode::CONFLICT,
-            "a request with this Idempotency-Key is still in progress; retry later",
-        ));
-    }
-    if let Some(existing) = existing {
-        // Nothing to write: the transaction ends with its drop (a rollback on the connection's
-        // next use, or when the pool takes it back).
-        drop(tx);
-        return Ok(match lease::entry(&existing) {
-            Ok(Entry::Completed {
-                fingerprint: first,
-                response,
-            }) if first == fingerprint => replay(response, &config),
-            Ok(Entry::InFlight { fingerprint: first }) if first == fingerprint => retry_later(
-                StatusCode::CONFLICT,
-                "a request with this Idempotency-Key is still in progress; retry later",
-            ),
-            Ok(_) => reply(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "this Idempotency-Key was already used with a different request",
-            ),
-            Err(err) => {
-                tracing::warn!(error = %err, cause = super::super::cause(&err), "idempotency (atomic): a record this server cannot read; answering 503");
-                retry_later(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-                )
-            }
-        });
-    }
 
     // From here the handler runs in the transaction; the call runs to its commit even if the
     // request goes away (it is detached onto the runtime then).
