@@ -362,7 +362,10 @@ where
 /// taken key fails the statement with a marked error: the implicit transaction ends there,
 /// the lock with it, and the connection is left idle and clean.
 ///
-/// Only two values are written into the text: the lock id (a number) and the key in hex.
+/// Only two values are written into the text: the lock id (a number) and the key in hex. The
+/// decoded key takes the column's collation: `convert_from`'s result would otherwise take the
+/// `C` collation of its `name` argument, and the comparison could not use the primary key's
+/// index (a scan of the whole table per request: 10 ms at 30,000 rows).
 fn claim_statement(key: &str) -> String {
     let mut hex = String::with_capacity(key.len() * 2);
     for b in key.bytes() {
@@ -373,7 +376,7 @@ fn claim_statement(key: &str) -> String {
         "SELECT (CASE WHEN pg_try_advisory_xact_lock({lock}) \
             THEN length(set_config('{LOCKED}', 'true', true))::text ELSE '{BUSY}' END)::int; \
          SELECT (CASE WHEN EXISTS (SELECT 1 FROM idempotency_keys \
-            WHERE key = convert_from(decode('{hex}', 'hex'), 'UTF8') \
+            WHERE key = convert_from(decode('{hex}', 'hex'), 'UTF8') COLLATE \"default\" \
             AND expires_at > clock_timestamp()) THEN '{TAKEN}' ELSE '0' END)::int; \
          BEGIN",
         lock = lock_id(key),
