@@ -71,6 +71,16 @@ async fn handler(calls: Arc<Calls>, req: Req) -> Result<Response<Full<Bytes>>, B
         "/commit-itself" => {
             sqlx::query("COMMIT").execute(&mut *conn).await?;
         }
+        "/hold" => {
+            // A task of the handler's keeps the connection past the response.
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                drop(conn);
+            });
+            let mut res = Response::new(Full::new(Bytes::from("held")));
+            *res.status_mut() = StatusCode::CREATED;
+            return Ok(res);
+        }
         _ => {}
     }
     drop(conn);
@@ -237,6 +247,25 @@ async fn a_handler_that_commits_itself_is_a_reported_error_never_a_second_run() 
     let again = post(&c, addr, "/commit-itself", &key, "x").await.unwrap();
     assert_eq!((again.0, again.1), (500, true));
     assert_eq!(orders(&db, &key).await, 1, "never run again");
+}
+
+#[tokio::test]
+async fn a_handler_still_holding_the_transaction_is_a_reported_error_never_a_second_run() {
+    let db = TestDb::new().await;
+    let addr = server(&db, Arc::default()).await;
+    let c = client();
+    let key = fresh("k");
+    let first = post(&c, addr, "/hold", &key, "x").await.unwrap();
+    assert_eq!(first.0, 500);
+    assert!(first
+        .2
+        .contains("ended the request's database transaction itself"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The transaction was dropped with the handler's task, never committed.
+    assert_eq!(orders(&db, &key).await, 0);
+    let again = post(&c, addr, "/hold", &key, "x").await.unwrap();
+    assert_eq!((again.0, again.1), (500, true));
+    assert_eq!(orders(&db, &key).await, 0);
 }
 
 #[tokio::test]

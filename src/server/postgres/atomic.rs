@@ -671,7 +671,7 @@ impl Run {
             }
         }
         let mut res = Response::new(ResponseBody::full(Bytes::from_static(
-            b"the handler ended the request's database transaction itself, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
+            b"the handler ended the request's database transaction itself, or kept it past its response, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
         )));
         *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
         res.headers_mut().insert(
