@@ -25,7 +25,7 @@ use super::super::record;
 use super::super::service::{
     buffer, read_body, replay, reply, retry_later, scoped_key, Buffered, ReadError,
 };
-use super::super::store::{Claim, Entry, Fingerprint, IdempotencyStore, StoredResponse};
+use super::super::store::{self, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::super::{IdempotencyLayer, ResponseBody};
 use super::{lock_id, secs, PostgresStore};
 use crate::classify::idempotency_key;
@@ -460,7 +460,7 @@ async fn keyed<S, B, ResBody>(
     store: PostgresStore,
     config: Arc<Config>,
     shown: Arc<str>,
-    mut parts: http::request::Parts,
+    parts: http::request::Parts,
     body: B,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -502,39 +502,80 @@ where
     let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let fingerprint = Fingerprint::of(&parts.method, target, &body);
 
-    store.count_claim();
-    let tx = match store.pool.begin_with(claim_statement(&key)).await {
-        Ok(tx) => tx,
-        Err(err) => {
-            return Ok(match refusal(&err) {
-                Some(Refusal::Busy) => in_progress(),
-                Some(Refusal::Taken) => {
-                    answer_from_record(&store, &key, fingerprint, &config).await
-                }
-                None => unavailable("no transaction", &err),
-            })
-        }
-    };
-
-    // From here the handler runs in the transaction; the call runs to its commit even if the
-    // request goes away (it is detached onto the runtime then).
-    let slot: Slot = Arc::new(Mutex::new(Some(tx)));
-    parts
-        .extensions
-        .insert(KeyTransaction { slot: slot.clone() });
-    parts
-        .extensions
-        .insert(RequestKey::new(key.clone(), shown.clone()));
-    let req = Request::from_parts(parts, Either::Left(Full::new(body)));
-    let run = Run {
+    // From the claim on, the call runs to its end even if the request goes away (it is
+    // detached onto the runtime then): a claim dropped mid-statement could leave its
+    // connection in a transaction that sqlx does not know of (its `BEGIN` was sent, its answer
+    // not read), and a handler once called runs to its commit.
+    let claim = Claim {
         store,
         config,
         key,
         shown,
         fingerprint,
-        slot,
     };
-    DetachOnDrop::new(run.call(inner, req)).await
+    DetachOnDrop::new(claim.run(inner, parts, body)).await
+}
+
+/// A keyed request about to claim its key.
+struct Claim {
+    store: PostgresStore,
+    config: Arc<Config>,
+    key: Arc<str>,
+    shown: Arc<str>,
+    fingerprint: Fingerprint,
+}
+
+impl Claim {
+    async fn run<S, B, ResBody>(
+        self,
+        inner: S,
+        mut parts: http::request::Parts,
+        body: Bytes,
+    ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+    where
+        S: Service<Request<InnerBody<B>>, Response = Response<ResBody>>,
+        ResBody: Body<Data = Bytes> + Unpin,
+        ResBody::Error: Into<BoxError>,
+    {
+        let Claim {
+            store,
+            config,
+            key,
+            shown,
+            fingerprint,
+        } = self;
+        store.count_claim();
+        let tx = match store.pool.begin_with(claim_statement(&key)).await {
+            Ok(tx) => tx,
+            Err(err) => {
+                return Ok(match refusal(&err) {
+                    Some(Refusal::Busy) => in_progress(),
+                    Some(Refusal::Taken) => {
+                        answer_from_record(&store, &key, fingerprint, &config).await
+                    }
+                    None => unavailable("no transaction", &err),
+                })
+            }
+        };
+        // The handler runs in the transaction.
+        let slot: Slot = Arc::new(Mutex::new(Some(tx)));
+        parts
+            .extensions
+            .insert(KeyTransaction { slot: slot.clone() });
+        parts
+            .extensions
+            .insert(RequestKey::new(key.clone(), shown.clone()));
+        let req = Request::from_parts(parts, Either::Left(Full::new(body)));
+        let run = Run {
+            store,
+            config,
+            key,
+            shown,
+            fingerprint,
+            slot,
+        };
+        run.call(inner, req).await
+    }
 }
 
 /// A claimed key whose handler is about to run in the transaction in `slot`.
@@ -607,7 +648,7 @@ impl Run {
             drop(tx);
             return Ok(res);
         }
-        let claim = Claim::new();
+        let claim = store::Claim::new();
         let record = match record::encode_completed(claim, self.fingerprint, &stored) {
             Ok(record) => record,
             Err(why) => {
@@ -657,7 +698,7 @@ impl Run {
     async fn handler_kept_the_transaction<B>(&self) -> Response<ResponseBody<B>> {
         tracing::error!(key = %self.shown, "idempotency (atomic): the handler ended the request's transaction itself (COMMIT or ROLLBACK) or still held it when it answered; its writes may or may not have committed, so the key keeps an unknown outcome (500) and its response is not sent");
         let unknown = outcome::unknown();
-        let claim = Claim::new();
+        let claim = store::Claim::new();
         if let Ok(record) = record::encode_completed(claim, self.fingerprint, &unknown) {
             if let Err(err) = sqlx::query(KEEP_UNKNOWN)
                 .bind(&*self.key)
