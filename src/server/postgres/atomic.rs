@@ -104,7 +104,9 @@ impl IdempotencyLayer<PostgresStore> {
 /// exists before any row, never waits with the `try` form, and ends with the transaction —
 /// commit, rollback, or the death of the session's connection — so no lease guesses at a
 /// dead server. Its id is 64 bits of a SHA-256 of the key: a collision (odds of 2⁻⁶⁴ per pair
-/// of keys in flight) only answers 409.
+/// of keys in flight) only answers 409. Advisory locks belong to the database, not to a
+/// schema: two services whose tables sit in different schemas of one database, handling the
+/// same key at the same moment, answer each other 409 too.
 ///
 /// # What it does not cover
 ///
