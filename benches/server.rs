@@ -21,7 +21,8 @@
 //! Instructions per request, free of timing noise: `SERVER_ONLY=<variant>:<n>` (`bare`,
 //! `memory`, `floor`, `redis`) sends 20 warm-up requests then `n` through one variant and
 //! nothing else, so under `valgrind --tool=callgrind` the difference between `n` and `0`
-//! divided by `n` is the count (`scripts/server-instructions.sh`).
+//! divided by `n` is the count (`scripts/server-instructions.sh`); with `--features postgres`,
+//! `pg_floor` and `pg` too.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -129,6 +130,8 @@ async fn main() {
         for _ in 0..20 + n {
             keyed_post(&client, url).await;
         }
+        #[cfg(feature = "postgres")]
+        pg.drop_schema().await;
         return;
     }
     for _ in 0..500 {
