@@ -126,6 +126,15 @@ impl IdempotencyLayer<PostgresStore> {
 /// transaction: the layer then rolls back and returns the handler's response as it is, not
 /// stored (nothing was committed; a repeat runs again).
 ///
+/// # In PostgreSQL's log
+///
+/// A repeat that is refused (409 while the first runs) or answered from the record (the
+/// replay, 422) ends its claim statement with an error of its own making, `invalid input
+/// syntax for type integer: "tower-retry-safety: key busy"` (or `key taken`): that is how the
+/// lock, the check and `BEGIN` fit in one round trip without leaving a transaction open. With
+/// PostgreSQL's default `log_min_error_statement`, each such repeat writes that error and the
+/// statement (the key in hex, after its scope's hash if keys are scoped) to the server's log.
+///
 /// A 5xx response commits like any other, unless
 /// [`store_server_errors(false)`](IdempotencyLayer::store_server_errors): then it rolls back
 /// and the key stays free. A response too large to store commits with its status and headers
