@@ -9,12 +9,20 @@
 //!   Redis needs (a `SET NX` to claim the key, a `SET` to store the response), and
 //!   `idem_redis`, the handler behind `IdempotencyLayer` over `RedisStore`.
 //!
-//! Run: `cargo bench --bench server --features redis`
+//! - with `--features postgres` (PostgreSQL at `DATABASE_URL`, default
+//!   `postgres://postgres@127.0.0.1:5432/postgres`, in a schema of the run's own, dropped at
+//!   the end): `pg_floor`, the handler doing the same `INSERT` in a transaction of its own
+//!   (`BEGIN`, `INSERT`, `COMMIT`: three round trips), and `idem_pg`, the handler doing it in
+//!   the request's transaction behind the layer in atomic mode (the key's lock and check with
+//!   `BEGIN`, the `INSERT`, the record's write, `COMMIT`: four round trips).
+//!
+//! Run: `cargo bench --bench server --features redis,postgres`
 //!
 //! Instructions per request, free of timing noise: `SERVER_ONLY=<variant>:<n>` (`bare`,
 //! `memory`, `floor`, `redis`) sends 20 warm-up requests then `n` through one variant and
 //! nothing else, so under `valgrind --tool=callgrind` the difference between `n` and `0`
-//! divided by `n` is the count (`scripts/server-instructions.sh`).
+//! divided by `n` is the count (`scripts/server-instructions.sh`); with `--features postgres`,
+//! `pg_floor` and `pg` too.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -99,6 +107,8 @@ async fn main() {
     let memory = layered(MemoryStore::with_limits(1 << 20, 1 << 30)).await;
     #[cfg(feature = "redis")]
     let redis = redis_variants().await;
+    #[cfg(feature = "postgres")]
+    let pg = pg::variants().await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     if let Ok(only) = std::env::var("SERVER_ONLY") {
@@ -111,11 +121,17 @@ async fn main() {
             "floor" => &redis.0,
             #[cfg(feature = "redis")]
             "redis" => &redis.1,
+            #[cfg(feature = "postgres")]
+            "pg_floor" => &pg.floor,
+            #[cfg(feature = "postgres")]
+            "pg" => &pg.layered,
             other => panic!("unknown variant {other}"),
         };
         for _ in 0..20 + n {
             keyed_post(&client, url).await;
         }
+        #[cfg(feature = "postgres")]
+        pg.drop_schema().await;
         return;
     }
     for _ in 0..500 {
@@ -126,8 +142,14 @@ async fn main() {
             keyed_post(&client, &redis.0).await;
             keyed_post(&client, &redis.1).await;
         }
+        #[cfg(feature = "postgres")]
+        {
+            keyed_post(&client, &pg.floor).await;
+            keyed_post(&client, &pg.layered).await;
+        }
     }
     let (mut a, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![]);
+    let (mut e, mut f): (Vec<f64>, Vec<f64>) = (vec![], vec![]);
     // Up to 301 rounds (60 s at most): on a shared machine the medians of 61 batches moved by
     // several percent from run to run.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -138,6 +160,11 @@ async fn main() {
         {
             batch!(c, 100, keyed_post(&client, &redis.0).await);
             batch!(d, 100, keyed_post(&client, &redis.1).await);
+        }
+        #[cfg(feature = "postgres")]
+        {
+            batch!(e, 100, keyed_post(&client, &pg.floor).await);
+            batch!(f, 100, keyed_post(&client, &pg.layered).await);
         }
         if Instant::now() > deadline {
             break;
@@ -154,6 +181,134 @@ async fn main() {
         println!("redis_floor median {floor_ns:>9.0} ns/request");
         println!("idem_redis  median {redis_ns:>9.0} ns/request");
         println!("ratio idem_redis/redis_floor {:.3}", redis_ns / floor_ns);
+    }
+    if e.is_empty() {
+        println!("(the PostgreSQL rows need --features postgres)");
+    } else {
+        let (floor_ns, pg_ns) = (median(&mut e), median(&mut f));
+        println!("pg_floor    median {floor_ns:>9.0} ns/request");
+        println!("idem_pg     median {pg_ns:>9.0} ns/request");
+        println!("ratio idem_pg/pg_floor {:.3}", pg_ns / floor_ns);
+    }
+    #[cfg(feature = "postgres")]
+    pg.drop_schema().await;
+}
+
+/// The PostgreSQL floor and the layer in atomic mode, in a schema of the run's own.
+#[cfg(feature = "postgres")]
+mod pg {
+    use std::convert::Infallible;
+    use std::hint::black_box;
+    use std::str::FromStr;
+
+    use bytes::Bytes;
+    use http::{Request, Response};
+    use http_body_util::{BodyExt, Either, Full};
+    use hyper::body::Incoming;
+    use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+    use tower::ServiceExt;
+    use tower_retry_safety::server::{IdempotencyLayer, KeyTransaction, PostgresStore};
+
+    const INSERT: &str = "INSERT INTO bench_orders (body) VALUES ($1)";
+
+    pub(crate) struct Variants {
+        pub(crate) floor: String,
+        pub(crate) layered: String,
+        url: String,
+        schema: String,
+    }
+
+    async fn pool(url: &str, schema: &str) -> PgPool {
+        let options = PgConnectOptions::from_str(url)
+            .expect("DATABASE_URL")
+            .options([("search_path", schema)]);
+        PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await
+            .expect("PostgreSQL")
+    }
+
+    pub(crate) async fn variants() -> Variants {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let schema = format!("trs_bench_{}_{nanos}", std::process::id());
+        let admin = pool(&url, "public").await;
+        sqlx::query(&format!("CREATE SCHEMA {schema}"))
+            .execute(&admin)
+            .await
+            .expect("CREATE SCHEMA");
+        admin.close().await;
+        let pool = pool(&url, &schema).await;
+        sqlx::raw_sql("CREATE TABLE bench_orders (id bigserial PRIMARY KEY, body bytea NOT NULL)")
+            .execute(&pool)
+            .await
+            .expect("CREATE TABLE");
+        let store = PostgresStore::from_pool(pool.clone());
+        store.migrate().await.expect("migrate");
+
+        let floor = super::serve(move |req: Request<Incoming>| {
+            let pool = pool.clone();
+            async move {
+                let body = req.into_body().collect().await.expect("body").to_bytes();
+                let mut tx = pool.begin().await.expect("BEGIN");
+                sqlx::query(INSERT)
+                    .bind(body.as_ref())
+                    .execute(&mut *tx)
+                    .await
+                    .expect("INSERT");
+                tx.commit().await.expect("COMMIT");
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(
+                    b"{\"id\":\"msg_1\"}",
+                ))))
+            }
+        })
+        .await;
+
+        let layer = IdempotencyLayer::new(store).atomic();
+        let layered = super::serve(move |req: Request<Incoming>| {
+            let svc = tower::Layer::layer(&layer, tower::service_fn(handler));
+            svc.oneshot(req)
+        })
+        .await;
+        Variants {
+            floor,
+            layered,
+            url,
+            schema,
+        }
+    }
+
+    /// The same `INSERT`, in the request's transaction.
+    async fn handler(
+        req: Request<Either<Full<Bytes>, Incoming>>,
+    ) -> Result<Response<Full<Bytes>>, Infallible> {
+        let tx = KeyTransaction::of(&req).cloned().expect("a keyed request");
+        let body = req.into_body().collect().await.expect("body").to_bytes();
+        let mut conn = tx.acquire().await.expect("the transaction");
+        sqlx::query(INSERT)
+            .bind(body.as_ref())
+            .execute(&mut *conn)
+            .await
+            .expect("INSERT");
+        black_box(&body);
+        Ok(Response::new(Full::new(Bytes::from_static(
+            b"{\"id\":\"msg_1\"}",
+        ))))
+    }
+
+    impl Variants {
+        pub(crate) async fn drop_schema(&self) {
+            let admin = pool(&self.url, "public").await;
+            sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.schema))
+                .execute(&admin)
+                .await
+                .expect("DROP SCHEMA");
+            admin.close().await;
+        }
     }
 }
 

@@ -187,3 +187,40 @@ async fn redis_store_keeps_the_contract() {
     contract(store.prefix(redis.prefix()), "").await;
     drop(redis);
 }
+
+#[cfg(feature = "postgres")]
+mod pg;
+
+/// On a schema of its own (dropped at the end), on the PostgreSQL at `DATABASE_URL` or
+/// 127.0.0.1:5432.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_store_keeps_the_contract() {
+    use tower_retry_safety::server::PostgresStore;
+    let db = pg::TestDb::new().await;
+    let store = PostgresStore::from_pool(db.pool(16).await);
+    store.migrate().await.unwrap();
+    // A second run of the migration changes nothing.
+    store.migrate().await.unwrap();
+    contract(store.clone(), "").await;
+
+    // Expired rows do not pile up: 1,000 short-lived claims, then claims enough to sweep.
+    for i in 0..1000 {
+        claim(&store, &format!("short-{i}"), Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for i in 0..1024 {
+        claim(&store, &format!("sweep-{i}"), LONG).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let expired = db
+        .count("SELECT count(*) FROM idempotency_keys WHERE expires_at <= clock_timestamp()")
+        .await;
+    assert!(expired <= 256, "{expired} expired rows left");
+    assert!(store.purge_expired(10_000).await.unwrap() <= 256);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_keys WHERE expires_at <= clock_timestamp()")
+            .await,
+        0
+    );
+}

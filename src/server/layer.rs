@@ -45,8 +45,8 @@ impl std::fmt::Debug for Scope {
 /// Clones share the store (behind an `Arc`).
 #[derive(Debug)]
 pub struct IdempotencyLayer<St> {
-    store: Arc<St>,
-    config: Arc<Config>,
+    pub(crate) store: Arc<St>,
+    pub(crate) config: Arc<Config>,
     /// Shared by every service this layer makes (servers often make one per connection): one
     /// ticker per runtime renews the claims of all of them.
     renewals: Arc<Renewals<St>>,

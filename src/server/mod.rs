@@ -88,8 +88,20 @@
 //! # Stores
 //!
 //! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
-//! shares keys across a fleet. [`IdempotencyStore`] is implementable over any store with an
-//! atomic insert-if-absent with expiry and a compare-and-set.
+//! shares keys across a fleet. `PostgresStore` (feature `postgres`) does too, and has an
+//! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's record commits in the
+//! handler's own database transaction: a crash before the commit rolls back the key and the
+//! handler's writes together, so the windows of the lease below do not exist for effects in
+//! that transaction. [`IdempotencyStore`] is implementable over any store with an atomic
+//! insert-if-absent with expiry and a compare-and-set.
+//!
+//! # The handler's own outbound calls
+//!
+//! Every keyed request reaches its handler with a [`RequestKey`] in its extensions. A handler
+//! that calls a provider puts [`RequestKey::derive`]`("label")` on the outbound request's
+//! `Idempotency-Key` (sent through this crate's client layer, with keys trusted for the
+//! provider's host): a re-run of the handler — after a crash, or after its lease ended — sends
+//! the same key, and a provider that honours keys replays instead of applying twice.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -147,12 +159,17 @@ mod axum;
 mod body;
 mod buffer;
 mod claim;
+mod derive;
 mod detach;
+#[cfg(feature = "axum")]
+mod extract;
 mod future;
 mod layer;
 mod memory;
 mod outcome;
-#[cfg(feature = "redis")]
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
@@ -166,9 +183,17 @@ pub use self::axum::{
     AxumIdempotencyLayer, AxumIdempotencyService, ResponseFuture as AxumResponseFuture,
 };
 pub use body::ResponseBody;
+pub use derive::{DerivedKey, RequestKey};
+#[cfg(feature = "axum")]
+pub use extract::NotKeyed;
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, PostgresStore,
+    TransactionError, SCHEMA,
+};
 #[cfg(feature = "redis")]
 pub use redis::RedisStore;
 pub use service::IdempotencyService;

@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use super::buffer::{read_body, ReadError};
 use super::claim::Claimed;
+use super::derive::RequestKey;
 use super::future::ResponseFuture;
 use super::layer::Config;
 use super::outcome::{replay, reply, retry_later};
@@ -212,6 +213,10 @@ where
         };
 
         // From here on the handler runs and its outcome is kept, even if this request goes away.
+        let mut parts = parts;
+        parts
+            .extensions
+            .insert(RequestKey::new(key.clone(), shown.clone()));
         let claimed = Claimed {
             store,
             config,
@@ -241,7 +246,7 @@ where
 
 /// The stored key of a scoped request: a hash of the scope (which may be a secret, such as an
 /// API key: it never reaches a store's key names or a log in clear), then the client's key.
-fn scoped_key(scope: &str, key: &str) -> String {
+pub(crate) fn scoped_key(scope: &str, key: &str) -> String {
     use sha2::{Digest, Sha256};
     use std::fmt::Write;
     let digest = Sha256::digest(scope.as_bytes());
