@@ -253,6 +253,7 @@ fn poll_wait<B: ReplayBody>(
 
 /// Polls the attempt in flight, cut by the policy's clock if it runs out first (the attempt is
 /// then dropped with its state: cut, maybe sent).
+#[inline(always)]
 fn poll_attempt<F, R, E>(
     future: Pin<&mut F>,
     timer: &mut AttemptTimer,
@@ -273,6 +274,7 @@ where
 }
 
 /// Sends the next attempt with `body`.
+#[inline]
 fn resend<S, B>(
     replay: &mut Replay<S, B>,
     attempts: &mut Attempts,
