@@ -23,6 +23,7 @@ pub(super) fn printable(value: Option<&HeaderValue>, max: usize) -> Option<Box<s
 /// The first values of two headers. A request carries few headers, so one pass comparing
 /// names costs less than two hashed lookups: each lookup hashes the name byte by byte, a
 /// comparison costs a few instructions; around eight names they break even.
+#[inline]
 fn two_headers<'h>(
     headers: &'h HeaderMap,
     a: &HeaderName,

@@ -346,11 +346,17 @@ impl<V: RuleValue> RouteTable<V> {
     /// The rule for this method and path, if any, the stricter over the path's spellings (see
     /// the module docs). The path must not include the query. Allocates only for a path over
     /// [`spelling::STACK_PATH`] bytes that has another spelling.
+    #[inline]
     pub(crate) fn lookup(&self, method: &Method, path: &str) -> Option<V> {
-        // The common case, a policy without routes: not even the method's slot is looked up.
+        // The common case, a policy without routes: not even the method's slot is looked up,
+        // nor a function called.
         if self.len == 0 {
             return None;
         }
+        self.lookup_rules(method, path)
+    }
+
+    fn lookup_rules(&self, method: &Method, path: &str) -> Option<V> {
         let routes = match standard_slot(method) {
             Some(slot) => self.standard[slot].as_ref(),
             None => self
