@@ -279,7 +279,7 @@ impl std::error::Error for StoreError {
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`IdempotencyLayer::new` takes a store",
-    note = "use `tower_retry_safety::server::MemoryStore::new()` in one process, or `RedisStore::connect(url).await?` (feature `redis`) for a fleet; or implement `IdempotencyStore` for your own store"
+    note = "use `tower_retry_safety::server::MemoryStore::new()` in one process, or `RedisStore::connect(url).await?` (feature `redis`) or `PostgresStore` (feature `postgres`) for a fleet; or implement `IdempotencyStore` for your own store"
 )]
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Atomically: if `key` is free, mark it in flight with `fingerprint` under a fresh claim
