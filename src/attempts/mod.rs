@@ -246,6 +246,7 @@ impl Attempts {
     /// sent again after all (the last attempt's outcome was already dropped for the retry).
     /// `self` is spent.
     #[cold]
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
     pub(crate) fn finish_refused(&mut self, why: NotReplayable) -> Error {
         self.refuse_replay(why);
         self.take_error(StopReason::BodyNotReplayable, why.to_string().into())
