@@ -7,8 +7,8 @@
 #
 # Reads target/doc/tower_retry_safety (run `cargo doc --no-deps --all-features` first). Left
 # out: code blocks and signatures (where `[u8]` is Rust), attributes (`#[non_exhaustive]`),
-# HTML comments, scripts and the sidebar (lists of names), and the docs of other crates' traits that rustdoc copies into our pages
-# (blanket and auto-trait implementations).
+# HTML comments, scripts and the sidebar (lists of names), and the docs of other crates that
+# rustdoc copies into our pages (blanket and auto-trait implementations, methods through Deref).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=target/doc/tower_retry_safety
@@ -19,6 +19,8 @@ found=$(find "$dir" -name '*.html' -print0 | xargs -0 perl -0777 -ne '
     s/<nav\b.*?<\/nav>//gs;
     s/<pre\b.*?<\/pre>//gs;
     s/<h[1-6][^>]*class="code-header".*?<\/h[1-6]>//gs;
+    # Methods reached through `Deref` to another crate\x27s type repeat that crate\x27s docs.
+    s/<h2 id="deref-methods.*?(?=<h2 id="(?!deref-methods))//gs;
     # Auto-trait and blanket implementations come last on a page, and only repeat other
     # crates\x27 docs.
     s/<h2 id="(?:synthetic|blanket)-implementations".*//s;

@@ -37,7 +37,7 @@ impl RetryPolicyBuilder {
     /// (the request may have been sent and applied), with the report, the request id and
     /// the idempotency key — which a `tower::timeout` outside the layer would lose.
     ///
-    /// Per request: [`RequestOptions::deadline`](super::RequestOptions::deadline).
+    /// Per request: [`RequestOptions::deadline`](crate::RequestOptions::deadline).
     ///
     /// Defaults to none. Must be above zero.
     pub fn deadline(mut self, deadline: Duration) -> Self {
@@ -50,7 +50,7 @@ impl RetryPolicyBuilder {
     /// retried and a write is not. The same as a `tower::timeout` inside the layer, except that
     /// a cut that coincides with the deadline ends the request with this crate's error.
     ///
-    /// Per request: [`RequestOptions::attempt_timeout`](super::RequestOptions::attempt_timeout).
+    /// Per request: [`RequestOptions::attempt_timeout`](crate::RequestOptions::attempt_timeout).
     ///
     /// Defaults to none. Must be above zero.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {

@@ -51,15 +51,22 @@ const SWEEP_BATCH: i64 = 256;
 /// clocks. Expired rows are deleted in batches of up to 256 in the background, one batch every
 /// 128 claims (so they never pile up), and by [`purge_expired`](Self::purge_expired).
 ///
+/// **Known limits (open):** lease mode and atomic mode on one table do not see each other's
+/// claims in flight (an atomic claim writes no row until it commits), so one key must be served
+/// by one mode: give each mode a table (a schema) of its own. In atomic mode, a handler that
+/// changes `search_path`, commits by hand, or acquires its [`KeyTransaction`] twice breaks the
+/// guarantee (the review tests in `tests/review_postgres.rs`, in the repository, show each).
+///
 /// ```no_run
 /// use tower_retry_safety::server::{IdempotencyLayer, PostgresStore};
 ///
 /// # async fn demo() -> Result<(), tower_retry_safety::server::StoreError> {
 /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app").await?;
 /// store.migrate().await?;
-/// let lease_mode = IdempotencyLayer::new(store.clone());
-/// let atomic_mode = IdempotencyLayer::new(store).atomic();
-/// # drop((lease_mode, atomic_mode));
+/// // One mode per table: lease mode here; `IdempotencyLayer::new(store).atomic()` for the
+/// // other, over a store whose `search_path` names another schema.
+/// let lease_mode = IdempotencyLayer::new(store);
+/// # drop(lease_mode);
 /// # Ok(()) }
 /// ```
 ///
