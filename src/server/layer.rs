@@ -213,7 +213,6 @@ impl<S, St> Layer<S> for IdempotencyLayer<St> {
     fn layer(&self, inner: S) -> Self::Service {
         IdempotencyService {
             inner,
-            store: self.store.clone(),
             config: self.config.clone(),
             renewals: self.renewals.clone(),
         }

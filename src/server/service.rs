@@ -34,10 +34,8 @@ use crate::BoxError;
 #[derive(Debug)]
 pub struct IdempotencyService<S, St> {
     pub(crate) inner: S,
-    pub(crate) store: Arc<St>,
     pub(crate) config: Arc<Config>,
-    /// The claims of this service's handlers that are running, renewed on a schedule of
-    /// their own.
+    /// The store, and the layer's claims that are running, renewed on a schedule of their own.
     pub(crate) renewals: Arc<Renewals<St>>,
 }
 
@@ -62,7 +60,6 @@ impl<S: Clone, St> Clone for IdempotencyService<S, St> {
     fn clone(&self) -> Self {
         IdempotencyService {
             inner: self.inner.clone(),
-            store: self.store.clone(),
             config: self.config.clone(),
             renewals: self.renewals.clone(),
         }
