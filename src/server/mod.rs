@@ -49,16 +49,18 @@
 //!
 //! **Renewal guarantee.** While a handler runs, its claim is renewed every quarter of the
 //! lease (at most a third apart) by a task of the layer's own on the handler's runtime, on its
-//! own timer, whatever the handler does: on a multi-thread runtime a handler keeps its claim,
-//! even one that never yields, while another worker is free; on a current-thread runtime,
-//! whose one thread the handler shares, the claim is kept as long as the thread is yielded
-//! (an `.await` that waits, or `tokio::task::yield_now`) at least once per half lease of clock
-//! time with [`MemoryStore`], and once per quarter lease with `RedisStore` (a renewal there
-//! also takes a turn of redis-rs's connection task). Outside a tokio runtime nothing is
-//! renewed. **Known limit (open):** on a current-thread runtime with several handlers busy at
-//! once, a claim has been seen to lapse even though the thread yields every 0.3 lease (two
-//! runs of a handler in 2 of 3 trials with three such handlers): serve keyed handlers that
-//! work between awaits from a multi-thread runtime.
+//! own timer, and also from the handler's own task each time the handler is polled a quarter
+//! lease or more after the last renewal. On a multi-thread runtime a handler keeps its claim,
+//! even one that never yields, while another worker is free. On a current-thread runtime one
+//! thread runs everything, and it reads its timers only when every task ready to run has had
+//! its turn: the claim is kept as long as the thread comes back to the handler at least once
+//! per half lease of clock time with [`MemoryStore`], and once per quarter lease with
+//! `RedisStore` (a renewal there also takes a turn of redis-rs's connection task). That time
+//! is the handler's own work between two `.await`s **plus that of every other task busy on
+//! the thread meanwhile**: three handlers at once, each working 0.25 lease between awaits, come
+//! back to each one every 0.75 lease, which `MemoryStore` still holds. Outside a tokio runtime
+//! nothing is renewed. Serve handlers that work long between awaits from a multi-thread
+//! runtime.
 //!
 //! The lease bounds the windows in which "never twice" cannot hold, and they are these:
 //!

@@ -12,9 +12,18 @@
 //! goes on. When a runtime shuts down, its ticker and its claims' handlers end together, as in
 //! a crash.
 //!
+//! A ticker is a task like any other: on a current-thread runtime it runs only when the thread
+//! comes round to it, and the thread's timers are read only once every task ready to run has
+//! had its turn. Several busy handlers on one thread can so keep it waiting for the sum of
+//! their stretches. So a claim is also renewed from its handler's own task: each time the
+//! handler is polled, a claim that has gone a quarter lease unrenewed is renewed there and
+//! then. Whichever renews first, the other sees it (the claim's slot keeps when it was last
+//! renewed), so a claim is renewed once per quarter lease, not twice.
+//!
 //! Registering a claim is a push under a lock; a claim that ends before its first renewal
-//! (most do) costs nothing more: no task, no timer of its own. The queue keeps an entry of 32
-//! bytes per claim until it would have been due (a quarter lease).
+//! (most do) costs nothing more: no task, no timer of its own, no clock read on the handler's
+//! first poll. The queue keeps an entry of 32 bytes per claim until it would have been due (a
+//! quarter lease).
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -22,7 +31,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::runtime::Id as RuntimeId;
@@ -65,6 +74,9 @@ struct Slot {
     shown: Arc<str>,
     claim: Claim,
     serial: u64,
+    /// When the claim was asked of the store, or its last renewal sent (by the ticker or from
+    /// the handler's task).
+    renewed: Instant,
 }
 
 impl<St> std::fmt::Debug for Renewals<St> {
@@ -160,6 +172,7 @@ impl<St: IdempotencyStore> Renewals<St> {
             shown: shown.clone(),
             claim,
             serial,
+            renewed: sent,
         };
         let index = match held.free.pop() {
             Some(i) => {
@@ -176,6 +189,9 @@ impl<St: IdempotencyStore> Renewals<St> {
         let late = now >= due;
         if late {
             due = now + self.lease / EVERY;
+            if let Some(slot) = held.slots[index].as_mut() {
+                slot.renewed = now;
+            }
         }
         held.due.push(Reverse((due, index, serial)));
         drop(runtimes);
@@ -198,6 +214,7 @@ impl<St: IdempotencyStore> Renewals<St> {
             index,
             serial,
             spawned: start_ticker || late,
+            next: due,
         })
     }
 
@@ -233,17 +250,58 @@ impl<St: IdempotencyStore> Renewals<St> {
             held.due.pop();
             let Some(slot) = held
                 .slots
-                .get(index)
-                .and_then(Option::as_ref)
+                .get_mut(index)
+                .and_then(Option::as_mut)
                 .filter(|s| s.serial == serial)
             else {
                 continue;
             };
-            due.push((slot.key.clone(), slot.shown.clone(), slot.claim));
-            held.due
-                .push(Reverse((now + self.lease / EVERY, index, serial)));
+            let next = match self.renew_if_due(slot, now) {
+                Ok(renew) => {
+                    due.push(renew);
+                    now + self.lease / EVERY
+                }
+                // Renewed from its handler's task since it was queued.
+                Err(next) => next,
+            };
+            held.due.push(Reverse((next, index, serial)));
         }
         due
+    }
+
+    /// `slot`'s claim to renew if it has gone a quarter lease unrenewed at `now` (marked as
+    /// renewed now), or when it will have.
+    fn renew_if_due(
+        &self,
+        slot: &mut Slot,
+        now: Instant,
+    ) -> Result<(Arc<str>, Arc<str>, Claim), Instant> {
+        let next = slot.renewed + self.lease / EVERY;
+        if next > now {
+            return Err(next);
+        }
+        slot.renewed = now;
+        Ok((slot.key.clone(), slot.shown.clone(), slot.claim))
+    }
+
+    /// For a claim's handler's task: the claim to renew if it is due at `now`, or when it will
+    /// be.
+    fn take_if_due(
+        &self,
+        runtime: RuntimeId,
+        index: usize,
+        serial: u64,
+        now: Instant,
+    ) -> Result<(Arc<str>, Arc<str>, Claim), Option<Instant>> {
+        let mut runtimes = self.lock();
+        let slot = runtimes
+            .iter_mut()
+            .find(|h| h.runtime == runtime)
+            .and_then(|held| held.slots.get_mut(index))
+            .and_then(Option::as_mut)
+            .filter(|s| s.serial == serial)
+            .ok_or(None)?;
+        self.renew_if_due(slot, now).map_err(Some)
     }
 }
 
@@ -258,6 +316,9 @@ pub(crate) struct Renewal<St: IdempotencyStore> {
     index: usize,
     serial: u64,
     spawned: bool,
+    /// Not before this is the claim due for renewal (a renewal by the ticker may have put it
+    /// later: the slot knows).
+    next: Instant,
 }
 
 impl<St: IdempotencyStore> Renewal<St> {
@@ -268,6 +329,7 @@ impl<St: IdempotencyStore> Renewal<St> {
             index: 0,
             serial: 0,
             spawned: false,
+            next: Instant::now(),
         }
     }
 
@@ -277,6 +339,48 @@ impl<St: IdempotencyStore> Renewal<St> {
     /// would keep it from its first poll. The caller yields once before the handler runs.
     pub(crate) fn spawned_task(&self) -> bool {
         self.spawned
+    }
+
+    /// Runs `work` (the handler and its response body), renewing the claim from this task
+    /// too, on each poll, if a quarter lease has passed since the last renewal (see the
+    /// module's docs for why the ticker alone is not enough). The first poll reads no clock
+    /// when it follows the claim at once; a task that yielded since (it spawned a task) may
+    /// come back to it late.
+    pub(crate) async fn during<F: Future>(&mut self, work: F) -> F::Output {
+        let mut work = std::pin::pin!(work);
+        let mut first = !self.spawned;
+        std::future::poll_fn(|cx| {
+            if !std::mem::replace(&mut first, false) {
+                self.renew_if_due();
+            }
+            work.as_mut().poll(cx)
+        })
+        .await
+    }
+
+    fn renew_if_due(&mut self) {
+        let Some((renewals, runtime)) = &self.renewals else {
+            return;
+        };
+        let now = Instant::now();
+        if now < self.next {
+            return;
+        }
+        match renewals.take_if_due(*runtime, self.index, self.serial, now) {
+            Ok((key, shown, claim)) => {
+                self.next = now + renewals.lease / EVERY;
+                send_renewal(
+                    renewals,
+                    key,
+                    shown,
+                    claim,
+                    &mut Context::from_waker(Waker::noop()),
+                );
+            }
+            Err(Some(next)) => self.next = next,
+            // Its runtime's ticker ended (the runtime is shutting down).
+            Err(None) => self.next = now + renewals.lease,
+        }
     }
 
     /// Stops renewing (the outcome is about to be stored: a renewal then would be refused).
@@ -343,6 +447,25 @@ async fn renew<St: IdempotencyStore>(
     shown: Arc<str>,
     claim: Claim,
 ) {
+    let mut call = Some((key, shown));
+    std::future::poll_fn(|cx| {
+        if let Some((key, shown)) = call.take() {
+            send_renewal(renewals, key, shown, claim, cx);
+        }
+        Poll::Ready(())
+    })
+    .await;
+}
+
+/// Sends one renewal, polled once with `cx`; if it must wait for a reply, it goes on in a task
+/// of its own.
+fn send_renewal<St: IdempotencyStore>(
+    renewals: &Arc<Renewals<St>>,
+    key: Arc<str>,
+    shown: Arc<str>,
+    claim: Claim,
+    cx: &mut Context<'_>,
+) {
     let (store, lease) = (renewals.store.clone(), renewals.lease);
     let mut call = Box::pin(async move {
         let renewed = tokio::time::timeout(lease / 4, store.renew(&key, claim, lease)).await;
@@ -359,11 +482,7 @@ async fn renew<St: IdempotencyStore>(
             }
         }
     });
-    let pending = std::future::poll_fn(|cx: &mut Context<'_>| {
-        Poll::Ready(call.as_mut().poll(cx).is_pending())
-    })
-    .await;
-    if pending {
+    if call.as_mut().poll(cx).is_pending() {
         drop(tokio::spawn(
             call as Pin<Box<dyn Future<Output = ()> + Send>>,
         ));

@@ -93,10 +93,17 @@ where
         let mut pending = Pending {
             claimed: Some(claimed),
         };
-        let (parts, body) = match inner.call(req).await {
-            Ok(res) => res.into_parts(),
+        let called = renewal
+            .during(async {
+                let (parts, body) = inner.call(req).await?.into_parts();
+                Ok((parts, buffer(body, limit).await))
+            })
+            .await;
+        // The lease is no longer renewed once the outcome is being stored.
+        renewal.stop();
+        let (parts, buffered) = match called {
+            Ok(answered) => answered,
             Err(err) => {
-                renewal.stop();
                 // Called, then no response: it may have applied. Keep a record that says so
                 // rather than free the key for a second run.
                 pending
@@ -105,9 +112,6 @@ where
                 return Err(err);
             }
         };
-        let buffered = buffer(body, limit).await;
-        // The lease is no longer renewed once the outcome is being stored.
-        renewal.stop();
         let declined = parts.status.is_server_error() && !store_server_errors;
         Ok(finish(pending, parts, buffered, declined).await)
     }
