@@ -6,6 +6,7 @@ use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -27,36 +28,10 @@ use super::super::record;
 use super::super::service::scoped_key;
 use super::super::store::{self, Entry, Fingerprint, IdempotencyStore, StoredResponse};
 use super::super::{IdempotencyLayer, ResponseBody};
-use super::{lock_id, secs, PostgresStore};
+use super::sql::{Sql, LOCKED};
+use super::{lock_id, secs, token, PostgresStore};
 use crate::classify::idempotency_key;
 use crate::BoxError;
-
-/// The transaction-local setting that says this transaction took the key's advisory lock.
-/// Set by the statement that takes the lock, read by the one that writes the record: it is gone
-/// once the transaction ends, which is how a handler that ended the transaction itself is
-/// caught.
-const LOCKED: &str = "tower_retry_safety.key_locked";
-
-/// Writes the completed record in the handler's transaction, only if that transaction is still
-/// the one that took the lock (no row otherwise).
-const COMPLETE: &str =
-    "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
-    SELECT $1, $2, true, $3, clock_timestamp() + make_interval(secs => $4)
-    WHERE current_setting('tower_retry_safety.key_locked', true) = 'true'
-    ON CONFLICT (key) DO UPDATE
-        SET claim = excluded.claim, completed = true, record = excluded.record,
-            expires_at = excluded.expires_at
-    RETURNING claim";
-
-/// After a handler ended the transaction itself: keep a record that says the outcome is
-/// unknown, unless a live record is there already.
-const KEEP_UNKNOWN: &str =
-    "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
-    VALUES ($1, $2, true, $3, clock_timestamp() + make_interval(secs => $4))
-    ON CONFLICT (key) DO UPDATE
-        SET claim = excluded.claim, completed = true, record = excluded.record,
-            expires_at = excluded.expires_at
-        WHERE t.expires_at <= clock_timestamp()";
 
 impl IdempotencyLayer<PostgresStore> {
     /// Atomic mode: the key is claimed inside a PostgreSQL transaction that the handler
@@ -122,9 +97,14 @@ impl IdempotencyLayer<PostgresStore> {
 /// the API. If it ends it by hand (`COMMIT` or `ROLLBACK` in SQL), or still holds the
 /// connection when its response is returned, the layer cannot tell what was kept: it answers
 /// 500, keeps a record that says the outcome is unknown (every repeat gets it: the writes may
-/// have committed), and logs an error. A statement of the handler's that failed aborts the
-/// transaction: the layer then rolls back and returns the handler's response as it is, not
-/// stored (nothing was committed; a repeat runs again).
+/// have committed), and logs an error. Until that record is written the key stays in flight
+/// (409): the claim's in-flight row commits with a hand-made `COMMIT`, and a transaction still
+/// held keeps its lock. (A `ROLLBACK` by hand followed by writes outside any transaction is the
+/// one misuse this cannot see until the handler answers.) A second
+/// [`acquire`](KeyTransaction::acquire) while a guard is held fails at once rather than wait
+/// for itself. A statement of the handler's that failed aborts the transaction: the layer then
+/// rolls back and returns the handler's response as it is, not stored (nothing was committed;
+/// a repeat runs again).
 ///
 /// # In PostgreSQL's log
 ///
@@ -253,15 +233,23 @@ impl KeyTransaction {
         req.extensions().get()
     }
 
-    /// The transaction's connection, to run statements in it; one holder at a time (the
-    /// guard waits for another to be dropped). Drop the guard before returning the response.
+    /// The transaction's connection, to run statements in it. Drop the guard before returning
+    /// the response.
     ///
-    /// Fails once the layer has taken the transaction back to commit it.
+    /// One holder at a time, and no waiting: fails at once while another guard is held (a
+    /// second `acquire` in the same handler would otherwise wait for itself forever, holding
+    /// the key and a connection), and once the layer has taken the transaction back to commit
+    /// it. Tasks that share the transaction take turns: a transaction runs one statement at a
+    /// time anyway.
     pub async fn acquire(&self) -> Result<KeyTransactionGuard, TransactionError> {
-        let guard = self.slot.clone().lock_owned().await;
+        let guard = self
+            .slot
+            .clone()
+            .try_lock_owned()
+            .map_err(|_| TransactionError(Why::Held))?;
         OwnedMutexGuard::try_map(guard, Option::as_mut)
             .map(KeyTransactionGuard)
-            .map_err(|_| TransactionError(()))
+            .map_err(|_| TransactionError(Why::TakenBack))
     }
 }
 
@@ -293,14 +281,35 @@ impl DerefMut for KeyTransactionGuard {
     }
 }
 
-/// [`KeyTransaction::acquire`] after the layer took the transaction back: the handler's
-/// response was returned (a task of the handler's that outlived it?).
+/// [`KeyTransaction::acquire`] failed: another guard holds the transaction, or the layer took
+/// it back (the handler's response was returned: a task of the handler's that outlived it?).
 #[derive(Debug)]
-pub struct TransactionError(());
+pub struct TransactionError(Why);
+
+#[derive(Debug)]
+enum Why {
+    Held,
+    TakenBack,
+}
+
+impl TransactionError {
+    /// Another [`KeyTransactionGuard`] of this request holds the transaction.
+    pub fn is_held(&self) -> bool {
+        matches!(self.0, Why::Held)
+    }
+
+    /// The layer took the transaction back: the handler's response was returned.
+    pub fn is_taken_back(&self) -> bool {
+        matches!(self.0, Why::TakenBack)
+    }
+}
 
 impl fmt::Display for TransactionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the request's transaction was already taken back by the idempotency layer: its response was returned")
+        f.write_str(match self.0 {
+            Why::Held => "the request's transaction is held by another KeyTransactionGuard: drop it before acquiring the transaction again",
+            Why::TakenBack => "the request's transaction was already taken back by the idempotency layer: its response was returned",
+        })
     }
 }
 
@@ -369,39 +378,59 @@ where
 /// record holds the key (before the lock: a repeat of a completed key never takes it), the
 /// key's advisory lock, the same check again (a statement of its own, so its snapshot is taken
 /// after the lock was granted and sees the record of any holder that committed in between),
-/// then `BEGIN`. The first three run in the implicit transaction that `BEGIN` turns into the
-/// request's, so the lock and the [`LOCKED`] setting carry over. A busy or taken key fails the
-/// statement with a marked error: the implicit transaction ends there, the lock with it, and
-/// the connection is left idle and clean.
+/// the claim's in-flight row, then `BEGIN`. The first four run in the implicit transaction
+/// that `BEGIN` turns into the request's, so the lock, the [`LOCKED`] setting and the row carry
+/// over. A busy or taken key fails the statement with a marked error: the implicit transaction
+/// ends there, the lock with it, and the connection is left idle and clean.
 ///
 /// Why check before the lock too: PostgreSQL sends an error to the client before it releases
 /// the failed transaction's locks, so a repeat refused *after* taking the lock holds it a
 /// moment past its answer, and the client's next repeat could meet it and get a needless 409
 /// (seen once in 25 runs of the tests, a repeat 4 ms after a replay).
 ///
-/// Only two values are written into the text: the lock id (a number) and the key in hex. The
-/// decoded key takes the column's collation: `convert_from`'s result would otherwise take the
-/// `C` collation of its `name` argument, and the comparison could not use the primary key's
-/// index (a scan of the whole table per request: 10 ms at 30,000 rows).
-fn claim_statement(key: &str) -> String {
-    let mut hex = String::with_capacity(key.len() * 2);
-    for b in key.bytes() {
-        hex.push(char::from(HEX[usize::from(b >> 4)]));
-        hex.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
+/// Why an in-flight row that only this transaction sees: it commits with the handler's writes
+/// in any case, so a handler that ends the transaction itself (`COMMIT`) leaves the key in
+/// flight, never free, while the layer records that its outcome is unknown; and a rollback
+/// (an error, a crash) takes it away with the handler's writes. It lives for the TTL: a key
+/// whose handler committed by hand and whose server then died stays in flight, not free.
+///
+/// Only numbers and hex are written into the text: the lock id, the claim, the TTL, the key
+/// and the in-flight record. The decoded key takes the column's collation: `convert_from`'s
+/// result would otherwise take the `C` collation of its `name` argument, and the comparison
+/// could not use the primary key's index (a scan of the whole table per request: 10 ms at
+/// 30,000 rows).
+fn claim_statement(sql: &Sql, key: &str, claim: i64, in_flight: &[u8], ttl: f64) -> String {
+    let lock = lock_id(key);
+    let (key, in_flight) = (hex(key.as_bytes()), hex(in_flight));
+    let table = &sql.table;
+    let key = format!("convert_from(decode('{key}', 'hex'), 'UTF8') COLLATE \"default\"");
     let taken = format!(
-        "SELECT (CASE WHEN EXISTS (SELECT 1 FROM idempotency_keys \
-            WHERE key = convert_from(decode('{hex}', 'hex'), 'UTF8') COLLATE \"default\" \
-            AND expires_at > clock_timestamp()) THEN '{TAKEN}' ELSE '0' END)::int"
+        "SELECT (CASE WHEN EXISTS (SELECT 1 FROM {table} \
+            WHERE key = {key} AND expires_at > clock_timestamp()) THEN '{TAKEN}' ELSE '0' END)::int"
     );
     format!(
         "{taken}; \
          SELECT (CASE WHEN pg_try_advisory_xact_lock({lock}) \
             THEN length(set_config('{LOCKED}', 'true', true))::text ELSE '{BUSY}' END)::int; \
          {taken}; \
-         BEGIN",
-        lock = lock_id(key),
+         INSERT INTO {table} AS t (key, claim, completed, record, expires_at) \
+            VALUES ({key}, {claim}, false, decode('{in_flight}', 'hex'), \
+                clock_timestamp() + make_interval(secs => {ttl})) \
+            ON CONFLICT (key) DO UPDATE \
+                SET claim = excluded.claim, completed = false, record = excluded.record, \
+                    expires_at = excluded.expires_at \
+                WHERE t.expires_at <= clock_timestamp(); \
+         BEGIN"
     )
+}
+
+fn hex(bytes: &[u8]) -> String {
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        hex.push(char::from(HEX[usize::from(b >> 4)]));
+        hex.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    hex
 }
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -566,7 +595,20 @@ impl Claim {
             fingerprint,
         } = self;
         store.count_claim();
-        let tx = match store.pool.begin_with(claim_statement(&key)).await {
+        let sql = match store.sql().await {
+            Ok(sql) => sql,
+            Err(err) => {
+                tracing::warn!(error = %err, cause = super::super::cause(&err), "idempotency (atomic): the store's schema could not be read; answering 503");
+                return Ok(retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+                ));
+            }
+        };
+        let claim = store::Claim::new();
+        let in_flight = record::encode_in_flight(claim, fingerprint);
+        let begin = claim_statement(&sql, &key, token(claim), &in_flight, secs(config.ttl));
+        let tx = match store.pool.begin_with(begin).await {
             Ok(tx) => tx,
             Err(err) => {
                 return Ok(match refusal(&err) {
@@ -589,10 +631,12 @@ impl Claim {
         let req = Request::from_parts(parts, Either::Left(Full::new(body)));
         let run = Run {
             store,
+            sql,
             config,
             key,
             shown,
             fingerprint,
+            claim,
             slot,
         };
         run.call(inner, req).await
@@ -600,12 +644,16 @@ impl Claim {
 }
 
 /// A claimed key whose handler is about to run in the transaction in `slot`.
+#[derive(Clone)]
 struct Run {
     store: PostgresStore,
+    sql: Arc<Sql>,
     config: Arc<Config>,
     key: Arc<str>,
     shown: Arc<str>,
     fingerprint: Fingerprint,
+    /// The claim of the key's in-flight row, and of the record written over it.
+    claim: store::Claim,
     slot: Slot,
 }
 
@@ -625,8 +673,9 @@ impl Run {
             Ok(res) => res,
             Err(err) => {
                 // Rolled back: the handler's writes and the key go together.
-                if let Ok(mut slot) = self.slot.try_lock() {
-                    drop(slot.take());
+                let tx = self.slot.try_lock().ok().and_then(|mut slot| slot.take());
+                if let Some(tx) = tx {
+                    roll_back(tx).await;
                 }
                 return Err(err);
             }
@@ -663,13 +712,13 @@ impl Run {
             Err(_) => None,
         };
         let Some(mut tx) = tx else {
-            return Ok(self.handler_kept_the_transaction().await);
+            return Ok(self.handler_kept_the_transaction(None).await);
         };
         if stored.status().is_server_error() && !self.config.store_server_errors {
-            drop(tx);
+            roll_back(tx).await;
             return Ok(res);
         }
-        let claim = store::Claim::new();
+        let claim = self.claim;
         let record = match record::encode_completed(claim, self.fingerprint, &stored) {
             Ok(record) => record,
             Err(why) => {
@@ -683,23 +732,20 @@ impl Run {
                 }
             }
         };
-        let written = sqlx::query(COMPLETE)
+        let written = sqlx::query(&self.sql.atomic_complete)
             .bind(&*self.key)
-            .bind(i64::from_ne_bytes(claim.token().to_ne_bytes()))
+            .bind(token(claim))
             .bind(&record)
             .bind(secs(self.config.ttl))
             .fetch_optional(&mut *tx)
             .await;
         match written {
             Ok(Some(_)) => {}
-            Ok(None) => {
-                drop(tx);
-                return Ok(self.handler_kept_the_transaction().await);
-            }
+            Ok(None) => return Ok(self.handler_kept_the_transaction(Some(tx)).await),
             Err(err) if is_aborted(&err) => {
                 // A statement of the handler's failed: nothing of this transaction can commit.
                 tracing::debug!(key = %self.shown, "idempotency (atomic): the handler's transaction was aborted by a failed statement; its response is returned unstored");
-                drop(tx);
+                roll_back(tx).await;
                 return Ok(res);
             }
             Err(err) => return Ok(unavailable("the response could not be recorded", &err)),
@@ -714,23 +760,19 @@ impl Run {
         Ok(res)
     }
 
-    /// The handler ended the transaction itself, or still holds it: what committed is
-    /// unknown. Keep a record that says so, so no repeat runs it again.
-    async fn handler_kept_the_transaction<B>(&self) -> Response<ResponseBody<B>> {
+    /// The handler ended the transaction itself (`tx`, back from it), or still holds it
+    /// (`None`): what committed is unknown. Keep a record that says so, so no repeat runs it
+    /// again. Until it is written the key stays in flight: its row committed with a hand-made
+    /// `COMMIT`, or the transaction still open holds its lock.
+    async fn handler_kept_the_transaction<B>(
+        &self,
+        tx: Option<Transaction<'static, Postgres>>,
+    ) -> Response<ResponseBody<B>> {
         tracing::error!(key = %self.shown, "idempotency (atomic): the handler ended the request's transaction itself (COMMIT or ROLLBACK) or still held it when it answered; its writes may or may not have committed, so the key keeps an unknown outcome (500) and its response is not sent");
-        let unknown = outcome::unknown();
-        let claim = store::Claim::new();
-        if let Ok(record) = record::encode_completed(claim, self.fingerprint, &unknown) {
-            if let Err(err) = sqlx::query(KEEP_UNKNOWN)
-                .bind(&*self.key)
-                .bind(i64::from_ne_bytes(claim.token().to_ne_bytes()))
-                .bind(&record)
-                .bind(secs(self.config.ttl))
-                .execute(&self.store.pool)
-                .await
-            {
-                tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be recorded either");
-            }
+        if let Err(err) = self.keep_unknown(tx).await {
+            // The key stays in flight (its row committed with the handler's COMMIT) or, if the
+            // transaction rolled back after all, free with nothing of it kept.
+            tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be recorded either");
         }
         let mut res = Response::new(ResponseBody::full(Bytes::from_static(
             b"the handler ended the request's database transaction itself, or kept it past its response, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
@@ -742,7 +784,71 @@ impl Run {
         );
         res
     }
+
+    /// Writes the unknown outcome over the claim's row, once the transaction is ours again:
+    /// `tx` (the handler ended it), or what a task of the handler's still holds (waited for at
+    /// most [`HOLDER_WAIT`] here, then from a task of its own: the response is not held up by
+    /// it). Until then the key stays in flight: the open transaction holds its lock.
+    async fn keep_unknown(
+        &self,
+        tx: Option<Transaction<'static, Postgres>>,
+    ) -> Result<(), sqlx::Error> {
+        if let Some(tx) = tx {
+            return self.settle_unknown(tx).await;
+        }
+        let slot = self.slot.clone();
+        match tokio::time::timeout(HOLDER_WAIT, slot.lock_owned()).await {
+            Ok(mut held) => match held.take() {
+                Some(tx) => self.settle_unknown(tx).await,
+                None => Ok(()),
+            },
+            Err(_) => {
+                let run = self.clone();
+                drop(tokio::spawn(async move {
+                    let tx = run.slot.clone().lock_owned().await.take();
+                    if let Some(tx) = tx {
+                        if let Err(err) = run.settle_unknown(tx).await {
+                            tracing::error!(error = %err, key = %run.shown, "idempotency (atomic): the unknown outcome could not be recorded");
+                        }
+                    }
+                }));
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends `tx` (a rollback: whatever of it the handler did not commit itself is not kept),
+    /// then writes the unknown outcome over the claim's row (committed with a hand-made
+    /// `COMMIT`) or where none is left.
+    async fn settle_unknown(&self, tx: Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
+        // After a hand-made COMMIT this rolls back nothing (a warning in PostgreSQL's log).
+        tx.rollback().await?;
+        let unknown = outcome::unknown();
+        let Ok(record) = record::encode_completed(self.claim, self.fingerprint, &unknown) else {
+            return Ok(());
+        };
+        sqlx::query(&self.sql.atomic_keep_unknown)
+            .bind(&*self.key)
+            .bind(token(self.claim))
+            .bind(record)
+            .bind(secs(self.config.ttl))
+            .execute(&self.store.pool)
+            .await
+            .map(drop)
+    }
 }
+
+/// Rolls back before answering, so that a repeat the client sends at once finds the key's lock
+/// released (a dropped transaction rolls back only when its connection goes back to the pool,
+/// from a task). A rollback that fails ends the connection, and the lock with it.
+async fn roll_back(tx: Transaction<'static, Postgres>) {
+    if let Err(err) = tx.rollback().await {
+        tracing::debug!(error = %err, "idempotency (atomic): rollback failed");
+    }
+}
+
+/// How long a response waits for a task of the handler's that still holds the transaction.
+const HOLDER_WAIT: Duration = Duration::from_secs(2);
 
 /// `25P02`: the transaction was aborted by an earlier failed statement.
 fn is_aborted(err: &sqlx::Error) -> bool {

@@ -9,43 +9,7 @@ use super::super::record;
 use super::super::store::{
     Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
-use super::{secs, PostgresStore};
-
-/// Claims a free key: absent, or its row expired (a lease that ended, a record past its TTL).
-/// On a live row, changes nothing and returns no row.
-const BEGIN: &str = "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
-    VALUES ($1, $2, false, $3, clock_timestamp() + make_interval(secs => $4))
-    ON CONFLICT (key) DO UPDATE
-        SET claim = excluded.claim, completed = false, record = excluded.record,
-            expires_at = excluded.expires_at
-        WHERE t.expires_at <= clock_timestamp()
-    RETURNING claim";
-
-const GET: &str = "SELECT record FROM idempotency_keys
-    WHERE key = $1 AND expires_at > clock_timestamp()";
-
-/// Writes the completed record if the key is in flight under this claim (its lease may have
-/// run out), or nothing holds it (absent or expired).
-const COMPLETE: &str =
-    "INSERT INTO idempotency_keys AS t (key, claim, completed, record, expires_at)
-    VALUES ($1, $2, true, $3, clock_timestamp() + make_interval(secs => $4))
-    ON CONFLICT (key) DO UPDATE
-        SET claim = excluded.claim, completed = true, record = excluded.record,
-            expires_at = excluded.expires_at
-        WHERE (t.claim = excluded.claim AND NOT t.completed) OR t.expires_at <= clock_timestamp()
-    RETURNING claim";
-
-const RENEW: &str =
-    "UPDATE idempotency_keys SET expires_at = clock_timestamp() + make_interval(secs => $3)
-    WHERE key = $1 AND claim = $2 AND NOT completed AND expires_at > clock_timestamp()";
-
-const RELEASE: &str = "DELETE FROM idempotency_keys
-    WHERE key = $1 AND claim = $2 AND NOT completed AND expires_at > clock_timestamp()";
-
-/// A claim's token as PostgreSQL's `bigint`: the same 64 bits.
-fn token(claim: Claim) -> i64 {
-    i64::from_ne_bytes(claim.token().to_ne_bytes())
-}
+use super::{lock_id, secs, token, PostgresStore};
 
 /// A row's `(completed, record)` as an entry; the record is decoded, never trusted blindly.
 pub(super) fn entry(record: &[u8]) -> Result<Entry, StoreError> {
@@ -60,18 +24,26 @@ impl IdempotencyStore for PostgresStore {
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         self.count_claim();
+        let sql = self.sql().await?;
         let claim = Claim::new();
         let in_flight = record::encode_in_flight(claim, fingerprint);
         // A key that expires between the two statements is claimed on the next round.
         for _ in 0..3 {
-            let claimed = sqlx::query(BEGIN)
+            let row = sqlx::query(&sql.lease_begin)
                 .bind(key)
                 .bind(token(claim))
                 .bind(&in_flight)
                 .bind(secs(lease))
-                .fetch_optional(&self.pool)
+                .bind(lock_id(key))
+                .fetch_one(&self.pool)
                 .await
                 .map_err(StoreError::new)?;
+            let free: bool = row.try_get("free").map_err(StoreError::new)?;
+            let claimed: Option<i64> = row.try_get("claim").map_err(StoreError::new)?;
+            if !free {
+                // An atomic-mode request holds the key (its row commits with it): in flight.
+                return Ok(Begin::Existing(Entry::InFlight { fingerprint }));
+            }
             if claimed.is_some() {
                 return Ok(Begin::Started(claim));
             }
@@ -85,7 +57,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn renew(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
-        let done = sqlx::query(RENEW)
+        let done = sqlx::query(&self.sql().await?.lease_renew)
             .bind(key)
             .bind(token(claim))
             .bind(secs(lease))
@@ -109,7 +81,7 @@ impl IdempotencyStore for PostgresStore {
     ) -> Result<(), StoreError> {
         let completed =
             record::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
-        let done = sqlx::query(COMPLETE)
+        let done = sqlx::query(&self.sql().await?.lease_complete)
             .bind(key)
             .bind(token(claim))
             .bind(&completed)
@@ -125,7 +97,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
-        let row = sqlx::query(GET)
+        let row = sqlx::query(&self.sql().await?.lease_get)
             .bind(key)
             .fetch_optional(&self.pool)
             .await
@@ -136,7 +108,7 @@ impl IdempotencyStore for PostgresStore {
     }
 
     async fn release(&self, key: &str, claim: Claim) -> Result<(), StoreError> {
-        let done = sqlx::query(RELEASE)
+        let done = sqlx::query(&self.sql().await?.lease_release)
             .bind(key)
             .bind(token(claim))
             .execute(&self.pool)

@@ -3,6 +3,7 @@
 
 mod atomic;
 mod lease;
+mod sql;
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,8 +13,10 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Executor;
+use tokio::sync::OnceCell;
 
-use super::store::StoreError;
+use super::store::{Claim, StoreError};
+use sql::Sql;
 
 pub use atomic::{
     AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, TransactionError,
@@ -45,17 +48,19 @@ const SWEEP_BATCH: i64 = 256;
 ///
 /// # The table
 ///
-/// One table, `idempotency_keys` ([`SCHEMA`]), in the first schema of the connection's
-/// `search_path`: apply it with your migration tool or with [`migrate`](Self::migrate). The
+/// One table, `idempotency_keys` ([`SCHEMA`]), in one schema: the one named with
+/// [`schema`](Self::schema), or else the first schema of the pool's `search_path` (its
+/// `current_schema()`) when the store first talks to the database. Apply it with your
+/// migration tool or with [`migrate`](Self::migrate). Every statement names the table by its
+/// schema, so a `search_path` changed on a pooled connection (by an atomic-mode handler, or
+/// anyone sharing the pool) never sends a record to another schema's table. The
 /// database's clock decides leases and expiry, so the servers of a fleet need no synchronised
 /// clocks. Expired rows are deleted in batches of up to 256 in the background, one batch every
 /// 128 claims (so they never pile up), and by [`purge_expired`](Self::purge_expired).
 ///
-/// **Known limits (open):** lease mode and atomic mode on one table do not see each other's
-/// claims in flight (an atomic claim writes no row until it commits), so one key must be served
-/// by one mode: give each mode a table (a schema) of its own. In atomic mode, a handler that
-/// changes `search_path`, commits by hand, or acquires its [`KeyTransaction`] twice breaks the
-/// guarantee (the review tests in `tests/review_postgres.rs`, in the repository, show each).
+/// Both modes can share the table: a lease-mode claim takes the key's advisory lock for the
+/// moment it claims, so a key that an atomic-mode transaction holds is in flight for it too
+/// (409), and an atomic claim sees a lease-mode claim's row.
 ///
 /// ```no_run
 /// use tower_retry_safety::server::{IdempotencyLayer, PostgresStore};
@@ -63,10 +68,9 @@ const SWEEP_BATCH: i64 = 256;
 /// # async fn demo() -> Result<(), tower_retry_safety::server::StoreError> {
 /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app").await?;
 /// store.migrate().await?;
-/// // One mode per table: lease mode here; `IdempotencyLayer::new(store).atomic()` for the
-/// // other, over a store whose `search_path` names another schema.
-/// let lease_mode = IdempotencyLayer::new(store);
-/// # drop(lease_mode);
+/// let lease_mode = IdempotencyLayer::new(store.clone());
+/// let atomic_mode = IdempotencyLayer::new(store).atomic();
+/// # drop((lease_mode, atomic_mode));
 /// # Ok(()) }
 /// ```
 ///
@@ -78,6 +82,8 @@ const SWEEP_BATCH: i64 = 256;
 pub struct PostgresStore {
     pub(crate) pool: PgPool,
     claims: Arc<AtomicU64>,
+    /// The statements, once the schema is known.
+    sql: Arc<OnceCell<Arc<Sql>>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -108,7 +114,32 @@ impl PostgresStore {
         PostgresStore {
             pool,
             claims: Arc::new(AtomicU64::new(0)),
+            sql: Arc::new(OnceCell::new()),
         }
+    }
+
+    /// Keeps the table in schema `name` (which must exist) rather than in the pool's
+    /// `current_schema()`. [`migrate`](Self::migrate) creates the table there.
+    pub fn schema(mut self, name: &str) -> PostgresStore {
+        self.sql = Arc::new(OnceCell::new_with(Some(Arc::new(Sql::new(name)))));
+        self
+    }
+
+    /// The statements, their table named by its schema: read once, from a pooled connection.
+    pub(crate) async fn sql(&self) -> Result<Arc<Sql>, StoreError> {
+        self.sql
+            .get_or_try_init(|| async {
+                let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(StoreError::new)?;
+                let schema = schema.ok_or_else(|| {
+                    StoreError::new("the pool's search_path names no schema that exists: create one, or name it with PostgresStore::schema")
+                })?;
+                Ok(Arc::new(Sql::new(&schema)))
+            })
+            .await
+            .cloned()
     }
 
     /// The pool.
@@ -116,10 +147,17 @@ impl PostgresStore {
         &self.pool
     }
 
-    /// Applies [`SCHEMA`] (creates the table and its index if absent), under an advisory lock
-    /// so that servers starting together do not race.
+    /// Applies [`SCHEMA`] (creates the table and its index if absent) in the store's schema,
+    /// under an advisory lock so that servers starting together do not race.
     pub async fn migrate(&self) -> Result<(), StoreError> {
+        let sql = self.sql().await?;
         let mut tx = self.pool.begin().await.map_err(StoreError::new)?;
+        tx.execute(sqlx::raw_sql(&format!(
+            "SET LOCAL search_path TO {}",
+            sql.schema
+        )))
+        .await
+        .map_err(StoreError::new)?;
         // A constant of this crate's own: "trs-idem" in ASCII.
         tx.execute("SELECT pg_advisory_xact_lock(8391154592093628781)")
             .await
@@ -133,15 +171,11 @@ impl PostgresStore {
     /// Deletes up to `limit` expired rows, oldest first, and returns how many it deleted. Rows
     /// locked by another transaction are skipped, never waited for.
     pub async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM idempotency_keys WHERE key = ANY(ARRAY(
-                SELECT key FROM idempotency_keys WHERE expires_at <= clock_timestamp()
-                ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))",
-        )
-        .bind(i64::from(limit))
-        .execute(&self.pool)
-        .await
-        .map_err(StoreError::new)?;
+        let done = sqlx::query(&self.sql().await?.purge)
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await
+            .map_err(StoreError::new)?;
         Ok(done.rows_affected())
     }
 
@@ -171,6 +205,11 @@ pub(crate) fn lock_id(key: &str) -> i64 {
     let mut id = [0; 8];
     id.copy_from_slice(&digest[..8]);
     i64::from_be_bytes(id)
+}
+
+/// A claim's token as PostgreSQL's `bigint`: the same 64 bits.
+pub(crate) fn token(claim: Claim) -> i64 {
+    i64::from_ne_bytes(claim.token().to_ne_bytes())
 }
 
 /// A duration in seconds for `make_interval(secs => …)`.
