@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use pin_project_lite::pin_project;
 use tokio::runtime::Id as RuntimeId;
 use tokio::time::{Instant, Sleep};
 
@@ -346,16 +347,12 @@ impl<St: IdempotencyStore> Renewal<St> {
     /// module's docs for why the ticker alone is not enough). The first poll reads no clock
     /// when it follows the claim at once; a task that yielded since (it spawned a task) may
     /// come back to it late.
-    pub(crate) async fn during<F: Future>(&mut self, work: F) -> F::Output {
-        let mut work = std::pin::pin!(work);
-        let mut first = !self.spawned;
-        std::future::poll_fn(|cx| {
-            if !std::mem::replace(&mut first, false) {
-                self.renew_if_due();
-            }
-            work.as_mut().poll(cx)
-        })
-        .await
+    pub(crate) fn during<F: Future>(&mut self, work: F) -> During<'_, St, F> {
+        During {
+            check: self.spawned,
+            renewal: self,
+            work,
+        }
     }
 
     fn renew_if_due(&mut self) {
@@ -394,6 +391,30 @@ impl<St: IdempotencyStore> Renewal<St> {
 impl<St: IdempotencyStore> Drop for Renewal<St> {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+pin_project! {
+    /// [`Renewal::during`]: a plain future rather than an `async fn`, so that the handler's
+    /// future is moved into it once, not twice.
+    pub(crate) struct During<'r, St: IdempotencyStore, F> {
+        renewal: &'r mut Renewal<St>,
+        // Whether this poll checks the clock.
+        check: bool,
+        #[pin]
+        work: F,
+    }
+}
+
+impl<St: IdempotencyStore, F: Future> Future for During<'_, St, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        if std::mem::replace(this.check, true) {
+            this.renewal.renew_if_due();
+        }
+        this.work.poll(cx)
     }
 }
 
