@@ -120,6 +120,8 @@ pub struct RequestVerdict {
     source: VerdictSource,
     no_retry: bool,
     keys_honored: bool,
+    /// A well-formed key, trusted or not.
+    has_key: bool,
     keyed: bool,
 }
 
@@ -130,6 +132,7 @@ impl RequestVerdict {
         source: VerdictSource::Marker,
         no_retry: true,
         keys_honored: false,
+        has_key: false,
         keyed: false,
     };
 
@@ -139,6 +142,7 @@ impl RequestVerdict {
             source,
             no_retry: false,
             keys_honored: false,
+            has_key: false,
             keyed: false,
         }
     }
@@ -152,8 +156,15 @@ impl RequestVerdict {
     /// Whether the request carries a well-formed key (its own or a minted one); it counts
     /// only where keys are trusted.
     pub(crate) fn with_key(mut self, has_key: bool) -> Self {
+        self.has_key = has_key;
         self.keyed = has_key && self.keys_honored;
         self
+    }
+
+    /// Whether the request carries a well-formed key, whether or not its target is trusted
+    /// to honour it.
+    pub(crate) fn has_key(&self) -> bool {
+        self.has_key
     }
 
     /// Whether a repeat of the request is harmless. A [`NoRetry`] request reports

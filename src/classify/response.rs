@@ -46,8 +46,9 @@ pub(crate) fn classify(
 ) -> Classification {
     // A replay of a stored response never changes: repeating the key gets it again. This
     // comes before the caller's classifiers, which read a status that the server will only
-    // ever repeat.
-    if let Some(name) = &policy.replay_header {
+    // ever repeat. Only a request with a key can be answered with a replay: one without is
+    // spared the header lookup.
+    if let (true, Some(name)) = (verdict.has_key(), &policy.replay_header) {
         if headers
             .get(name)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))

@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use super::replay::{keep_stream, Kept};
 use super::{LayerAttempt, NotReplayable, ReplayBody};
-use crate::attempts::{Attempts, Outcome, Plan, Step};
+use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
 use crate::target::Target;
 use crate::timed_out::TimedOut;
@@ -168,7 +168,17 @@ where
                     let result = ready!(poll_attempt(future, timer, cx));
                     let resend = this.retry.as_ref().map(|r| r.body.check(result.is_ok()));
                     match this.attempts.on_outcome(Outcome::of(&result), resend) {
-                        Step::Stop(reason) => (result, reason),
+                        // Finished here rather than below: the response is then not moved
+                        // once more on the common path (one response, no retry).
+                        Step::Stop(reason) => {
+                            return Poll::Ready(stop(
+                                this.state,
+                                this.retry,
+                                this.attempts,
+                                result,
+                                reason,
+                            ))
+                        }
                         Step::Wait(after) => {
                             // The failed attempt's response (if any) is dropped here.
                             this.state.set(State::waiting(after));
@@ -206,12 +216,27 @@ where
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
-            this.state.set(State::Done);
-            // The copy or recording, and the retry's service, go now.
-            this.retry.take();
-            return Poll::Ready(this.attempts.finish(result, reason));
+            return Poll::Ready(stop(this.state, this.retry, this.attempts, result, reason));
         }
     }
+}
+
+/// The one way a request ends: done, the copy or recording and the retry's service dropped,
+/// the outcome finished with its report.
+#[inline(always)]
+fn stop<F, B, S, Res>(
+    mut state: Pin<&mut State<F, B>>,
+    retry: &mut Option<Replay<S, B>>,
+    attempts: &mut Attempts,
+    result: Result<Res, BoxError>,
+    reason: StopReason,
+) -> Result<Res, Error>
+where
+    Res: CarriesReport,
+{
+    state.set(State::Done);
+    retry.take();
+    attempts.finish(result, reason)
 }
 
 impl<F, B> State<F, B> {
