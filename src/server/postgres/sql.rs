@@ -17,8 +17,14 @@ pub(crate) struct Sql {
     pub(crate) lease_release: String,
     pub(crate) atomic_complete: String,
     pub(crate) atomic_keep_unknown: String,
+    pub(crate) atomic_claim_committed: String,
     pub(crate) purge: String,
 }
+
+/// Whether the transaction it runs in is still the one that took the key's lock (`true`), or
+/// the handler ended that one (`NULL` or `false`).
+pub(crate) const STILL_LOCKED: &str =
+    "SELECT current_setting('tower_retry_safety.key_locked', true) = 'true'";
 
 /// The transaction-local setting that says this transaction took the key's advisory lock.
 /// Set by the statement that takes the lock, read by the one that writes the record: it is gone
@@ -99,6 +105,10 @@ impl Sql {
                         expires_at = excluded.expires_at
                     WHERE t.claim = excluded.claim OR t.expires_at <= clock_timestamp()"
             ),
+            // Whether the claim's in-flight row was committed: only a hand-made COMMIT can.
+            atomic_claim_committed: format!(
+                "SELECT EXISTS (SELECT 1 FROM {t} WHERE key = $1 AND claim = $2 AND NOT completed)"
+            ),
             // Rows locked by another transaction are skipped, never waited for.
             purge: format!(
                 "DELETE FROM {t} WHERE key = ANY(ARRAY(
@@ -114,6 +124,11 @@ impl Sql {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_lock_check_reads_the_setting_the_claim_sets() {
+        assert!(STILL_LOCKED.contains(&format!("'{LOCKED}'")));
+    }
 
     #[test]
     fn a_schema_name_is_quoted_whatever_it_holds() {

@@ -17,7 +17,7 @@ use crate::server::buffer::{buffer, Buffered};
 use crate::server::layer::Config;
 use crate::server::outcome;
 use crate::server::outcome::retry_later;
-use crate::server::postgres::sql::Sql;
+use crate::server::postgres::sql::{Sql, STILL_LOCKED};
 use crate::server::postgres::{secs, token, PostgresStore};
 use crate::server::record;
 use crate::server::store::{self, Fingerprint, StoredResponse};
@@ -52,14 +52,19 @@ impl Run {
         ResBody: Body<Data = Bytes> + Unpin,
         ResBody::Error: Into<BoxError>,
     {
-        // A panic unwinds through here: the transaction is dropped with `slot`, and rolls back.
+        // Until the transaction is back: a panic in the handler or its body abandons it.
+        let mut armed = Armed(Some(self.clone()));
         let res = match inner.call(req).await {
             Ok(res) => res,
             Err(err) => {
+                armed.0 = None;
                 // Rolled back: the handler's writes and the key go together.
                 let tx = self.slot.try_lock().ok().and_then(|mut slot| slot.take());
-                if let Some(tx) = tx {
-                    roll_back(tx).await;
+                let Some(tx) = tx else {
+                    return Ok(self.handler_kept_the_transaction(None).await);
+                };
+                if self.abandon(tx).await {
+                    return Ok(unknown_response());
                 }
                 return Err(err);
             }
@@ -91,6 +96,7 @@ impl Run {
             }
         };
         // The transaction back from the handler.
+        armed.0 = None;
         let tx = match self.slot.try_lock() {
             Ok(mut slot) => slot.take(),
             Err(_) => None,
@@ -99,7 +105,9 @@ impl Run {
             return Ok(self.handler_kept_the_transaction(None).await);
         };
         if stored.status().is_server_error() && !self.config.store_server_errors {
-            roll_back(tx).await;
+            if self.abandon(tx).await {
+                return Ok(unknown_response());
+            }
             return Ok(res);
         }
         let claim = self.claim;
@@ -112,7 +120,12 @@ impl Run {
                 let head = outcome::head_only(stored.status(), &http::HeaderMap::new());
                 match record::encode_completed(claim, self.fingerprint, &head) {
                     Ok(record) => record,
-                    Err(_) => return Ok(res),
+                    Err(_) => {
+                        if self.abandon(tx).await {
+                            return Ok(unknown_response());
+                        }
+                        return Ok(res);
+                    }
                 }
             }
         };
@@ -129,7 +142,9 @@ impl Run {
             Err(err) if is_aborted(&err) => {
                 // A statement of the handler's failed: nothing of this transaction can commit.
                 tracing::debug!(key = %self.shown, "idempotency (atomic): the handler's transaction was aborted by a failed statement; its response is returned unstored");
-                roll_back(tx).await;
+                if self.abandon(tx).await {
+                    return Ok(unknown_response());
+                }
                 return Ok(res);
             }
             Err(err) => return Ok(unavailable("the response could not be recorded", &err)),
@@ -152,21 +167,60 @@ impl Run {
         &self,
         tx: Option<Transaction<'static, Postgres>>,
     ) -> Response<ResponseBody<B>> {
-        tracing::error!(key = %self.shown, "idempotency (atomic): the handler ended the request's transaction itself (COMMIT or ROLLBACK) or still held it when it answered; its writes may or may not have committed, so the key keeps an unknown outcome (500) and its response is not sent");
+        self.log_kept();
         if let Err(err) = self.keep_unknown(tx).await {
             // The key stays in flight (its row committed with the handler's COMMIT) or, if the
             // transaction rolled back after all, free with nothing of it kept.
             tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be recorded either");
         }
-        let mut res = Response::new(ResponseBody::full(Bytes::from_static(
-            b"the handler ended the request's database transaction itself, or kept it past its response, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
-        )));
-        *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-        res.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("text/plain; charset=utf-8"),
-        );
-        res
+        unknown_response()
+    }
+
+    fn log_kept(&self) {
+        tracing::error!(key = %self.shown, "idempotency (atomic): the handler ended the request's transaction itself (COMMIT or ROLLBACK) or still held it when it answered; its writes may or may not have committed, so the key keeps an unknown outcome (500) and its response is not sent");
+    }
+
+    /// Ends `tx`, which the layer will not commit (the handler failed or panicked, a 5xx not
+    /// to be stored, a statement that failed): rolled back if it is still the claim's. If the
+    /// handler had ended it itself, what it committed is unknown, and the unknown outcome is
+    /// kept (`true`): a hand-made `COMMIT` committed the claim's row with the handler's writes,
+    /// and a `ROLLBACK` may have been followed by writes outside any transaction.
+    async fn abandon(&self, mut tx: Transaction<'static, Postgres>) -> bool {
+        let still_locked = sqlx::query_scalar::<_, Option<bool>>(STILL_LOCKED)
+            .fetch_one(&mut *tx)
+            .await;
+        let kept = match still_locked {
+            Ok(Some(true)) => {
+                roll_back(tx).await;
+                return false;
+            }
+            Ok(_) => self.settle_unknown(tx).await,
+            Err(_) => {
+                // Aborted by a failed statement (a transaction the handler began by hand after
+                // its COMMIT, or the claim's own), or the connection failed: roll back, then
+                // look for the claim's row, which only a hand-made COMMIT can have committed.
+                roll_back(tx).await;
+                match self.claim_row_committed().await {
+                    Ok(true) => self.write_unknown().await,
+                    // Not committed: nothing of the transaction was kept. Unreadable: if the
+                    // row is there, it holds the key in flight until its TTL ends.
+                    Ok(false) | Err(_) => return false,
+                }
+            }
+        };
+        self.log_kept();
+        if let Err(err) = kept {
+            tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be recorded either");
+        }
+        true
+    }
+
+    async fn claim_row_committed(&self) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(&self.sql.atomic_claim_committed)
+            .bind(&*self.key)
+            .bind(token(self.claim))
+            .fetch_one(&self.store.pool)
+            .await
     }
 
     /// Writes the unknown outcome over the claim's row, once the transaction is ours again:
@@ -207,6 +261,11 @@ impl Run {
     async fn settle_unknown(&self, tx: Transaction<'static, Postgres>) -> Result<(), sqlx::Error> {
         // After a hand-made COMMIT this rolls back nothing (a warning in PostgreSQL's log).
         tx.rollback().await?;
+        self.write_unknown().await
+    }
+
+    /// Writes the unknown outcome over the claim's row, or where none is left.
+    async fn write_unknown(&self) -> Result<(), sqlx::Error> {
         let unknown = outcome::unknown();
         let Ok(record) = record::encode_completed(self.claim, self.fingerprint, &unknown) else {
             return Ok(());
@@ -219,6 +278,39 @@ impl Run {
             .execute(&self.store.pool)
             .await
             .map(drop)
+    }
+}
+
+/// The answer to a request whose handler ended its transaction itself, and to every repeat.
+fn unknown_response<B>() -> Response<ResponseBody<B>> {
+    let mut res = Response::new(ResponseBody::full(Bytes::from_static(
+        b"the handler ended the request's database transaction itself, or kept it past its response, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
+    )));
+    *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    res
+}
+
+/// A call whose transaction the layer has not taken back yet. Dropped so (the handler or its
+/// body panicked, or the runtime dropped the call), it abandons the transaction from a task of
+/// its own: a hand-made `COMMIT` before the panic still gets its unknown outcome.
+struct Armed(Option<Run>);
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        let Some(run) = self.0.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        drop(runtime.spawn(async move {
+            let tx = run.slot.clone().lock_owned().await.take();
+            if let Some(tx) = tx {
+                run.abandon(tx).await;
+            }
+        }));
     }
 }
 
