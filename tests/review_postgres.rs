@@ -333,3 +333,42 @@ async fn a_named_schema_holds_the_table_whatever_the_search_path() {
         "the record is in the named schema"
     );
 }
+
+/// A pool whose connections set `search_path` in their session (`after_connect`) cannot say
+/// where the store's table is: the store refuses to guess, and says to name the schema.
+#[tokio::test]
+async fn a_search_path_set_after_connect_needs_the_schema_named() {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    use sqlx::Executor;
+    use std::str::FromStr;
+    let db = TestDb::new().await;
+    let schema = db.schema.clone();
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .after_connect(move |conn, _| {
+            let set = format!("SET search_path TO {schema}");
+            Box::pin(async move { conn.execute(set.as_str()).await.map(drop) })
+        })
+        .connect_with(PgConnectOptions::from_str(&db.url).unwrap())
+        .await
+        .unwrap();
+    let refused = PostgresStore::from_pool(pool.clone()).migrate().await;
+    let err = refused.expect_err("the store guesses no schema");
+    let why = std::error::Error::source(&err).map(ToString::to_string);
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("PostgresStore::schema")),
+        "{err}: {why:?}"
+    );
+    PostgresStore::from_pool(pool.clone())
+        .schema(&db.schema)
+        .migrate()
+        .await
+        .unwrap();
+    pool.close().await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM idempotency_keys").await,
+        0,
+        "the table is in the named schema"
+    );
+}

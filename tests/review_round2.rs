@@ -810,7 +810,6 @@ async fn session_level_search_path_on_a_reused_connection() {
 // or on a fresh connection (`pool.connect_options()` + `PgConnection::connect_with`) that no
 // handler has touched; or require `PostgresStore::schema` when the pool is shared.
 #[tokio::test]
-#[ignore = "open defect: a second store over a shared pool reads current_schema() from a connection a handler left with a session search_path"]
 async fn a_second_store_on_the_same_pool_reads_a_handlers_search_path() {
     let db = TestDb::new().await;
     let pool = db.pool(1).await;

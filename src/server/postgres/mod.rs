@@ -50,7 +50,11 @@ const SWEEP_BATCH: i64 = 256;
 ///
 /// One table, `idempotency_keys` ([`SCHEMA`]), in one schema: the one named with
 /// [`schema`](Self::schema), or else the first schema of the pool's `search_path` (its
-/// `current_schema()`) when the store first talks to the database. Apply it with your
+/// `current_schema()`) when the store first talks to the database: the `search_path` a
+/// session begins with (the connect options', the role's or the server's). A store over a
+/// pool whose connections change `search_path` in their session (an `after_connect` hook, or
+/// handlers that `SET` it on the application's pool) must be given the schema: it refuses to
+/// guess (each request gets 503, and the log says why). Apply it with your
 /// migration tool or with [`migrate`](Self::migrate). Every statement names the table by its
 /// schema, so a `search_path` changed on a pooled connection (by an atomic-mode handler, or
 /// anyone sharing the pool) never sends a record to another schema's table. The
@@ -125,14 +129,24 @@ impl PostgresStore {
         self
     }
 
-    /// The statements, their table named by its schema: read once, from a pooled connection.
+    /// The statements, their table named by its schema: read once, from a pooled connection
+    /// whose `search_path` is still the one its session began with. A connection on which the
+    /// session changed it (a handler's `SET search_path`, or the pool's `after_connect`) cannot
+    /// say which schema the store's table is in: the store fails until it is named with
+    /// [`schema`](Self::schema), rather than guess.
     pub(crate) async fn sql(&self) -> Result<Arc<Sql>, StoreError> {
         self.sql
             .get_or_try_init(|| async {
-                let schema: Option<String> = sqlx::query_scalar("SELECT current_schema()")
-                    .fetch_one(&self.pool)
-                    .await
-                    .map_err(StoreError::new)?;
+                let (schema, as_begun): (Option<String>, bool) = sqlx::query_as(
+                    "SELECT current_schema(), current_setting('search_path') = \
+                     (SELECT reset_val FROM pg_settings WHERE name = 'search_path')",
+                )
+                .fetch_one(&self.pool)
+                .await
+                .map_err(StoreError::new)?;
+                if !as_begun {
+                    return Err(StoreError::new("the pooled connection's search_path was changed in its session, so the store cannot tell which schema holds its table: name it with PostgresStore::schema"));
+                }
                 let schema = schema.ok_or_else(|| {
                     StoreError::new("the pool's search_path names no schema that exists: create one, or name it with PostgresStore::schema")
                 })?;
