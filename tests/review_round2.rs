@@ -938,7 +938,6 @@ async fn writes_through_pool(
 // `UPDATE … WHERE (key, claim) IN (…)`; at the least, document that lease mode needs a pool
 // its handlers never hold and make `PostgresStore::connect`'s pool private to the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open defect: lease-mode renewals share the pool with handlers; a pool held by handlers for a lease lets the claims lapse and a repeat run twice"]
 async fn lease_mode_renewals_starve_when_handlers_hold_the_pool() {
     let db = TestDb::new().await;
     let pool = db.pool(2).await;

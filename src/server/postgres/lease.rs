@@ -1,5 +1,11 @@
 //! Lease mode: `PostgresStore` as an `IdempotencyStore`, the protocol `RedisStore` keeps, in
 //! one table. Each call is one statement (a claim on a taken key, two), atomic on its own.
+//!
+//! Renewals, completions and releases go over connections the store keeps for itself: the
+//! pool it was given may be the application's, and handlers that hold its connections would
+//! keep a claim from being renewed (it lapses while its handler runs, and a repeat runs it
+//! again) or its outcome from being stored. Claims and reads use the pool given: a claim that
+//! waits for a connection has run nothing.
 
 use std::time::Duration;
 
@@ -61,7 +67,7 @@ impl IdempotencyStore for PostgresStore {
             .bind(key)
             .bind(token(claim))
             .bind(secs(lease))
-            .execute(&self.pool)
+            .execute(self.own_pool().await)
             .await
             .map_err(StoreError::new)?;
         if done.rows_affected() == 1 {
@@ -86,7 +92,7 @@ impl IdempotencyStore for PostgresStore {
             .bind(token(claim))
             .bind(&completed)
             .bind(secs(ttl))
-            .fetch_optional(&self.pool)
+            .fetch_optional(self.own_pool().await)
             .await
             .map_err(StoreError::new)?;
         if done.is_some() {
@@ -111,7 +117,7 @@ impl IdempotencyStore for PostgresStore {
         let done = sqlx::query(&self.sql().await?.lease_release)
             .bind(key)
             .bind(token(claim))
-            .execute(&self.pool)
+            .execute(self.own_pool().await)
             .await
             .map_err(StoreError::new)?;
         if done.rows_affected() == 1 {

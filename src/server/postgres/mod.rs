@@ -62,6 +62,10 @@ const SWEEP_BATCH: i64 = 256;
 /// clocks. Expired rows are deleted in batches of up to 256 in the background, one batch every
 /// 128 claims (so they never pile up), and by [`purge_expired`](Self::purge_expired).
 ///
+/// Besides the pool it is given, the store opens up to two connections of its own (from the
+/// pool's connect options) for what keeps a lease-mode claim alive and stores its outcome, so
+/// that handlers holding the application's pool cannot make a claim lapse.
+///
 /// Both modes can share the table: a lease-mode claim takes the key's advisory lock for the
 /// moment it claims, so a key that an atomic-mode transaction holds is in flight for it too
 /// (409), and an atomic claim sees a lease-mode claim's row.
@@ -88,6 +92,9 @@ pub struct PostgresStore {
     claims: Arc<AtomicU64>,
     /// The statements, once the schema is known.
     sql: Arc<OnceCell<Arc<Sql>>>,
+    /// The store's own connections, for what keeps a claim alive and stores its outcome (see
+    /// `lease.rs`); made at the first use, from the pool's connect options.
+    own: Arc<OnceCell<PgPool>>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -119,7 +126,25 @@ impl PostgresStore {
             pool,
             claims: Arc::new(AtomicU64::new(0)),
             sql: Arc::new(OnceCell::new()),
+            own: Arc::new(OnceCell::new()),
         }
+    }
+
+    /// At most this many connections of the store's own (renewals, completions, releases).
+    const OWN_CONNECTIONS: u32 = 2;
+
+    /// The store's own connections: opened as needed from the pool's connect options (its
+    /// `after_connect` hook does not run on them; the statements name their schema).
+    pub(crate) async fn own_pool(&self) -> &PgPool {
+        self.own
+            .get_or_init(|| async {
+                PgPoolOptions::new()
+                    .max_connections(Self::OWN_CONNECTIONS)
+                    .min_connections(0)
+                    .acquire_timeout(Duration::from_secs(2))
+                    .connect_lazy_with((*self.pool.connect_options()).clone())
+            })
+            .await
     }
 
     /// Keeps the table in schema `name` (which must exist) rather than in the pool's
