@@ -52,15 +52,20 @@
 //! own timer, and also from the handler's own task each time the handler is polled a quarter
 //! lease or more after the last renewal. On a multi-thread runtime a handler keeps its claim,
 //! even one that never yields, while another worker is free. On a current-thread runtime one
-//! thread runs everything, and it reads its timers only when every task ready to run has had
-//! its turn: the claim is kept as long as the thread comes back to the handler at least once
-//! per half lease of clock time with [`MemoryStore`], and once per quarter lease with
-//! `RedisStore` (a renewal there also takes a turn of redis-rs's connection task). That time
-//! is the handler's own work between two `.await`s **plus that of every other task busy on
-//! the thread meanwhile**: three handlers at once, each working 0.25 lease between awaits, come
-//! back to each one every 0.75 lease, which `MemoryStore` still holds. Outside a tokio runtime
-//! nothing is renewed. Serve handlers that work long between awaits from a multi-thread
-//! runtime.
+//! thread runs everything, and it reads its timers and sockets only when no task is ready to
+//! run, or else once every `event_interval` task polls (61 by default); a task that yields
+//! (`tokio::task::yield_now`) is run again only after that read. So the claim is kept as long
+//! as the thread **reads its timers and comes back to the handler** at least once per half
+//! lease of clock time with [`MemoryStore`], and once per quarter lease with `RedisStore` (a
+//! renewal there also takes a turn of redis-rs's connection task). That time is the handler's
+//! own work between two `.await`s **plus that of every other task busy on the thread
+//! meanwhile**: three handlers at once, each working 0.25 lease between awaits, come back to
+//! each one every 0.75 lease, which `MemoryStore` still holds; but two tasks that wake each
+//! other directly (a channel, a `Notify`), 8 ms of work a turn, keep the queue from emptying
+//! and push the timer read to every 61 polls, about 490 ms, and a claim of a 400 ms lease
+//! lapses (`tests/review_round2.rs` keeps both cases; `event_interval(4)` holds them). Outside
+//! a tokio runtime nothing is renewed. Serve keyed handlers from a multi-thread runtime, or
+//! build a current-thread one with a low `event_interval`.
 //!
 //! The lease bounds the windows in which "never twice" cannot hold, and they are these:
 //!
