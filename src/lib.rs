@@ -154,6 +154,7 @@ pub mod peek;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest;
+pub mod resume;
 pub mod server;
 pub mod service;
 mod target;
@@ -171,6 +172,7 @@ pub use policy::{
 };
 #[cfg(feature = "reqwest-middleware")]
 pub use reqwest::{PeekBodyMiddleware, RetrySafetyMiddleware};
+pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
 pub use service::{
     AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
     RetryReport, RetrySafety,

@@ -17,6 +17,7 @@ use crate::classify::Symptom;
 use crate::classify::{classify_error, BodyVerdict, Classification, FailureClass, RequestVerdict};
 use crate::error::Error;
 use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
+use crate::resume::cut::BodyCut;
 use crate::service::replay::LET_GO_WAIT;
 use crate::service::report::{AttemptRecord, Records};
 use crate::service::{NotReplayable, RetryReport};
@@ -234,6 +235,7 @@ impl Attempts {
                     let extensions = res.extensions_mut();
                     // The body verdict is used up by the layer that decided on it.
                     BodyVerdict::take(extensions);
+                    BodyCut::take(extensions);
                     extensions.insert(self.take_report(reason));
                 }
                 Ok(res)
@@ -284,11 +286,25 @@ impl Attempts {
                 self.request_id = printable(headers.get(name), MAX_REQUEST_ID_LEN);
             }
         }
+        if let Some(cut) = extensions.get::<BodyCut>() {
+            return self.on_body_cut(status, cut.received);
+        }
         let body_verdict = extensions.get::<BodyVerdict>().map(|v| v.0);
         let outcome = self
             .policy
             .classify_status(&self.verdict, status, headers, body_verdict);
         self.decide(outcome, Some(status))
+    }
+
+    /// The server answered `status`, then the body was cut after `received` bytes, while it
+    /// was read inside the attempt. The attempt reached the server's application: it is
+    /// ambiguous whatever its status, so the table sends again only a request whose repeat is
+    /// harmless (a keyed write with the same key, which a server that honours keys replays),
+    /// and a write is never sent twice.
+    #[cold]
+    fn on_body_cut(&mut self, status: StatusCode, received: u64) -> Decision {
+        let outcome = Classification::with_retry_after(FailureClass::Ambiguous, None);
+        self.decide_cut(outcome, Some(status), Some(received))
     }
 
     pub(crate) fn on_error(&mut self, err: &(dyn StdError + 'static)) -> Decision {
@@ -298,11 +314,23 @@ impl Attempts {
         self.decide(class.into(), None)
     }
 
+    #[inline]
     fn decide(&mut self, outcome: Classification, status: Option<StatusCode>) -> Decision {
+        self.decide_cut(outcome, status, None)
+    }
+
+    /// `body_cut`: the bytes of the response body that arrived before it was cut, if it was.
+    fn decide_cut(
+        &mut self,
+        outcome: Classification,
+        status: Option<StatusCode>,
+        body_cut: Option<u64>,
+    ) -> Decision {
         self.records.push(AttemptRecord {
             class: outcome.class(),
             status,
             delay: None,
+            body_cut,
         });
         let attempt = self.records.len();
         let decision = if self.outer_layer {

@@ -13,6 +13,9 @@ pub struct AttemptRecord {
     pub(crate) class: FailureClass,
     pub(crate) status: Option<StatusCode>,
     pub(crate) delay: Option<Duration>,
+    /// The bytes of the response body that arrived before it was cut, when it was cut while
+    /// read inside the attempt.
+    pub(crate) body_cut: Option<u64>,
 }
 
 impl AttemptRecord {
@@ -42,6 +45,24 @@ impl AttemptRecord {
     /// The wait before the next attempt, if there was one.
     pub fn delay(&self) -> Option<Duration> {
         self.delay
+    }
+
+    /// When the server answered but the response body was cut before its end (read inside the
+    /// attempt by [`ReadWholeLayer`](crate::ReadWholeLayer)): how many bytes of it had arrived.
+    /// Such an attempt is [`Ambiguous`](FailureClass::Ambiguous): the server had run the
+    /// request.
+    ///
+    /// ```
+    /// # fn show(report: &tower_retry_safety::RetryReport) {
+    /// for (n, attempt) in report.attempt_records().enumerate() {
+    ///     if let Some(bytes) = attempt.body_cut_after() {
+    ///         println!("attempt {}: body cut after {bytes} bytes", n + 1);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn body_cut_after(&self) -> Option<u64> {
+        self.body_cut
     }
 }
 

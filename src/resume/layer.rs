@@ -1,0 +1,85 @@
+use tower_layer::Layer;
+
+use super::ReadWhole;
+
+/// The default limit: bodies of a known length up to 64 KiB are read inside the attempt.
+pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
+
+/// Makes a response body part of the attempt: put it inside [`RetrySafety`](crate::RetrySafety)
+/// and a body whose length the transport knows to be within the limit is read whole before
+/// the layer decides. A body cut mid-way is then a failure of that attempt, which the layer
+/// recovers as the decision model allows: a request whose repeat is harmless (idempotent, or
+/// keyed with a trusted key, sent again with the same key) is sent again, with backoff, the
+/// retry budget and the deadline like any retry, and the caller sees one whole body. A write
+/// whose repeat could repeat its side effect is never sent again: the caller gets the response
+/// (the server had answered), and its body ends, after the bytes that arrived, with a
+/// [`BodyCutError`](crate::resume::BodyCutError) that says so.
+///
+/// Each re-read is an attempt in the [`RetryReport`](crate::RetryReport);
+/// [`AttemptRecord::body_cut_after`](crate::AttemptRecord::body_cut_after) gives the bytes
+/// that had arrived before the cut. The layer's per-attempt timeout covers the reading, so a
+/// body that stalls is cut like a response that does not come.
+///
+/// A longer body, or one without a known length (chunked, server-sent events), is handed on as
+/// it streams; a cut there ends the body with a `BodyCutError`. Without this layer, response
+/// types and costs stay as they were.
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use hyper_util::client::legacy::Client;
+/// use hyper_util::rt::TokioExecutor;
+/// use tower::ServiceBuilder;
+/// use tower_retry_safety::{ReadWholeLayer, RetryPolicy};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+/// let svc = ServiceBuilder::new()
+///     .layer(RetryPolicy::builder().attempt_timeout(Duration::from_secs(10)).build()?)
+///     .layer(ReadWholeLayer::new()) // bodies up to 64 KiB are part of the attempt
+///     .service(client);
+/// # let _ = svc;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ReadWholeLayer {
+    limit: u64,
+}
+
+impl ReadWholeLayer {
+    /// Reads bodies of a known length up to [`DEFAULT_READ_LIMIT`] (64 KiB).
+    pub fn new() -> Self {
+        ReadWholeLayer {
+            limit: DEFAULT_READ_LIMIT,
+        }
+    }
+
+    /// The longest body read inside the attempt, in bytes. Defaults to 64 KiB. Memory held per
+    /// request is at most this much.
+    ///
+    /// ```
+    /// use tower_retry_safety::ReadWholeLayer;
+    ///
+    /// let layer = ReadWholeLayer::new().limit(16 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+impl Default for ReadWholeLayer {
+    fn default() -> Self {
+        ReadWholeLayer::new()
+    }
+}
+
+impl<S> Layer<S> for ReadWholeLayer {
+    type Service = ReadWhole<S>;
+
+    fn layer(&self, inner: S) -> ReadWhole<S> {
+        ReadWhole::new(inner, self.limit)
+    }
+}
