@@ -18,6 +18,7 @@ use crate::classify::{classify_error, BodyVerdict, Classification, FailureClass,
 use crate::error::Error;
 use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
 use crate::resume::cut::BodyCut;
+use crate::resume::ResumeSlot;
 use crate::service::replay::LET_GO_WAIT;
 use crate::service::report::{AttemptRecord, Records};
 use crate::service::{NotReplayable, RetryReport};
@@ -47,6 +48,8 @@ pub(crate) enum Outcome<'a> {
     },
     /// An error: the transport's, a layer's, or the policy's clock cutting the attempt.
     Error(&'a (dyn StdError + 'static)),
+    /// The server answered `status`, then the response body was cut after `received` bytes.
+    BodyCut { status: StatusCode, received: u64 },
 }
 
 impl<'a> Outcome<'a> {
@@ -98,6 +101,8 @@ pub(crate) struct Attempts {
     records: Records,
     request_id: Option<Box<str>>,
     idempotency_key: Option<Box<str>>,
+    /// Why the last decision stopped (kept only for a body that resumes after `finish`).
+    last_stop: StopReason,
 }
 
 impl Attempts {
@@ -155,6 +160,7 @@ impl Attempts {
             records: Records::default(),
             request_id,
             idempotency_key,
+            last_stop: StopReason::Final,
         }
     }
 
@@ -211,6 +217,12 @@ impl Attempts {
                 extensions,
             } => self.on_response(status, headers, extensions),
             Outcome::Error(err) => self.on_error(err),
+            // The attempt whose body streamed on was recorded at its head: its record
+            // becomes the cut's.
+            Outcome::BodyCut { status, received } => {
+                self.records.pop_last();
+                self.on_body_cut(status, received)
+            }
         };
         match decision {
             // A refused body stops in `decide`; without a copy nothing is ever resent.
@@ -236,6 +248,10 @@ impl Attempts {
                     // The body verdict is used up by the layer that decided on it.
                     BodyVerdict::take(extensions);
                     BodyCut::take(extensions);
+                    // A body that streams on may be resumed: its resumes are decided here too.
+                    if let Some(slot) = ResumeSlot::take(extensions) {
+                        slot.fill(self.continuation(reason));
+                    }
                     extensions.insert(self.take_report(reason));
                 }
                 Ok(res)
@@ -440,6 +456,50 @@ impl Attempts {
             ),
             Decision::Stop(_) => {}
         }
+    }
+
+    /// The bookkeeping for resuming the response's body after `finish` (the caller has the
+    /// head): the same request, its attempts so far, and its deadline. Nothing is deposited in
+    /// the budget again.
+    #[cold]
+    fn continuation(&self, stop: StopReason) -> Attempts {
+        Attempts {
+            policy: self.policy.clone(),
+            verdict: self.verdict,
+            target: self.target.clone(),
+            not_replayable: self.not_replayable,
+            outer_layer: self.outer_layer,
+            max_retries: self.max_retries,
+            deadline: self.deadline,
+            attempt_timeout: self.attempt_timeout,
+            started: self.started,
+            first_attempt_at: self.first_attempt_at,
+            last_attempt_at: self.last_attempt_at,
+            records: self.records.clone(),
+            request_id: self.request_id.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            last_stop: stop,
+        }
+    }
+
+    /// The report so far, `self` left as it is: for a body that resumes after the caller got
+    /// the head.
+    pub(crate) fn report_now(&self) -> RetryReport {
+        RetryReport {
+            verdict: self.verdict,
+            records: self.records.clone(),
+            stop: self.last_stop,
+            first_attempt_at: self.first_attempt_at,
+            last_attempt_at: self.last_attempt_at,
+            request_id: self.request_id.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            body: None,
+        }
+    }
+
+    /// Records why the resumes stopped, for [`report_now`](Self::report_now).
+    pub(crate) fn set_stop(&mut self, stop: StopReason) {
+        self.last_stop = stop;
     }
 
     /// The report, its parts taken out of `self`, which is spent afterwards.

@@ -1,19 +1,20 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 
-use super::cut::BodyCutError;
-use crate::BoxError;
+use super::cut::{BodyCutError, NoResume};
+use super::resumer::Resume;
+use crate::{BoxError, RetryReport};
 
 /// A response body behind [`ReadWholeLayer`](crate::ReadWholeLayer): read whole inside the
-/// attempt (then sent from memory), or streamed as it comes when it is longer than the limit.
-/// A cut that was not recovered ends it with a [`BodyCutError`]; the transport's error is its
-/// source.
+/// attempt (then sent from memory), or streamed as it comes when it is longer than the limit,
+/// and then resumed with `Range` where a cut allows it. A cut that was not recovered ends it
+/// with a [`BodyCutError`]; the transport's error is its source.
 pub struct WholeBody<B> {
     /// What was read inside the attempt, sent first.
     read: VecDeque<Bytes>,
@@ -30,6 +31,12 @@ pub struct WholeBody<B> {
     /// a cut happened.
     status: StatusCode,
     received: u64,
+    /// How a streamed body resumes after a cut, if it can.
+    resume: Option<Box<Resume<B>>>,
+    /// Why a streamed body cannot resume, when that is known from the start.
+    no_resume: Option<NoResume>,
+    /// Bytes of the rest that were delivered already (a range answered with a superset).
+    skip: u64,
 }
 
 impl<B> WholeBody<B> {
@@ -43,7 +50,48 @@ impl<B> WholeBody<B> {
             exact,
             status,
             received: 0,
+            resume: None,
+            no_resume: None,
+            skip: 0,
         }
+    }
+
+    pub(crate) fn resuming(mut self, resume: Resume<B>) -> Self {
+        self.resume = Some(Box::new(resume));
+        self
+    }
+
+    pub(crate) fn not_resuming(mut self, why: NoResume) -> Self {
+        self.no_resume = Some(why);
+        self
+    }
+
+    /// How many times the rest of the body was asked for with `Range`.
+    ///
+    /// ```
+    /// # fn show(body: &tower_retry_safety::WholeBody<hyper::body::Incoming>) {
+    /// println!("resumed {} time(s)", body.resumes());
+    /// # }
+    /// ```
+    pub fn resumes(&self) -> u32 {
+        self.resume.as_ref().map_or(0, |r| r.resumes())
+    }
+
+    /// The report of the request's attempts with the resumes of this body, once a cut has
+    /// handed the retry layer's bookkeeping to it; `None` before (the response's
+    /// [`RetryReport`] is then the whole story). Its
+    /// [`body_cut_after`](crate::AttemptRecord::body_cut_after) records say how many bytes had
+    /// been delivered at each cut, and its stop reason why the resumes stopped.
+    ///
+    /// ```
+    /// # fn show(body: &tower_retry_safety::WholeBody<hyper::body::Incoming>) {
+    /// if let Some(report) = body.report() {
+    ///     println!("{} attempt(s), stopped: {:?}", report.attempts(), report.stop_reason());
+    /// }
+    /// # }
+    /// ```
+    pub fn report(&self) -> Option<RetryReport> {
+        self.resume.as_ref().and_then(|r| r.report())
     }
 
     /// A body handed on unread: the original, streamed as it is.
@@ -97,23 +145,58 @@ where
         if let Some(err) = this.error.take() {
             return Poll::Ready(Some(Err(Box::new(err))));
         }
-        if let Some(rest) = this.rest.as_mut() {
-            return match Pin::new(rest).poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    if let Some(data) = frame.data_ref() {
-                        this.received += data.len() as u64;
+        loop {
+            if let Some(resume) = this.resume.as_mut().filter(|r| r.active()) {
+                match ready!(resume.poll_resume(cx, this.received)) {
+                    Ok((rest, skip)) => {
+                        this.rest = Some(rest);
+                        this.skip = skip;
                     }
-                    Poll::Ready(Some(Ok(frame)))
+                    Err(cut) => {
+                        this.rest = None;
+                        return Poll::Ready(Some(Err(Box::new(cut))));
+                    }
                 }
-                Poll::Ready(Some(Err(err))) => {
+            }
+            let Some(rest) = this.rest.as_mut() else {
+                break;
+            };
+            match ready!(Pin::new(rest).poll_frame(cx)) {
+                Some(Ok(frame)) => {
+                    let frame = match frame.into_data() {
+                        Ok(mut data) => {
+                            // What a superset repeats was delivered already.
+                            if this.skip > 0 {
+                                let skip = this.skip.min(data.len() as u64);
+                                this.skip -= skip;
+                                data = data.slice(skip as usize..);
+                                if data.is_empty() {
+                                    continue;
+                                }
+                            }
+                            this.received += data.len() as u64;
+                            Frame::data(data)
+                        }
+                        Err(frame) => frame,
+                    };
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Some(Err(err)) => {
                     // Nothing more comes from a body that failed.
                     this.rest = None;
-                    let cut = BodyCutError::new(this.status, this.received, err.into());
-                    Poll::Ready(Some(Err(Box::new(cut))))
+                    match this.resume.as_mut() {
+                        Some(resume) => resume.begin(err.into(), this.received),
+                        None => {
+                            let mut cut = BodyCutError::new(this.status, this.received, err.into());
+                            if let Some(why) = this.no_resume {
+                                cut = cut.no_resume(why);
+                            }
+                            return Poll::Ready(Some(Err(Box::new(cut))));
+                        }
+                    }
                 }
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            };
+                None => return Poll::Ready(None),
+            }
         }
         Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
     }
@@ -123,6 +206,7 @@ where
             && self.error.is_none()
             && self.trailers.is_none()
             && self.rest.as_ref().is_none_or(Body::is_end_stream)
+            && !self.resume.as_ref().is_some_and(|r| r.active())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -142,6 +226,7 @@ impl<B> fmt::Debug for WholeBody<B> {
             .field("read_bytes", &self.read_len)
             .field("streaming", &self.rest.is_some())
             .field("cut", &self.error.is_some())
+            .field("resumes", &self.resumes())
             .finish_non_exhaustive()
     }
 }

@@ -4,11 +4,13 @@ use std::task::{ready, Context, Poll};
 
 use bytes::Bytes;
 use http::response::Parts;
-use http::Response;
+use http::{Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 
-use super::cut::{BodyCut, BodyCutError};
+use super::cut::{BodyCut, BodyCutError, NoResume};
+use super::range::Expect;
+use super::resumer::{Resume, ResumeSlot, SendRange};
 use super::WholeBody;
 use crate::BoxError;
 
@@ -23,6 +25,8 @@ pin_project! {
         #[pin]
         state: State<F, B>,
         limit: u64,
+        // What sends the request again to resume a streamed body (a GET only).
+        again: Option<SendRange<B>>,
     }
 }
 
@@ -44,10 +48,11 @@ struct Reading<B> {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    pub(crate) fn new(future: F, limit: u64) -> Self {
+    pub(crate) fn new(future: F, limit: u64, again: Option<SendRange<B>>) -> Self {
         ResponseFuture {
             state: State::Calling { future },
             limit,
+            again,
         }
     }
 }
@@ -89,7 +94,7 @@ where
                         .exact()
                         .is_some_and(|len| len <= *this.limit);
                     if !within {
-                        return Poll::Ready(Ok(res.map(|b| WholeBody::unread(status, b))));
+                        return Poll::Ready(Ok(streamed(res, this.again.take())));
                     }
                     let (parts, body) = res.into_parts();
                     let exact = body.size_hint().exact().is_some();
@@ -110,6 +115,31 @@ where
             }
         }
     }
+}
+
+/// A body past the limit, handed on as it streams, ready to resume with `Range` if its
+/// request and its response allow it.
+fn streamed<B>(res: Response<B>, again: Option<SendRange<B>>) -> Response<WholeBody<B>>
+where
+    B: Body,
+{
+    let (mut parts, body) = res.into_parts();
+    let status = parts.status;
+    let total = body.size_hint().exact();
+    let whole = WholeBody::unread(status, body);
+    let whole = match again {
+        None => whole.not_resuming(NoResume::NotRepeatable),
+        Some(_) if status != StatusCode::OK => whole.not_resuming(NoResume::NotTheSame),
+        Some(send) => match Expect::of(&parts.headers, total) {
+            Err(why) => whole.not_resuming(why),
+            Ok(expect) => {
+                let slot = ResumeSlot::default();
+                parts.extensions.insert(slot.clone());
+                whole.resuming(Resume::new(send, slot, expect, status))
+            }
+        },
+    };
+    Response::from_parts(parts, whole)
 }
 
 impl<B> Reading<B>

@@ -23,6 +23,8 @@ mod body;
 pub(crate) mod cut;
 mod future;
 mod layer;
+pub(crate) mod range;
+pub(crate) mod resumer;
 mod service;
 
 pub use body::WholeBody;
@@ -30,3 +32,5 @@ pub use cut::{BodyCutError, NoResume};
 pub use future::ResponseFuture;
 pub use layer::{ReadWholeLayer, DEFAULT_READ_LIMIT};
 pub use service::ReadWhole;
+
+pub(crate) use resumer::ResumeSlot;

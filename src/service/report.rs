@@ -333,6 +333,11 @@ impl Records {
         }
     }
 
+    /// Removes the last attempt's record, to record it again.
+    pub(crate) fn pop_last(&mut self) -> Option<AttemptRecord> {
+        self.rest.pop().or_else(|| self.first.take())
+    }
+
     pub(crate) fn last_mut(&mut self) -> Option<&mut AttemptRecord> {
         match self.rest.last_mut() {
             Some(last) => Some(last),
