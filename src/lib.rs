@@ -171,7 +171,7 @@ pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
 };
 #[cfg(feature = "reqwest-middleware")]
-pub use reqwest::{PeekBodyMiddleware, RetrySafetyMiddleware};
+pub use reqwest::{PeekBodyMiddleware, ReadWholeMiddleware, RetrySafetyMiddleware};
 pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
 pub use service::{
     AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,

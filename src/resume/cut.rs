@@ -59,8 +59,12 @@ pub enum NoResume {
     /// The server answered the range request with something other than a matching `206`
     /// (a `200` for the whole body, a changed representation, an unreadable `Content-Range`).
     NotTheSame,
-    /// The retry layer refused another attempt (retries used up, the budget, the deadline).
+    /// The retry layer refused another attempt (retries used up, the budget, the deadline),
+    /// or there was no retry layer outside to decide.
     Refused,
+    /// The front end was given nothing to send a range request with (reqwest:
+    /// `ReadWholeMiddleware::resume_with`).
+    NoSender,
 }
 
 impl NoResume {
@@ -74,6 +78,7 @@ impl NoResume {
                 "the server did not answer the range request with the same representation"
             }
             NoResume::Refused => "the retry policy refused another attempt",
+            NoResume::NoSender => "no client was given to send a range request with",
         }
     }
 }

@@ -25,8 +25,9 @@ pin_project! {
         #[pin]
         state: State<F, B>,
         limit: u64,
-        // What sends the request again to resume a streamed body (a GET only).
-        again: Option<SendRange<B>>,
+        // What sends the request again to resume a streamed body (a GET only), or why
+        // there is nothing.
+        again: Option<Result<SendRange<B>, NoResume>>,
     }
 }
 
@@ -48,11 +49,11 @@ struct Reading<B> {
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    pub(crate) fn new(future: F, limit: u64, again: Option<SendRange<B>>) -> Self {
+    pub(crate) fn new(future: F, limit: u64, again: Result<SendRange<B>, NoResume>) -> Self {
         ResponseFuture {
             state: State::Calling { future },
             limit,
-            again,
+            again: Some(again),
         }
     }
 }
@@ -119,7 +120,10 @@ where
 
 /// A body past the limit, handed on as it streams, ready to resume with `Range` if its
 /// request and its response allow it.
-fn streamed<B>(res: Response<B>, again: Option<SendRange<B>>) -> Response<WholeBody<B>>
+fn streamed<B>(
+    res: Response<B>,
+    again: Option<Result<SendRange<B>, NoResume>>,
+) -> Response<WholeBody<B>>
 where
     B: Body,
 {
@@ -127,10 +131,10 @@ where
     let status = parts.status;
     let total = body.size_hint().exact();
     let whole = WholeBody::unread(status, body);
-    let whole = match again {
-        None => whole.not_resuming(NoResume::NotRepeatable),
-        Some(_) if status != StatusCode::OK => whole.not_resuming(NoResume::NotTheSame),
-        Some(send) => match Expect::of(&parts.headers, total) {
+    let whole = match again.unwrap_or(Err(NoResume::NoSender)) {
+        Err(why) => whole.not_resuming(why),
+        Ok(_) if status != StatusCode::OK => whole.not_resuming(NoResume::NotTheSame),
+        Ok(send) => match Expect::of(&parts.headers, total) {
             Err(why) => whole.not_resuming(why),
             Ok(expect) => {
                 let slot = ResumeSlot::default();

@@ -8,6 +8,7 @@ use tower_service::Service;
 use http::{HeaderMap, Method};
 use tower::ServiceExt;
 
+use super::cut::NoResume;
 use super::future::ResponseFuture;
 use super::resumer::SendRange;
 use super::WholeBody;
@@ -63,9 +64,9 @@ where
         // Only a GET is resumed with `Range`: keep what sends it again (its body, empty as a
         // rule, must copy).
         let again = if req.method() == Method::GET {
-            sender(self.inner.clone(), &req)
+            sender(self.inner.clone(), &req).ok_or(NoResume::NotRepeatable)
         } else {
-            None
+            Err(NoResume::NotRepeatable)
         };
         ResponseFuture::new(self.inner.call(req), self.limit, again)
     }
