@@ -21,8 +21,19 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// body that stalls is cut like a response that does not come.
 ///
 /// A longer body, or one without a known length (chunked, server-sent events), is handed on as
-/// it streams; a cut there ends the body with a `BodyCutError`. Without this layer, response
-/// types and costs stay as they were.
+/// it streams. For a `GET` answered `200` with a strong validator (a strong `ETag`, or a
+/// `Last-Modified` at least a second older than the response's `Date`), a cut there asks for
+/// the rest with `Range: bytes=N-` and `If-Range`, as the retry layer decides (it hands its
+/// bookkeeping to the body when it returns the response): the `206` must continue the same
+/// representation (`Content-Range` to the same end, the same `ETag` and `Content-Encoding`;
+/// bytes a superset repeats are skipped), and the caller's body continues. Where that cannot be
+/// proven (no validator, a `200`, a changed `ETag`), nothing is spliced: the body ends in the
+/// original error, whose [`why_no_resume`](crate::resume::BodyCutError::why_no_resume) says
+/// why. [`WholeBody::report`](crate::WholeBody::report) covers the resumes. Without a retry
+/// layer outside, nothing decides a resume and none is made.
+///
+/// Each `GET` keeps a copy of its request head (and a clone of the inner service) for a
+/// resume. Without this layer, response types and costs stay as they were.
 ///
 /// ```
 /// use std::time::Duration;

@@ -47,8 +47,9 @@ impl AttemptRecord {
         self.delay
     }
 
-    /// When the server answered but the response body was cut before its end (read inside the
-    /// attempt by [`ReadWholeLayer`](crate::ReadWholeLayer)): how many bytes of it had arrived.
+    /// When the server answered but the response body was cut before its end (behind
+    /// [`ReadWholeLayer`](crate::ReadWholeLayer)): how many bytes of it had arrived (for a
+    /// body that streamed to the caller, how many the caller had when it was resumed).
     /// Such an attempt is [`Ambiguous`](FailureClass::Ambiguous): the server had run the
     /// request.
     ///
@@ -70,10 +71,13 @@ impl AttemptRecord {
 /// reqwest adapter, and kept inside every [`Error`](crate::Error).
 ///
 /// It covers the attempts up to the response head. Reading the body comes after the layer has
-/// returned: an error there is never retried and never appears here. The status was final by
-/// then, so treat a body-read error on a write as ambiguous and check before repeating it;
-/// send a read again; retry a keyed write by hand with the same key
-/// ([`idempotency_key`](Self::idempotency_key)) so the server can replay its stored response.
+/// returned: an error there is never retried and never appears here — unless
+/// [`ReadWholeLayer`](crate::ReadWholeLayer) makes the body part of the attempt (a cut is then
+/// an attempt here, and a resumed body's [`WholeBody::report`](crate::WholeBody::report)
+/// covers its resumes). Without it, the status was final by then, so treat a body-read error
+/// on a write as ambiguous and check before repeating it; send a read again; retry a keyed
+/// write by hand with the same key ([`idempotency_key`](Self::idempotency_key)) so the server
+/// can replay its stored response.
 ///
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
