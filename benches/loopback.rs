@@ -178,9 +178,18 @@ async fn main() {
     );
     let (layer_16k, read_16k) = (median(&mut f), median(&mut g));
     let (layer_1m, read_1m) = (median(&mut h), median(&mut i));
-    println!("loopback_layer_16k      median {:>9.0} ns/request", layer_16k);
-    println!("loopback_read_whole     median {:>9.0} ns/request", read_16k);
-    println!("loopback_layer_1m       median {:>9.0} ns/request", layer_1m);
+    println!(
+        "loopback_layer_16k      median {:>9.0} ns/request",
+        layer_16k
+    );
+    println!(
+        "loopback_read_whole     median {:>9.0} ns/request",
+        read_16k
+    );
+    println!(
+        "loopback_layer_1m       median {:>9.0} ns/request",
+        layer_1m
+    );
     println!("loopback_read_whole_1m  median {:>9.0} ns/request", read_1m);
     println!(
         "ratio loopback_read_whole/loopback_layer {:.3}",

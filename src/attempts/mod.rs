@@ -247,16 +247,24 @@ impl Attempts {
                     let extensions = res.extensions_mut();
                     // The body verdict is used up by the layer that decided on it.
                     BodyVerdict::take(extensions);
-                    BodyCut::take(extensions);
-                    // A body that streams on may be resumed: its resumes are decided here too.
-                    if let Some(slot) = ResumeSlot::take(extensions) {
-                        slot.fill(self.continuation(reason));
+                    if !extensions.is_empty() {
+                        self.take_body_marks(extensions, reason);
                     }
                     extensions.insert(self.take_report(reason));
                 }
                 Ok(res)
             }
             Err(err) => Err(self.take_error(reason, err)),
+        }
+    }
+
+    /// The marks a body-reading front end left on the response: used up here. A body that
+    /// streams on may be resumed: its resumes are decided by a continuation of `self`.
+    #[cold]
+    fn take_body_marks(&self, extensions: &mut Extensions, reason: StopReason) {
+        BodyCut::take(extensions);
+        if let Some(slot) = ResumeSlot::take(extensions) {
+            slot.fill(self.continuation(reason));
         }
     }
 

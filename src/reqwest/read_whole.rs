@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 
+use http::header::CONTENT_LENGTH;
 use http::{Extensions, HeaderMap, Method};
 use http_body_util::combinators::MapErr;
 use http_body_util::BodyExt;
@@ -29,7 +30,8 @@ fn without_url(err: reqwest::Error) -> reqwest::Error {
 ///
 /// A longer `GET` body streams to the caller, and with [`resume_with`](Self::resume_with) a
 /// cut there asks for the rest with `Range` + `If-Range`, through the client given (the
-/// middlewares after this one do not see the range requests). The response stays a
+/// middlewares after this one do not see the range requests). Ranges count encoded bytes: a
+/// response that reqwest decoded (it then drops the `content-length`) is not resumed. The response stays a
 /// `reqwest::Response` with its URL, status, headers and extensions.
 ///
 /// ```
@@ -107,6 +109,13 @@ impl Middleware for ReadWholeMiddleware {
                 .ok_or(NoResume::NotRepeatable),
         };
         let res = next.run(req, extensions).await?;
+        // Ranges count encoded bytes. A client that decodes (reqwest's `gzip`, `brotli`…
+        // features) drops the response's content-length along with its content-encoding: the
+        // bytes the caller gets are then not the ones a range would count from.
+        let again = match again {
+            Ok(_) if !res.headers().contains_key(CONTENT_LENGTH) => Err(NoResume::NoValidator),
+            again => again,
+        };
         let url = res.url().clone();
         let res = http::Response::<reqwest::Body>::from(res).map(inner);
         let ready = std::future::ready(Ok::<_, Infallible>(res));

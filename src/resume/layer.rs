@@ -32,6 +32,8 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// why. [`WholeBody::report`](crate::WholeBody::report) covers the resumes. Without a retry
 /// layer outside, nothing decides a resume and none is made.
 ///
+/// Ranges count encoded bytes: put a decompression layer outside this one, never inside.
+///
 /// Each `GET` keeps a copy of its request head (and a clone of the inner service) for a
 /// resume. Without this layer, response types and costs stay as they were.
 ///

@@ -2,7 +2,8 @@
 //! bodies read again or resumed. It counts requests, range requests, writes applied and body
 //! bytes put on the wire (as the response bodies yield them).
 //!
-//! Every request gets the next entry of the cut plan (`Cut`), then whole answers. `GET`s read
+//! Every request gets the next entry of the cut plan (`Cut`), then whole answers; with the
+//! plan empty, an `x-cut-first: N` header cuts the first response for its path after N bytes. `GET`s read
 //! the server's representation (a strong ETag, range support and a changing ETag are
 //! options); `POST`s apply a write (counted) and answer with the representation, behind the
 //! crate's own `IdempotencyLayer` when the server honours keys.
@@ -98,6 +99,9 @@ impl Drop for CutServer {
 struct Shared {
     options: Options,
     plan: Mutex<VecDeque<Cut>>,
+    /// Paths asked for so far: an `x-cut-first: N` header cuts a path's first response after
+    /// N bytes of its body.
+    seen: Mutex<std::collections::HashSet<String>>,
     counts: Arc<Counts>,
     keys: Option<IdempotencyLayer<MemoryStore>>,
 }
@@ -126,6 +130,7 @@ impl CutServer {
         let shared = Arc::new(Shared {
             options,
             plan: Mutex::new(plan.into()),
+            seen: Mutex::default(),
             counts: counts.clone(),
             keys,
         });
@@ -195,7 +200,18 @@ async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<CutBody>, io::Error> {
     let n = shared.counts.requests.fetch_add(1, Ordering::SeqCst) + 1;
-    let cut = shared.plan.lock().unwrap().pop_front().unwrap_or(Cut::None);
+    let first = shared
+        .seen
+        .lock()
+        .unwrap()
+        .insert(req.uri().path().to_owned());
+    let cut_first = req
+        .headers()
+        .get("x-cut-first")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .filter(|_| first)
+        .map_or(Cut::None, Cut::At);
+    let cut = shared.plan.lock().unwrap().pop_front().unwrap_or(cut_first);
     let options = &shared.options;
     let etag = etag_of(options, n);
     if req.method() == Method::POST {
