@@ -286,3 +286,47 @@ async fn an_unkeyed_post_past_the_limit_is_never_sent_again() {
     assert_eq!(server.requests(), 1);
     assert_eq!(server.applied(), 1);
 }
+
+#[tokio::test]
+async fn a_body_that_stalls_past_the_attempt_timeout_is_resumed() {
+    let body = representation(MIB);
+    let policy = policy()
+        .attempt_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let (server, bytes, err, whole, _) = get(
+        Options::new(body.clone()),
+        vec![Cut::StallAt(300 * 1024)],
+        policy,
+    )
+    .await;
+    assert!(err.is_none(), "{err:?}");
+    assert!(bytes == body);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(server.range_requests(), 1);
+    assert_eq!(whole.resumes(), 1);
+    let report = whole.report().unwrap();
+    assert_eq!(report.attempts(), 2);
+    assert_eq!(
+        report.attempt_records().next().unwrap().body_cut_after(),
+        Some(300 * 1024)
+    );
+}
+
+#[tokio::test]
+async fn a_body_that_streams_longer_than_the_attempt_timeout_without_stalling_is_not_cut() {
+    // 20 frames of 16 KiB, 60 ms apart: the transfer takes longer than the 200 ms per-attempt
+    // timeout, no wait for a frame does.
+    let body = representation(320 * 1024);
+    let mut options = Options::new(body.clone());
+    options.pace = Some(Duration::from_millis(60));
+    let policy = policy()
+        .attempt_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let (server, bytes, err, whole, _) = get(options, vec![], policy).await;
+    assert!(err.is_none(), "{err:?}");
+    assert!(bytes == body);
+    assert_eq!(server.requests(), 1);
+    assert_eq!(whole.resumes(), 0);
+}

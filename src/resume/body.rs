@@ -161,8 +161,29 @@ where
             let Some(rest) = this.rest.as_mut() else {
                 break;
             };
-            match ready!(Pin::new(rest).poll_frame(cx)) {
+            let polled = match Pin::new(rest).poll_frame(cx) {
+                Poll::Ready(polled) => polled,
+                Poll::Pending => {
+                    // A body that stalls past the policy's clock is cut like one that ends.
+                    let stalled = match this.resume.as_mut() {
+                        Some(resume) => resume.poll_idle(cx),
+                        None => Poll::Pending,
+                    };
+                    match (stalled, this.resume.as_mut()) {
+                        (Poll::Ready(why), Some(resume)) => {
+                            this.rest = None;
+                            resume.begin(Box::new(why), this.received);
+                            continue;
+                        }
+                        _ => return Poll::Pending,
+                    }
+                }
+            };
+            match polled {
                 Some(Ok(frame)) => {
+                    if let Some(resume) = this.resume.as_mut() {
+                        resume.on_frame();
+                    }
                     let frame = match frame.into_data() {
                         Ok(mut data) => {
                             // What a superset repeats was delivered already.

@@ -29,7 +29,9 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// bytes a superset repeats are skipped), and the caller's body continues. Where that cannot be
 /// proven (no validator, a `200`, a changed `ETag`), nothing is spliced: the body ends in the
 /// original error, whose [`why_no_resume`](crate::resume::BodyCutError::why_no_resume) says
-/// why. [`WholeBody::report`](crate::WholeBody::report) covers the resumes. Without a retry
+/// why. [`WholeBody::report`](crate::WholeBody::report) covers the resumes. While such a body
+/// streams, the policy's per-attempt timeout bounds each wait for a frame (a stall is cut and
+/// resumed; a long transfer that keeps moving is not), and its deadline stays absolute. Without a retry
 /// layer outside, nothing decides a resume and none is made.
 ///
 /// Ranges count encoded bytes: put a decompression layer outside this one, never inside.

@@ -70,6 +70,10 @@ pub(crate) struct Resume<B> {
     cut: Option<BoxError>,
     /// Range requests made.
     resumes: u32,
+    /// While the body streams: the policy's clock, as for an attempt, restarted by every frame
+    /// (the per-attempt timeout bounds each wait for a frame; the deadline stays absolute).
+    /// Set at the first wait, once the retry layer has handed over its bookkeeping.
+    idle: Option<(Pin<Box<Sleep>>, TimedOut)>,
 }
 
 impl<B> Resume<B> {
@@ -88,6 +92,7 @@ impl<B> Resume<B> {
             phase: Phase::Idle,
             cut: None,
             resumes: 0,
+            idle: None,
         }
     }
 
@@ -107,12 +112,53 @@ impl<B> Resume<B> {
         self.attempts.as_ref().map(Attempts::report_now)
     }
 
-    /// The body was cut after `received` bytes: asks the decision core whether to resume.
-    pub(crate) fn begin(&mut self, err: BoxError, received: u64) {
-        self.cut = Some(err);
+    /// The bookkeeping, taken from the slot the first time it is needed (the retry layer
+    /// fills it when it returns the response, before the caller can poll the body).
+    fn attempts(&mut self) -> Option<&mut Attempts> {
         if self.attempts.is_none() {
             self.attempts = self.slot.take_attempts();
         }
+        self.attempts.as_mut()
+    }
+
+    /// While the body streams and no frame is ready: ready with the clock that ran out, if
+    /// the policy has one (a per-attempt timeout, a deadline) and it did.
+    pub(crate) fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<TimedOut> {
+        if self.idle.is_none() {
+            let limit = self.attempts().and_then(|a| a.attempt_limit());
+            let Some((limit, why)) = limit else {
+                return Poll::Pending;
+            };
+            self.idle = Some((Box::pin(tokio::time::sleep(limit)), why));
+        }
+        let Some((sleep, why)) = self.idle.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(sleep.as_mut().poll(cx));
+        let why = *why;
+        self.idle = None;
+        Poll::Ready(why)
+    }
+
+    /// A frame came: the wait for the next one starts now.
+    pub(crate) fn on_frame(&mut self) {
+        if self.idle.is_some() {
+            let limit = self.attempts.as_ref().and_then(Attempts::attempt_limit);
+            match (limit, self.idle.as_mut()) {
+                (Some((limit, why)), Some(idle)) => {
+                    idle.0.as_mut().reset(tokio::time::Instant::now() + limit);
+                    idle.1 = why;
+                }
+                _ => self.idle = None,
+            }
+        }
+    }
+
+    /// The body was cut after `received` bytes: asks the decision core whether to resume.
+    pub(crate) fn begin(&mut self, err: BoxError, received: u64) {
+        self.cut = Some(err);
+        self.idle = None;
+        self.attempts();
         let outcome = Outcome::BodyCut {
             status: self.status,
             received,

@@ -60,6 +60,8 @@ pub struct Options {
     pub superset: usize,
     /// How many bytes each body frame carries.
     pub frame: usize,
+    /// A pause before each frame but the first.
+    pub pace: Option<Duration>,
 }
 
 impl Options {
@@ -72,6 +74,7 @@ impl Options {
             ranges: true,
             superset: 0,
             frame: 16 * 1024,
+            pace: None,
         }
     }
 }
@@ -216,7 +219,7 @@ async fn handle(
     let etag = etag_of(options, n);
     if req.method() == Method::POST {
         let (parts, body) = post(&shared, req).await?;
-        let body = CutBody::new(body, cut, options.frame, shared.counts.clone());
+        let body = CutBody::new(body, cut, options, shared.counts.clone());
         return Ok(Response::from_parts(parts, body));
     }
     let total = options.body.len();
@@ -247,7 +250,7 @@ async fn handle(
     if options.ranges {
         res = res.header(header::ACCEPT_RANGES, "bytes");
     }
-    let body = CutBody::new(bytes, cut, options.frame, shared.counts.clone());
+    let body = CutBody::new(bytes, cut, options, shared.counts.clone());
     Ok(res.status(status).body(body).expect("response"))
 }
 
@@ -293,17 +296,21 @@ pub struct CutBody {
     frame: usize,
     counts: Arc<Counts>,
     pause: Option<Pin<Box<Sleep>>>,
+    pace: Option<Duration>,
+    paced: Option<Pin<Box<Sleep>>>,
 }
 
 impl CutBody {
-    fn new(data: Bytes, cut: Cut, frame: usize, counts: Arc<Counts>) -> Self {
+    fn new(data: Bytes, cut: Cut, options: &Options, counts: Arc<Counts>) -> Self {
         CutBody {
             data,
             sent: 0,
             cut,
-            frame: frame.max(1),
+            frame: options.frame.max(1),
             counts,
             pause: None,
+            pace: options.pace,
+            paced: None,
         }
     }
 
@@ -324,6 +331,15 @@ impl Body for CutBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let end = self.stop_at().unwrap_or(self.data.len());
+        if self.sent < end && self.sent > 0 {
+            if let Some(pace) = self.pace {
+                let sleep = self
+                    .paced
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(pace)));
+                std::task::ready!(sleep.as_mut().poll(cx));
+                self.paced = None;
+            }
+        }
         if self.sent < end {
             let upto = (self.sent + self.frame).min(end);
             let chunk = self.data.slice(self.sent..upto);
