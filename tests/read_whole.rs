@@ -209,6 +209,11 @@ async fn an_unkeyed_post_whose_body_was_cut_is_never_sent_again() {
     assert!(report.retry_suppressed());
     assert_eq!(report.attempts(), 1);
     assert!(report.may_have_been_applied());
+    let said = report.to_string();
+    assert!(
+        said.contains("last answered 200 OK, its body cut after 8192 bytes; not retried"),
+        "{said}"
+    );
     let (bytes, err) = read_all(res.into_body()).await;
     let err = err.expect("the body ends in an error");
     let cut = err.downcast_ref::<BodyCutError>().expect("a BodyCutError");

@@ -57,7 +57,8 @@ pub enum NoResume {
     /// representation.
     NoValidator,
     /// The server answered the range request with something other than a matching `206`
-    /// (a `200` for the whole body, a changed representation, an unreadable `Content-Range`).
+    /// (a `200` for the whole body, a changed representation, an unreadable `Content-Range`),
+    /// or the first response was not a `200` (only a whole representation is resumed).
     NotTheSame,
     /// The retry layer refused another attempt (retries used up, the budget, the deadline),
     /// or there was no retry layer outside to decide.

@@ -284,6 +284,9 @@ impl fmt::Display for RetryReport {
         if let Some(status) = status {
             write!(f, ", last answered {status}")?;
         }
+        if let Some(cut) = self.records.iter().last().and_then(|r| r.body_cut) {
+            write!(f, ", its body cut after {cut} bytes")?;
+        }
         match self.stop {
             StopReason::Replayed => {
                 f.write_str(
