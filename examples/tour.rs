@@ -5,11 +5,17 @@
 //! after apply, 503 after apply, 429 before apply, 500 before apply. 120 writes (POST) and 120
 //! reads (GET), each stack against a fresh server.
 //!
+//! Then reads whose body is cut mid-way: 120 GETs per stack, half of 16 KiB and half of 1 MiB,
+//! from a server that supports `Range` and sends a strong ETag. Half of the GETs get their
+//! first response cut, right after the head or half-way through the body.
+//!
 //! Run: `cargo run --example tour`. The `RetrySafetyMiddleware` row needs the crate's
 //! `reqwest-middleware` feature: in this repository the crate is its own dev-dependency with
 //! that feature, so examples always have it (a published copy drops that dev-dependency and
 //! needs `--features reqwest-middleware`).
 
+#[path = "../tests/support/cut_server.rs"]
+mod cut_server;
 #[path = "../tests/support/fault_server.rs"]
 mod fault_server;
 
@@ -32,6 +38,8 @@ use tower_retry_safety::RetryPolicy;
 
 const OPS_PER_FAULT: usize = 20;
 const PER_ATTEMPT: Duration = Duration::from_millis(250);
+/// GETs per body size in the cut-body table.
+const CUT_OPS_PER_SIZE: usize = 60;
 
 type Req = Request<Full<Bytes>>;
 type BoxFut = Pin<Box<dyn Future<Output = Option<u16>> + Send>>;
@@ -158,6 +166,76 @@ async fn run_against(name: &'static str, send: Sender, server: FaultServer) -> R
         writes_ok,
         attempts: server.total_attempts(),
     }
+}
+
+/// Sends one GET with `x-cut-first` (the server cuts the path's first response after that
+/// many bytes of body, if `Some`); the body the caller read whole, or `None`.
+type GetSender = Arc<dyn Fn(String, Option<usize>) -> GetFut + Send + Sync>;
+type GetFut = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+
+fn tower_get<S, B, E>(svc: S) -> GetSender
+where
+    S: Service<Req, Response = Response<B>, Error = E> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    E: Send + 'static,
+{
+    Arc::new(move |url, cut| {
+        let svc = svc.clone();
+        Box::pin(async move {
+            let mut req = Request::get(url);
+            if let Some(cut) = cut {
+                req = req.header("x-cut-first", cut);
+            }
+            let req = req.body(Full::default()).expect("valid request");
+            let res = svc.oneshot(req).await.ok()?;
+            Some(res.into_body().collect().await.ok()?.to_bytes())
+        })
+    })
+}
+
+fn reqwest_get(client: reqwest_middleware::ClientWithMiddleware) -> GetSender {
+    Arc::new(move |url, cut| {
+        let client = client.clone();
+        Box::pin(async move {
+            let mut req = client.get(url);
+            if let Some(cut) = cut {
+                req = req.header("x-cut-first", cut);
+            }
+            req.send().await.ok()?.bytes().await.ok()
+        })
+    })
+}
+
+/// Cut reads recovered (the caller got the whole body), of those cut.
+async fn cut_reads(send: GetSender) -> usize {
+    let mut recovered = 0;
+    for size in [16 * 1024, 1024 * 1024] {
+        let body: Bytes = (0..size)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>()
+            .into();
+        let options = cut_server::Options::new(body.clone());
+        let server = cut_server::CutServer::start(options, Vec::new()).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..CUT_OPS_PER_SIZE {
+            // A quarter cut right after the head, a quarter half-way, half whole.
+            let cut = match i % 4 {
+                0 => Some(0),
+                1 => Some(size / 2),
+                _ => None,
+            };
+            let url = server.url(&format!("/files/{i}"));
+            let send = send.clone();
+            tasks.spawn(async move { (cut.is_some(), send(url, cut).await) });
+        }
+        while let Some(done) = tasks.join_next().await {
+            if let (true, Some(got)) = done.expect("no panic") {
+                recovered += usize::from(got == body);
+            }
+        }
+    }
+    recovered
 }
 
 /// One suppressed write, as a caller sees it.
@@ -326,6 +404,61 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "",
         2 * total
     );
+
+    // Reads whose body is cut mid-way: the same stacks, and this crate with the body made
+    // part of the attempt.
+    let mut cut_rows: Vec<(&str, usize)> = Vec::new();
+    let typical = ServiceBuilder::new()
+        .retry(TypicalPolicy { left: 3 })
+        .timeout(PER_ATTEMPT)
+        .service(client());
+    cut_rows.push((
+        "tower::retry, typical policy",
+        cut_reads(tower_get(typical)).await,
+    ));
+    let retry_policy =
+        reqwest_retry::policies::ExponentialBackoff::builder().build_with_max_retries(3);
+    let reqwest_retry = reqwest_middleware::ClientBuilder::new(reqwest_client())
+        .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
+            retry_policy,
+        ))
+        .build();
+    cut_rows.push((
+        "reqwest + reqwest-retry 0.9",
+        cut_reads(reqwest_get(reqwest_retry)).await,
+    ));
+    let ours = ServiceBuilder::new()
+        .layer(policy().build()?)
+        .layer(tower_retry_safety::ReadWholeLayer::new())
+        .service(client());
+    cut_rows.push((
+        "tower-retry-safety + ReadWholeLayer",
+        cut_reads(tower_get(ours)).await,
+    ));
+    #[cfg(feature = "reqwest-middleware")]
+    {
+        let plain = reqwest::Client::new();
+        let ours = reqwest_middleware::ClientBuilder::new(plain.clone())
+            .with(tower_retry_safety::RetrySafetyMiddleware::new(
+                policy().build()?,
+            ))
+            .with(tower_retry_safety::ReadWholeMiddleware::new().resume_with(plain))
+            .build();
+        cut_rows.push((
+            "tower-retry-safety + ReadWholeMiddleware",
+            cut_reads(reqwest_get(ours)).await,
+        ));
+    }
+    let cut_total = CUT_OPS_PER_SIZE; // half of the 2 × CUT_OPS_PER_SIZE GETs are cut
+    println!(
+        "\nreads whose body is cut mid-way: {} GETs (16 KiB and 1 MiB), the first response of \
+         {cut_total} cut right after the head or half-way",
+        2 * CUT_OPS_PER_SIZE
+    );
+    println!("\n{:<42} {:>20}", "stack", "cut reads recovered");
+    for (name, recovered) in &cut_rows {
+        println!("{:<42} {:>20}", name, format!("{recovered} / {cut_total}"));
+    }
 
     show_suppressed_error().await
 }

@@ -68,6 +68,10 @@
 //!   [`RetrySafetyMiddleware`] in a reqwest-middleware stack
 //!   (`examples/reqwest.rs` in the repository); `RetryReport::of_reqwest` and
 //!   [`MayHaveBeenApplied`] read the outcome.
+//! - **Response bodies cut mid-way.** Opt in with [`ReadWholeLayer`] inside the layer
+//!   (reqwest: `ReadWholeMiddleware`): a body within a limit is read inside the attempt and
+//!   read again after a cut; a longer `GET` resumes with `Range` on a strong validator; a write
+//!   is never sent twice for it (see [the `resume` module](resume)).
 //! - **A server that honours idempotency keys (axum, hyper).** [`server::IdempotencyLayer`]
 //!   over [`server::MemoryStore`] stores the first response per key and replays it; with the
 //!   `axum` feature, [`for_axum`](crate::server::IdempotencyLayer::for_axum) wraps a whole axum `Router` for
@@ -154,6 +158,7 @@ pub mod peek;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest;
+pub mod resume;
 pub mod server;
 pub mod service;
 mod target;
@@ -170,7 +175,8 @@ pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
 };
 #[cfg(feature = "reqwest-middleware")]
-pub use reqwest::{PeekBodyMiddleware, RetrySafetyMiddleware};
+pub use reqwest::{PeekBodyMiddleware, ReadWholeMiddleware, RetrySafetyMiddleware};
+pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
 pub use service::{
     AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
     RetryReport, RetrySafety,

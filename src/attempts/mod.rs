@@ -17,6 +17,8 @@ use crate::classify::Symptom;
 use crate::classify::{classify_error, BodyVerdict, Classification, FailureClass, RequestVerdict};
 use crate::error::Error;
 use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
+use crate::resume::cut::BodyCut;
+use crate::resume::ResumeSlot;
 use crate::service::replay::LET_GO_WAIT;
 use crate::service::report::{AttemptRecord, Records};
 use crate::service::{NotReplayable, RetryReport};
@@ -46,6 +48,8 @@ pub(crate) enum Outcome<'a> {
     },
     /// An error: the transport's, a layer's, or the policy's clock cutting the attempt.
     Error(&'a (dyn StdError + 'static)),
+    /// The server answered `status`, then the response body was cut after `received` bytes.
+    BodyCut { status: StatusCode, received: u64 },
 }
 
 impl<'a> Outcome<'a> {
@@ -97,6 +101,8 @@ pub(crate) struct Attempts {
     records: Records,
     request_id: Option<Box<str>>,
     idempotency_key: Option<Box<str>>,
+    /// Why the last decision stopped (kept only for a body that resumes after `finish`).
+    last_stop: StopReason,
 }
 
 impl Attempts {
@@ -154,6 +160,7 @@ impl Attempts {
             records: Records::default(),
             request_id,
             idempotency_key,
+            last_stop: StopReason::Final,
         }
     }
 
@@ -210,6 +217,12 @@ impl Attempts {
                 extensions,
             } => self.on_response(status, headers, extensions),
             Outcome::Error(err) => self.on_error(err),
+            // The attempt whose body streamed on was recorded at its head: its record
+            // becomes the cut's.
+            Outcome::BodyCut { status, received } => {
+                self.records.pop_last();
+                self.on_body_cut(status, received)
+            }
         };
         match decision {
             // A refused body stops in `decide`; without a copy nothing is ever resent.
@@ -234,11 +247,24 @@ impl Attempts {
                     let extensions = res.extensions_mut();
                     // The body verdict is used up by the layer that decided on it.
                     BodyVerdict::take(extensions);
+                    if !extensions.is_empty() {
+                        self.take_body_marks(extensions, reason);
+                    }
                     extensions.insert(self.take_report(reason));
                 }
                 Ok(res)
             }
             Err(err) => Err(self.take_error(reason, err)),
+        }
+    }
+
+    /// The marks a body-reading front end left on the response: used up here. A body that
+    /// streams on may be resumed: its resumes are decided by a continuation of `self`.
+    #[cold]
+    fn take_body_marks(&self, extensions: &mut Extensions, reason: StopReason) {
+        BodyCut::take(extensions);
+        if let Some(slot) = ResumeSlot::take(extensions) {
+            slot.fill(self.continuation(reason));
         }
     }
 
@@ -284,11 +310,25 @@ impl Attempts {
                 self.request_id = printable(headers.get(name), MAX_REQUEST_ID_LEN);
             }
         }
+        if let Some(cut) = extensions.get::<BodyCut>() {
+            return self.on_body_cut(status, cut.received);
+        }
         let body_verdict = extensions.get::<BodyVerdict>().map(|v| v.0);
         let outcome = self
             .policy
             .classify_status(&self.verdict, status, headers, body_verdict);
         self.decide(outcome, Some(status))
+    }
+
+    /// The server answered `status`, then the body was cut after `received` bytes, while it
+    /// was read inside the attempt. The attempt reached the server's application: it is
+    /// ambiguous whatever its status, so the table sends again only a request whose repeat is
+    /// harmless (a keyed write with the same key, which a server that honours keys replays),
+    /// and a write is never sent twice.
+    #[cold]
+    fn on_body_cut(&mut self, status: StatusCode, received: u64) -> Decision {
+        let outcome = Classification::with_retry_after(FailureClass::Ambiguous, None);
+        self.decide_cut(outcome, Some(status), Some(received))
     }
 
     pub(crate) fn on_error(&mut self, err: &(dyn StdError + 'static)) -> Decision {
@@ -298,11 +338,23 @@ impl Attempts {
         self.decide(class.into(), None)
     }
 
+    #[inline]
     fn decide(&mut self, outcome: Classification, status: Option<StatusCode>) -> Decision {
+        self.decide_cut(outcome, status, None)
+    }
+
+    /// `body_cut`: the bytes of the response body that arrived before it was cut, if it was.
+    fn decide_cut(
+        &mut self,
+        outcome: Classification,
+        status: Option<StatusCode>,
+        body_cut: Option<u64>,
+    ) -> Decision {
         self.records.push(AttemptRecord {
             class: outcome.class(),
             status,
             delay: None,
+            body_cut,
         });
         let attempt = self.records.len();
         let decision = if self.outer_layer {
@@ -412,6 +464,50 @@ impl Attempts {
             ),
             Decision::Stop(_) => {}
         }
+    }
+
+    /// The bookkeeping for resuming the response's body after `finish` (the caller has the
+    /// head): the same request, its attempts so far, and its deadline. Nothing is deposited in
+    /// the budget again.
+    #[cold]
+    fn continuation(&self, stop: StopReason) -> Attempts {
+        Attempts {
+            policy: self.policy.clone(),
+            verdict: self.verdict,
+            target: self.target.clone(),
+            not_replayable: self.not_replayable,
+            outer_layer: self.outer_layer,
+            max_retries: self.max_retries,
+            deadline: self.deadline,
+            attempt_timeout: self.attempt_timeout,
+            started: self.started,
+            first_attempt_at: self.first_attempt_at,
+            last_attempt_at: self.last_attempt_at,
+            records: self.records.clone(),
+            request_id: self.request_id.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            last_stop: stop,
+        }
+    }
+
+    /// The report so far, `self` left as it is: for a body that resumes after the caller got
+    /// the head.
+    pub(crate) fn report_now(&self) -> RetryReport {
+        RetryReport {
+            verdict: self.verdict,
+            records: self.records.clone(),
+            stop: self.last_stop,
+            first_attempt_at: self.first_attempt_at,
+            last_attempt_at: self.last_attempt_at,
+            request_id: self.request_id.clone(),
+            idempotency_key: self.idempotency_key.clone(),
+            body: None,
+        }
+    }
+
+    /// Records why the resumes stopped, for [`report_now`](Self::report_now).
+    pub(crate) fn set_stop(&mut self, stop: StopReason) {
+        self.last_stop = stop;
     }
 
     /// The report, its parts taken out of `self`, which is spent afterwards.

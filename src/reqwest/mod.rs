@@ -3,8 +3,10 @@
 mod body;
 mod lookup;
 mod peek;
+mod read_whole;
 
 pub use peek::PeekBodyMiddleware;
+pub use read_whole::ReadWholeMiddleware;
 
 use std::time::Duration;
 

@@ -13,6 +13,9 @@ pub struct AttemptRecord {
     pub(crate) class: FailureClass,
     pub(crate) status: Option<StatusCode>,
     pub(crate) delay: Option<Duration>,
+    /// The bytes of the response body that arrived before it was cut, when it was cut while
+    /// read inside the attempt.
+    pub(crate) body_cut: Option<u64>,
 }
 
 impl AttemptRecord {
@@ -43,16 +46,38 @@ impl AttemptRecord {
     pub fn delay(&self) -> Option<Duration> {
         self.delay
     }
+
+    /// When the server answered but the response body was cut before its end (behind
+    /// [`ReadWholeLayer`](crate::ReadWholeLayer)): how many bytes of it had arrived (for a
+    /// body that streamed to the caller, how many the caller had when it was resumed).
+    /// Such an attempt is [`Ambiguous`](FailureClass::Ambiguous): the server had run the
+    /// request.
+    ///
+    /// ```
+    /// # fn show(report: &tower_retry_safety::RetryReport) {
+    /// for (n, attempt) in report.attempt_records().enumerate() {
+    ///     if let Some(bytes) = attempt.body_cut_after() {
+    ///         println!("attempt {}: body cut after {bytes} bytes", n + 1);
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn body_cut_after(&self) -> Option<u64> {
+        self.body_cut
+    }
 }
 
 /// What happened to a request: put in a response's extensions by the layer and the
 /// reqwest adapter, and kept inside every [`Error`](crate::Error).
 ///
 /// It covers the attempts up to the response head. Reading the body comes after the layer has
-/// returned: an error there is never retried and never appears here. The status was final by
-/// then, so treat a body-read error on a write as ambiguous and check before repeating it;
-/// send a read again; retry a keyed write by hand with the same key
-/// ([`idempotency_key`](Self::idempotency_key)) so the server can replay its stored response.
+/// returned: an error there is never retried and never appears here — unless
+/// [`ReadWholeLayer`](crate::ReadWholeLayer) makes the body part of the attempt (a cut is then
+/// an attempt here, and a resumed body's [`WholeBody::report`](crate::WholeBody::report)
+/// covers its resumes). Without it, the status was final by then, so treat a body-read error
+/// on a write as ambiguous and check before repeating it; send a read again; retry a keyed
+/// write by hand with the same key ([`idempotency_key`](Self::idempotency_key)) so the server
+/// can replay its stored response.
 ///
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -259,6 +284,9 @@ impl fmt::Display for RetryReport {
         if let Some(status) = status {
             write!(f, ", last answered {status}")?;
         }
+        if let Some(cut) = self.records.iter().last().and_then(|r| r.body_cut) {
+            write!(f, ", its body cut after {cut} bytes")?;
+        }
         match self.stop {
             StopReason::Replayed => {
                 f.write_str(
@@ -310,6 +338,11 @@ impl Records {
         } else {
             self.rest.push(record);
         }
+    }
+
+    /// Removes the last attempt's record, to record it again.
+    pub(crate) fn pop_last(&mut self) -> Option<AttemptRecord> {
+        self.rest.pop().or_else(|| self.first.take())
     }
 
     pub(crate) fn last_mut(&mut self) -> Option<&mut AttemptRecord> {

@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod cut_server;
 pub mod fault_server;
 #[cfg(feature = "redis")]
 pub mod fleet;

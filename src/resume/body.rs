@@ -1,0 +1,253 @@
+use std::collections::VecDeque;
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+
+use super::cut::{BodyCutError, NoResume};
+use super::resumer::Resume;
+use crate::{BoxError, RetryReport};
+
+/// A response body behind [`ReadWholeLayer`](crate::ReadWholeLayer): read whole inside the
+/// attempt (then sent from memory), or streamed as it comes when it is longer than the limit,
+/// and then resumed with `Range` where a cut allows it. A cut that was not recovered ends it
+/// with a [`BodyCutError`]; the transport's error is its source.
+pub struct WholeBody<B> {
+    /// What was read inside the attempt, sent first.
+    read: VecDeque<Bytes>,
+    /// Bytes in `read`.
+    read_len: u64,
+    trailers: Option<HeaderMap>,
+    /// The rest of the body, streamed as it comes.
+    rest: Option<B>,
+    /// The error that ends the body, after what was read.
+    error: Option<BodyCutError>,
+    /// Whether the body's length was known from the start.
+    exact: bool,
+    /// For a streamed rest: the response's status and the bytes received so far, to say where
+    /// a cut happened.
+    status: StatusCode,
+    received: u64,
+    /// How a streamed body resumes after a cut, if it can.
+    resume: Option<Box<Resume<B>>>,
+    /// Why a streamed body cannot resume, when that is known from the start.
+    no_resume: Option<NoResume>,
+    /// Bytes of the rest that were delivered already (a range answered with a superset).
+    skip: u64,
+}
+
+impl<B> WholeBody<B> {
+    pub(crate) fn new(status: StatusCode, exact: bool) -> Self {
+        WholeBody {
+            read: VecDeque::new(),
+            read_len: 0,
+            trailers: None,
+            rest: None,
+            error: None,
+            exact,
+            status,
+            received: 0,
+            resume: None,
+            no_resume: None,
+            skip: 0,
+        }
+    }
+
+    pub(crate) fn resuming(mut self, resume: Resume<B>) -> Self {
+        self.resume = Some(Box::new(resume));
+        self
+    }
+
+    pub(crate) fn not_resuming(mut self, why: NoResume) -> Self {
+        self.no_resume = Some(why);
+        self
+    }
+
+    /// How many times the rest of the body was asked for with `Range`.
+    ///
+    /// ```
+    /// # fn show(body: &tower_retry_safety::WholeBody<hyper::body::Incoming>) {
+    /// println!("resumed {} time(s)", body.resumes());
+    /// # }
+    /// ```
+    pub fn resumes(&self) -> u32 {
+        self.resume.as_ref().map_or(0, |r| r.resumes())
+    }
+
+    /// The report of the request's attempts with the resumes of this body, once a cut has
+    /// handed the retry layer's bookkeeping to it; `None` before (the response's
+    /// [`RetryReport`] is then the whole story). Its
+    /// [`body_cut_after`](crate::AttemptRecord::body_cut_after) records say how many bytes had
+    /// been delivered at each cut, and its stop reason why the resumes stopped.
+    ///
+    /// ```
+    /// # fn show(body: &tower_retry_safety::WholeBody<hyper::body::Incoming>) {
+    /// if let Some(report) = body.report() {
+    ///     println!("{} attempt(s), stopped: {:?}", report.attempts(), report.stop_reason());
+    /// }
+    /// # }
+    /// ```
+    pub fn report(&self) -> Option<RetryReport> {
+        self.resume.as_ref().and_then(|r| r.report())
+    }
+
+    /// A body handed on unread: the original, streamed as it is.
+    pub(crate) fn unread(status: StatusCode, body: B) -> Self {
+        WholeBody::new(status, true).then(body)
+    }
+
+    pub(crate) fn push_data(&mut self, chunk: Bytes) {
+        self.read_len += chunk.len() as u64;
+        self.received += chunk.len() as u64;
+        self.read.push_back(chunk);
+    }
+
+    pub(crate) fn set_trailers(&mut self, trailers: HeaderMap) {
+        self.trailers = Some(trailers);
+    }
+
+    pub(crate) fn then(mut self, rest: B) -> Self {
+        self.rest = Some(rest);
+        self
+    }
+
+    pub(crate) fn then_fail(mut self, error: BodyCutError) -> Self {
+        self.error = Some(error);
+        self
+    }
+
+    /// Bytes received from the server so far (read inside the attempt, then streamed).
+    pub(crate) fn received(&self) -> u64 {
+        self.received
+    }
+}
+
+impl<B> Body for WholeBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if let Some(chunk) = this.read.pop_front() {
+            this.read_len -= chunk.len() as u64;
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        if let Some(err) = this.error.take() {
+            return Poll::Ready(Some(Err(Box::new(err))));
+        }
+        loop {
+            if let Some(resume) = this.resume.as_mut().filter(|r| r.active()) {
+                match ready!(resume.poll_resume(cx, this.received)) {
+                    Ok((rest, skip)) => {
+                        this.rest = Some(rest);
+                        this.skip = skip;
+                    }
+                    Err(cut) => {
+                        this.rest = None;
+                        return Poll::Ready(Some(Err(Box::new(cut))));
+                    }
+                }
+            }
+            let Some(rest) = this.rest.as_mut() else {
+                break;
+            };
+            let polled = match Pin::new(rest).poll_frame(cx) {
+                Poll::Ready(polled) => polled,
+                Poll::Pending => {
+                    // A body that stalls past the policy's clock is cut like one that ends.
+                    let stalled = match this.resume.as_mut() {
+                        Some(resume) => resume.poll_idle(cx),
+                        None => Poll::Pending,
+                    };
+                    match (stalled, this.resume.as_mut()) {
+                        (Poll::Ready(why), Some(resume)) => {
+                            this.rest = None;
+                            resume.begin(Box::new(why), this.received);
+                            continue;
+                        }
+                        _ => return Poll::Pending,
+                    }
+                }
+            };
+            match polled {
+                Some(Ok(frame)) => {
+                    if let Some(resume) = this.resume.as_mut() {
+                        resume.on_frame();
+                    }
+                    let frame = match frame.into_data() {
+                        Ok(mut data) => {
+                            // What a superset repeats was delivered already.
+                            if this.skip > 0 {
+                                let skip = this.skip.min(data.len() as u64);
+                                this.skip -= skip;
+                                data = data.slice(skip as usize..);
+                                if data.is_empty() {
+                                    continue;
+                                }
+                            }
+                            this.received += data.len() as u64;
+                            Frame::data(data)
+                        }
+                        Err(frame) => frame,
+                    };
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Some(Err(err)) => {
+                    // Nothing more comes from a body that failed.
+                    this.rest = None;
+                    match this.resume.as_mut() {
+                        Some(resume) => resume.begin(err.into(), this.received),
+                        None => {
+                            let mut cut = BodyCutError::new(this.status, this.received, err.into());
+                            if let Some(why) = this.no_resume {
+                                cut = cut.no_resume(why);
+                            }
+                            return Poll::Ready(Some(Err(Box::new(cut))));
+                        }
+                    }
+                }
+                None => return Poll::Ready(None),
+            }
+        }
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.is_empty()
+            && self.error.is_none()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+            && !self.resume.as_ref().is_some_and(|r| r.active())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        crate::body_hint::with_bytes_ahead(self.rest.as_ref(), self.read_len, self.exact)
+    }
+}
+
+// Nothing in it is pinned: the original body is polled pinned only when it is `Unpin`.
+impl<B> Unpin for WholeBody<B> {}
+
+/// Says how much was read; never the content.
+impl<B> fmt::Debug for WholeBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WholeBody")
+            .field("status", &self.status)
+            .field("received", &self.received)
+            .field("read_bytes", &self.read_len)
+            .field("streaming", &self.rest.is_some())
+            .field("cut", &self.error.is_some())
+            .field("resumes", &self.resumes())
+            .finish_non_exhaustive()
+    }
+}

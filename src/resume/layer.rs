@@ -1,0 +1,100 @@
+use tower_layer::Layer;
+
+use super::ReadWhole;
+
+/// The default limit: bodies of a known length up to 64 KiB are read inside the attempt.
+pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
+
+/// Makes a response body part of the attempt: put it inside [`RetrySafety`](crate::RetrySafety)
+/// and a body whose length the transport knows to be within the limit is read whole before
+/// the layer decides. A body cut mid-way is then a failure of that attempt, which the layer
+/// recovers as the decision model allows: a request whose repeat is harmless (idempotent, or
+/// keyed with a trusted key, sent again with the same key) is sent again, with backoff, the
+/// retry budget and the deadline like any retry, and the caller sees one whole body. A write
+/// whose repeat could repeat its side effect is never sent again: the caller gets the response
+/// (the server had answered), and its body ends, after the bytes that arrived, with a
+/// [`BodyCutError`](crate::resume::BodyCutError) that says so.
+///
+/// Each re-read is an attempt in the [`RetryReport`](crate::RetryReport);
+/// [`AttemptRecord::body_cut_after`](crate::AttemptRecord::body_cut_after) gives the bytes
+/// that had arrived before the cut. The layer's per-attempt timeout covers the reading, so a
+/// body that stalls is cut like a response that does not come.
+///
+/// A longer body, or one without a known length (chunked, server-sent events), is handed on as
+/// it streams. For a `GET` answered `200` with a strong validator (a strong `ETag`, or a
+/// `Last-Modified` at least a second older than the response's `Date`), a cut there asks for
+/// the rest with `Range: bytes=N-` and `If-Range`, as the retry layer decides (it hands its
+/// bookkeeping to the body when it returns the response): the `206` must continue the same
+/// representation (`Content-Range` to the same end, the same `ETag` and `Content-Encoding`;
+/// bytes a superset repeats are skipped), and the caller's body continues. Where that cannot be
+/// proven (no validator, a `200`, a changed `ETag`), nothing is spliced: the body ends in the
+/// original error, whose [`why_no_resume`](crate::resume::BodyCutError::why_no_resume) says
+/// why. [`WholeBody::report`](crate::WholeBody::report) covers the resumes. While such a body
+/// streams, the policy's per-attempt timeout bounds each wait for a frame (a stall is cut and
+/// resumed; a long transfer that keeps moving is not), and its deadline stays absolute. Without a retry
+/// layer outside, nothing decides a resume and none is made.
+///
+/// Ranges count encoded bytes: put a decompression layer outside this one, never inside.
+///
+/// Each `GET` keeps a copy of its request head (and a clone of the inner service) for a
+/// resume. Without this layer, response types and costs stay as they were.
+///
+/// ```
+/// use std::time::Duration;
+/// use bytes::Bytes;
+/// use http_body_util::Full;
+/// use hyper_util::client::legacy::Client;
+/// use hyper_util::rt::TokioExecutor;
+/// use tower::ServiceBuilder;
+/// use tower_retry_safety::{ReadWholeLayer, RetryPolicy};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+/// let svc = ServiceBuilder::new()
+///     .layer(RetryPolicy::builder().attempt_timeout(Duration::from_secs(10)).build()?)
+///     .layer(ReadWholeLayer::new()) // bodies up to 64 KiB are part of the attempt
+///     .service(client);
+/// # let _ = svc;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct ReadWholeLayer {
+    limit: u64,
+}
+
+impl ReadWholeLayer {
+    /// Reads bodies of a known length up to [`DEFAULT_READ_LIMIT`] (64 KiB).
+    pub fn new() -> Self {
+        ReadWholeLayer {
+            limit: DEFAULT_READ_LIMIT,
+        }
+    }
+
+    /// The longest body read inside the attempt, in bytes. Defaults to 64 KiB. Memory held per
+    /// request is at most this much.
+    ///
+    /// ```
+    /// use tower_retry_safety::ReadWholeLayer;
+    ///
+    /// let layer = ReadWholeLayer::new().limit(16 * 1024);
+    /// # let _ = layer;
+    /// ```
+    pub fn limit(mut self, limit: u64) -> Self {
+        self.limit = limit;
+        self
+    }
+}
+
+impl Default for ReadWholeLayer {
+    fn default() -> Self {
+        ReadWholeLayer::new()
+    }
+}
+
+impl<S> Layer<S> for ReadWholeLayer {
+    type Service = ReadWhole<S>;
+
+    fn layer(&self, inner: S) -> ReadWhole<S> {
+        ReadWhole::new(inner, self.limit)
+    }
+}

@@ -1,0 +1,36 @@
+//! Response bodies as part of the attempt: [`ReadWholeLayer`], inside
+//! [`RetrySafety`](crate::RetrySafety), reads a body within a limit before the layer decides,
+//! so that a body cut mid-way is a failed attempt the layer can recover (read again, or sent
+//! again with the same idempotency key), and never a write sent twice.
+//!
+//! ```
+//! use tower::ServiceBuilder;
+//! use tower_retry_safety::{ReadWholeLayer, RetryPolicy};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let client = tower::service_fn(|_req: http::Request<String>| async {
+//! #     Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::new())))
+//! # });
+//! let svc = ServiceBuilder::new()
+//!     .layer(RetryPolicy::builder().build()?)
+//!     .layer(ReadWholeLayer::new())
+//!     .service(client);
+//! # let _ = svc;
+//! # Ok(()) }
+//! ```
+
+mod body;
+pub(crate) mod cut;
+mod future;
+mod layer;
+pub(crate) mod range;
+pub(crate) mod resumer;
+mod service;
+
+pub use body::WholeBody;
+pub use cut::{BodyCutError, NoResume};
+pub use future::ResponseFuture;
+pub use layer::{ReadWholeLayer, DEFAULT_READ_LIMIT};
+pub use service::ReadWhole;
+
+pub(crate) use resumer::ResumeSlot;

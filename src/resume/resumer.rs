@@ -1,0 +1,269 @@
+//! The resume of a streamed body: on a cut, the decision core decides (the budget, the
+//! deadline, retries left, the request's verdict), and a `Range` request asks for the rest.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+
+use http::header::{IF_RANGE, RANGE};
+use http::{Extensions, HeaderMap, HeaderValue, Response, StatusCode};
+use tokio::time::Sleep;
+
+use super::cut::{BodyCutError, NoResume};
+use super::range::Expect;
+use crate::attempts::{Attempts, Outcome, Step};
+use crate::policy::StopReason;
+use crate::timed_out::TimedOut;
+use crate::{BoxError, RetryReport};
+
+/// A `Range` request's response, on its way.
+pub(crate) type RangeFuture<B> =
+    Pin<Box<dyn Future<Output = Result<Response<B>, BoxError>> + Send>>;
+
+/// Sends the request again with these headers added (`Range`, `If-Range`, the attempt's
+/// number).
+pub(crate) type SendRange<B> = Box<dyn FnMut(HeaderMap) -> RangeFuture<B> + Send>;
+
+/// Where the retry layer hands its bookkeeping over to a body that may resume, once it returns
+/// the response (put in the response's extensions by the front end that reads bodies, taken
+/// out by [`Attempts::finish`]). Without a retry layer outside, it stays empty: nothing decides
+/// a resume, so none is made.
+#[derive(Clone, Default)]
+pub(crate) struct ResumeSlot(Arc<Mutex<Option<Attempts>>>);
+
+impl ResumeSlot {
+    pub(crate) fn take(extensions: &mut Extensions) -> Option<ResumeSlot> {
+        extensions.remove::<ResumeSlot>()
+    }
+
+    pub(crate) fn fill(&self, attempts: Attempts) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(attempts);
+    }
+
+    fn take_attempts(&self) -> Option<Attempts> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+enum Phase<B> {
+    /// Streaming: nothing to do.
+    Idle,
+    /// Waiting out the backoff before the next range request.
+    Waiting(Pin<Box<Sleep>>),
+    /// A range request in flight, cut by the policy's clock if it runs out first. In a mutex
+    /// only so the body stays `Sync` (it is only ever reached through `&mut`).
+    Sending(Mutex<RangeFuture<B>>, Option<(Pin<Box<Sleep>>, TimedOut)>),
+    /// No resume: the body ends with the cut's error, which says why.
+    Failed(NoResume),
+}
+
+/// What a streamed body needs to resume.
+pub(crate) struct Resume<B> {
+    send: Mutex<SendRange<B>>,
+    slot: ResumeSlot,
+    attempts: Option<Attempts>,
+    expect: Expect,
+    status: StatusCode,
+    phase: Phase<B>,
+    /// The cut's error: returned, with why, when no resume is possible.
+    cut: Option<BoxError>,
+    /// Range requests made.
+    resumes: u32,
+    /// While the body streams: the policy's clock, as for an attempt, restarted by every frame
+    /// (the per-attempt timeout bounds each wait for a frame; the deadline stays absolute).
+    /// Set at the first wait, once the retry layer has handed over its bookkeeping.
+    idle: Option<(Pin<Box<Sleep>>, TimedOut)>,
+}
+
+impl<B> Resume<B> {
+    pub(crate) fn new(
+        send: SendRange<B>,
+        slot: ResumeSlot,
+        expect: Expect,
+        status: StatusCode,
+    ) -> Self {
+        Resume {
+            send: Mutex::new(send),
+            slot,
+            attempts: None,
+            expect,
+            status,
+            phase: Phase::Idle,
+            cut: None,
+            resumes: 0,
+            idle: None,
+        }
+    }
+
+    /// Whether a resume is under way (the body must poll [`poll_resume`](Self::poll_resume)).
+    pub(crate) fn active(&self) -> bool {
+        !matches!(self.phase, Phase::Idle)
+    }
+
+    /// Range requests made so far.
+    pub(crate) fn resumes(&self) -> u32 {
+        self.resumes
+    }
+
+    /// The report of the request's attempts, resumes included, once a cut has handed the
+    /// bookkeeping to the body.
+    pub(crate) fn report(&self) -> Option<RetryReport> {
+        self.attempts.as_ref().map(Attempts::report_now)
+    }
+
+    /// The bookkeeping, taken from the slot the first time it is needed (the retry layer
+    /// fills it when it returns the response, before the caller can poll the body).
+    fn attempts(&mut self) -> Option<&mut Attempts> {
+        if self.attempts.is_none() {
+            self.attempts = self.slot.take_attempts();
+        }
+        self.attempts.as_mut()
+    }
+
+    /// While the body streams and no frame is ready: ready with the clock that ran out, if
+    /// the policy has one (a per-attempt timeout, a deadline) and it did.
+    pub(crate) fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<TimedOut> {
+        if self.idle.is_none() {
+            let limit = self.attempts().and_then(|a| a.attempt_limit());
+            let Some((limit, why)) = limit else {
+                return Poll::Pending;
+            };
+            self.idle = Some((Box::pin(tokio::time::sleep(limit)), why));
+        }
+        let Some((sleep, why)) = self.idle.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(sleep.as_mut().poll(cx));
+        let why = *why;
+        self.idle = None;
+        Poll::Ready(why)
+    }
+
+    /// A frame came: the wait for the next one starts now.
+    pub(crate) fn on_frame(&mut self) {
+        if self.idle.is_some() {
+            let limit = self.attempts.as_ref().and_then(Attempts::attempt_limit);
+            match (limit, self.idle.as_mut()) {
+                (Some((limit, why)), Some(idle)) => {
+                    idle.0.as_mut().reset(tokio::time::Instant::now() + limit);
+                    idle.1 = why;
+                }
+                _ => self.idle = None,
+            }
+        }
+    }
+
+    /// The body was cut after `received` bytes: asks the decision core whether to resume.
+    pub(crate) fn begin(&mut self, err: BoxError, received: u64) {
+        self.cut = Some(err);
+        self.idle = None;
+        self.attempts();
+        let outcome = Outcome::BodyCut {
+            status: self.status,
+            received,
+        };
+        self.phase = self.decide(outcome);
+    }
+
+    fn decide(&mut self, outcome: Outcome<'_>) -> Phase<B> {
+        let Some(attempts) = self.attempts.as_mut() else {
+            return Phase::Failed(NoResume::Refused);
+        };
+        match attempts.on_outcome(outcome, Some(Ok(()))) {
+            Step::Wait(after) => Phase::Waiting(Box::pin(tokio::time::sleep(after))),
+            Step::Stop(reason) => {
+                attempts.set_stop(reason);
+                Phase::Failed(match reason {
+                    StopReason::SuppressedNotIdempotent | StopReason::NoRetryMarker => {
+                        NoResume::NotRepeatable
+                    }
+                    _ => NoResume::Refused,
+                })
+            }
+        }
+    }
+
+    /// Drives the resume: ready with the rest of the body and how many of its bytes were
+    /// already delivered, or with the error that ends the body.
+    pub(crate) fn poll_resume(
+        &mut self,
+        cx: &mut Context<'_>,
+        received: u64,
+    ) -> Poll<Result<(B, u64), BodyCutError>> {
+        loop {
+            match &mut self.phase {
+                Phase::Idle => unreachable!("polled only while a resume is under way"),
+                Phase::Failed(why) => {
+                    let why = *why;
+                    self.phase = Phase::Idle;
+                    let source = self.cut.take().unwrap_or_else(|| "body cut".into());
+                    let err = BodyCutError::new(self.status, received, source).no_resume(why);
+                    return Poll::Ready(Err(err));
+                }
+                Phase::Waiting(sleep) => {
+                    ready!(sleep.as_mut().poll(cx));
+                    let Some(attempts) = self.attempts.as_mut() else {
+                        self.phase = Phase::Failed(NoResume::Refused);
+                        continue;
+                    };
+                    let mut headers = HeaderMap::new();
+                    headers.insert(RANGE, range_from(received));
+                    headers.insert(IF_RANGE, self.expect.validator.clone());
+                    attempts.next_attempt(&mut headers);
+                    let timer = attempts
+                        .attempt_limit()
+                        .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why));
+                    let send = self.send.get_mut().unwrap_or_else(|e| e.into_inner());
+                    let future = send(headers);
+                    self.resumes += 1;
+                    self.phase = Phase::Sending(Mutex::new(future), timer);
+                }
+                Phase::Sending(future, timer) => {
+                    let future = future.get_mut().unwrap_or_else(|e| e.into_inner());
+                    let result = match future.as_mut().poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => match timer {
+                            Some((sleep, why)) => {
+                                ready!(sleep.as_mut().poll(cx));
+                                Err(Box::new(*why) as BoxError)
+                            }
+                            None => return Poll::Pending,
+                        },
+                    };
+                    match result {
+                        Ok(res) => {
+                            let checked = self.expect.check(res.status(), res.headers(), received);
+                            let step = self.decide(Outcome::Response {
+                                status: res.status(),
+                                headers: res.headers(),
+                                extensions: res.extensions(),
+                            });
+                            match (checked, res.status().is_success()) {
+                                (Ok(skip), _) => {
+                                    self.phase = Phase::Idle;
+                                    return Poll::Ready(Ok((res.into_body(), skip)));
+                                }
+                                // Another representation, or the whole body again: never
+                                // spliced.
+                                (Err(why), true) => {
+                                    if let Some(attempts) = self.attempts.as_mut() {
+                                        attempts.set_stop(StopReason::Final);
+                                    }
+                                    self.phase = Phase::Failed(why);
+                                }
+                                // An error status: as the decision core said.
+                                (Err(_), false) => self.phase = step,
+                            }
+                        }
+                        Err(err) => self.phase = self.decide(Outcome::Error(&*err)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn range_from(received: u64) -> HeaderValue {
+    HeaderValue::try_from(format!("bytes={received}-")).expect("digits are a valid header value")
+}

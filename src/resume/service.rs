@@ -1,0 +1,107 @@
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tower_service::Service;
+
+use http::{HeaderMap, Method};
+use tower::ServiceExt;
+
+use super::cut::NoResume;
+use super::future::ResponseFuture;
+use super::resumer::SendRange;
+use super::WholeBody;
+use crate::{BoxError, ReplayBody};
+
+/// Reads response bodies within a limit inside the attempt; made by
+/// [`ReadWholeLayer`](crate::ReadWholeLayer).
+#[derive(Clone, Debug)]
+pub struct ReadWhole<S> {
+    inner: S,
+    limit: u64,
+}
+
+impl<S> ReadWhole<S> {
+    pub(crate) fn new(inner: S, limit: u64) -> Self {
+        ReadWhole { inner, limit }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, taken out.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, B> Service<Request<ReqBody>> for ReadWhole<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ReqBody: ReplayBody + Send + 'static,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<WholeBody<B>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        // Only a GET is resumed with `Range`: keep what sends it again (its body, empty as a
+        // rule, must copy).
+        let again = if req.method() == Method::GET {
+            sender(self.inner.clone(), &req).ok_or(NoResume::NotRepeatable)
+        } else {
+            Err(NoResume::NotRepeatable)
+        };
+        ResponseFuture::new(self.inner.call(req), self.limit, again)
+    }
+}
+
+/// What sends `req` again with more headers, through a clone of the service.
+fn sender<S, ReqBody, B>(service: S, req: &Request<ReqBody>) -> Option<SendRange<B>>
+where
+    S: Service<Request<ReqBody>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    ReqBody: ReplayBody + Send + 'static,
+    B: Send + 'static,
+{
+    let body = req.body().try_clone_body()?;
+    let method = req.method().clone();
+    let uri = req.uri().clone();
+    let version = req.version();
+    let headers = req.headers().clone();
+    let extensions = req.extensions().clone();
+    Some(Box::new(move |more: HeaderMap| {
+        let again = body.try_clone_body().map(|body| {
+            let mut again = Request::new(body);
+            *again.method_mut() = method.clone();
+            *again.uri_mut() = uri.clone();
+            *again.version_mut() = version;
+            *again.headers_mut() = headers.clone();
+            again.headers_mut().extend(more);
+            *again.extensions_mut() = extensions.clone();
+            again
+        });
+        let service = service.clone();
+        Box::pin(async move {
+            let again = again.ok_or("the request body could not be copied")?;
+            service.oneshot(again).await.map_err(Into::into)
+        })
+    }))
+}
