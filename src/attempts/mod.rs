@@ -2,6 +2,7 @@
 //! attempt's outcome, record it, ask the policy, log, and build the report or the error. Both
 //! front ends drive this one type, so the decision has one code path.
 
+mod body_cut;
 mod plan;
 
 pub(crate) use plan::Plan;
@@ -18,7 +19,6 @@ use crate::classify::{classify_error, BodyVerdict, Classification, FailureClass,
 use crate::error::Error;
 use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
 use crate::resume::cut::BodyCut;
-use crate::resume::ResumeSlot;
 use crate::service::replay::LET_GO_WAIT;
 use crate::service::report::{AttemptRecord, Records};
 use crate::service::{NotReplayable, RetryReport};
@@ -258,16 +258,6 @@ impl Attempts {
         }
     }
 
-    /// The marks a body-reading front end left on the response: used up here. A body that
-    /// streams on may be resumed: its resumes are decided by a continuation of `self`.
-    #[cold]
-    fn take_body_marks(&self, extensions: &mut Extensions, reason: StopReason) {
-        BodyCut::take(extensions);
-        if let Some(slot) = ResumeSlot::take(extensions) {
-            slot.fill(self.continuation(reason));
-        }
-    }
-
     /// The error for a request whose retry could not start because its body could not be
     /// sent again after all (the last attempt's outcome was already dropped for the retry).
     /// `self` is spent.
@@ -318,17 +308,6 @@ impl Attempts {
             .policy
             .classify_status(&self.verdict, status, headers, body_verdict);
         self.decide(outcome, Some(status))
-    }
-
-    /// The server answered `status`, then the body was cut after `received` bytes, while it
-    /// was read inside the attempt. The attempt reached the server's application: it is
-    /// ambiguous whatever its status, so the table sends again only a request whose repeat is
-    /// harmless (a keyed write with the same key, which a server that honours keys replays),
-    /// and a write is never sent twice.
-    #[cold]
-    fn on_body_cut(&mut self, status: StatusCode, received: u64) -> Decision {
-        let outcome = Classification::with_retry_after(FailureClass::Ambiguous, None);
-        self.decide_cut(outcome, Some(status), Some(received))
     }
 
     pub(crate) fn on_error(&mut self, err: &(dyn StdError + 'static)) -> Decision {
@@ -464,50 +443,6 @@ impl Attempts {
             ),
             Decision::Stop(_) => {}
         }
-    }
-
-    /// The bookkeeping for resuming the response's body after `finish` (the caller has the
-    /// head): the same request, its attempts so far, and its deadline. Nothing is deposited in
-    /// the budget again.
-    #[cold]
-    fn continuation(&self, stop: StopReason) -> Attempts {
-        Attempts {
-            policy: self.policy.clone(),
-            verdict: self.verdict,
-            target: self.target.clone(),
-            not_replayable: self.not_replayable,
-            outer_layer: self.outer_layer,
-            max_retries: self.max_retries,
-            deadline: self.deadline,
-            attempt_timeout: self.attempt_timeout,
-            started: self.started,
-            first_attempt_at: self.first_attempt_at,
-            last_attempt_at: self.last_attempt_at,
-            records: self.records.clone(),
-            request_id: self.request_id.clone(),
-            idempotency_key: self.idempotency_key.clone(),
-            last_stop: stop,
-        }
-    }
-
-    /// The report so far, `self` left as it is: for a body that resumes after the caller got
-    /// the head.
-    pub(crate) fn report_now(&self) -> RetryReport {
-        RetryReport {
-            verdict: self.verdict,
-            records: self.records.clone(),
-            stop: self.last_stop,
-            first_attempt_at: self.first_attempt_at,
-            last_attempt_at: self.last_attempt_at,
-            request_id: self.request_id.clone(),
-            idempotency_key: self.idempotency_key.clone(),
-            body: None,
-        }
-    }
-
-    /// Records why the resumes stopped, for [`report_now`](Self::report_now).
-    pub(crate) fn set_stop(&mut self, stop: StopReason) {
-        self.last_stop = stop;
     }
 
     /// The report, its parts taken out of `self`, which is spent afterwards.

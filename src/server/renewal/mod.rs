@@ -38,8 +38,10 @@ use pin_project_lite::pin_project;
 use tokio::runtime::Id as RuntimeId;
 use tokio::time::{Instant, Sleep};
 
+mod send;
+
 use super::store::{Claim, IdempotencyStore};
-use crate::target::cap;
+use send::{renew, send_renewal};
 
 /// The ticker wakes this many times per lease.
 const TICKS: u32 = 12;
@@ -198,7 +200,9 @@ impl<St: IdempotencyStore> Renewals<St> {
         drop(runtimes);
         if late {
             let (renewals, key, shown) = (self.clone(), key.clone(), shown.clone());
-            drop(handle.spawn(async move { renew(&renewals, key, shown, claim).await }));
+            drop(handle.spawn(async move {
+                renew(&renewals.store, renewals.lease, key, shown, claim).await
+            }));
         }
         if let Some(first) = first {
             // The guard goes into the task before it is spawned: a task that the runtime drops
@@ -367,7 +371,8 @@ impl<St: IdempotencyStore> Renewal<St> {
             Ok((key, shown, claim)) => {
                 self.next = now + renewals.lease / EVERY;
                 send_renewal(
-                    renewals,
+                    &renewals.store,
+                    renewals.lease,
                     key,
                     shown,
                     claim,
@@ -450,62 +455,10 @@ impl<St: IdempotencyStore> Ticker<St> {
             // renews all that fell due meanwhile.
             let due = renewals.take_due(self.runtime, Instant::now());
             for (key, shown, claim) in due {
-                renew(&renewals, key, shown, claim).await;
+                renew(&renewals.store, renewals.lease, key, shown, claim).await;
             }
             drop(renewals);
             tokio::time::sleep(self.tick).await;
         }
-    }
-}
-
-/// Sends one renewal. It is polled here once, so that a store that answers at once (the memory
-/// store) renews within this turn of the ticker; a store that must wait for a reply is awaited
-/// from a task of its own, bounded by the renewal interval, so that the next renewal never
-/// waits for it.
-async fn renew<St: IdempotencyStore>(
-    renewals: &Arc<Renewals<St>>,
-    key: Arc<str>,
-    shown: Arc<str>,
-    claim: Claim,
-) {
-    let mut call = Some((key, shown));
-    std::future::poll_fn(|cx| {
-        if let Some((key, shown)) = call.take() {
-            send_renewal(renewals, key, shown, claim, cx);
-        }
-        Poll::Ready(())
-    })
-    .await;
-}
-
-/// Sends one renewal, polled once with `cx`; if it must wait for a reply, it goes on in a task
-/// of its own.
-fn send_renewal<St: IdempotencyStore>(
-    renewals: &Arc<Renewals<St>>,
-    key: Arc<str>,
-    shown: Arc<str>,
-    claim: Claim,
-    cx: &mut Context<'_>,
-) {
-    let (store, lease) = (renewals.store.clone(), renewals.lease);
-    let mut call = Box::pin(async move {
-        let renewed = tokio::time::timeout(lease / 4, store.renew(&key, claim, lease)).await;
-        match renewed {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => {
-                // Fenced: the lease ended (a store outage longer than it) and the key may have
-                // been claimed again; the next tick tries again and is refused again, and the
-                // claim's outcome is fenced when it is stored.
-                tracing::warn!(error = %err, cause = super::cause(&err), fenced = err.is_fenced(), key = cap(&shown, 64), "idempotency claim not renewed");
-            }
-            Err(_) => {
-                tracing::warn!(key = cap(&shown, 64), "idempotency claim renewal timed out");
-            }
-        }
-    });
-    if call.as_mut().poll(cx).is_pending() {
-        drop(tokio::spawn(
-            call as Pin<Box<dyn Future<Output = ()> + Send>>,
-        ));
     }
 }
