@@ -65,7 +65,8 @@
 //! and push the timer read to every 61 polls, about 490 ms, and a claim of a 400 ms lease
 //! lapses (`tests/review_round2.rs` keeps both cases; `event_interval(4)` holds them). Outside
 //! a tokio runtime nothing is renewed. Serve keyed handlers from a multi-thread runtime, or
-//! build a current-thread one with a low `event_interval`.
+//! build a current-thread one with a low `event_interval`; the layer logs a warning that says
+//! so, once per runtime, when it first claims a key on a current-thread one.
 //!
 //! The lease bounds the windows in which "never twice" cannot hold, and they are these:
 //!

@@ -164,6 +164,10 @@ impl<St: IdempotencyStore> Renewals<St> {
             let first = std::panic::catch_unwind(AssertUnwindSafe(|| tokio::time::sleep(tick)))
                 .map_err(|_| NoTimer)?;
             held.ticking = true;
+            if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+                // Once per layer and runtime: the bound the server docs state.
+                tracing::warn!("IdempotencyLayer serves keyed requests on a current-thread runtime: a claim is kept only while the thread reads its timers and comes back to the handler at least once per half lease (see the server docs, \"Renewal guarantee\"); a multi-thread runtime keeps claims whatever the handlers do");
+            }
             Some(first)
         } else {
             None
