@@ -1,7 +1,7 @@
 //! What the decision core does for a response body cut mid-way: the cut as an attempt's
 //! outcome, and the continuation that decides the body's resumes after the caller got the head.
 
-use http::{Extensions, StatusCode};
+use http::{Extensions, HeaderMap, StatusCode};
 
 use super::Attempts;
 use crate::classify::{Classification, FailureClass};
@@ -22,13 +22,25 @@ impl Attempts {
     }
 
     /// The server answered `status`, then the body was cut after `received` bytes, while it
-    /// was read inside the attempt. The attempt reached the server's application: it is
-    /// ambiguous whatever its status, so the table sends again only a request whose repeat is
-    /// harmless (a keyed write with the same key, which a server that honours keys replays),
-    /// and a write is never sent twice.
+    /// was read inside the attempt. A success whose body was cut is ambiguous, whatever it
+    /// says: the attempt reached the server's application, so the table sends again only a
+    /// request whose repeat is harmless (a keyed write with the same key, which a server that
+    /// honours keys replays), and a write is never sent twice. Any other status is classified
+    /// as it would be whole (the server's hint, `Retry-After`, a final status): a cut body
+    /// does not make a response worth asking for again.
     #[cold]
-    pub(super) fn on_body_cut(&mut self, status: StatusCode, received: u64) -> Decision {
-        let outcome = Classification::with_retry_after(FailureClass::Ambiguous, None);
+    pub(super) fn on_body_cut(
+        &mut self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        received: u64,
+    ) -> Decision {
+        let outcome = if status.is_success() {
+            Classification::with_retry_after(FailureClass::Ambiguous, None)
+        } else {
+            self.policy
+                .classify_status(&self.verdict, status, headers, None)
+        };
         self.decide_cut(outcome, Some(status), Some(received))
     }
 
@@ -69,6 +81,11 @@ impl Attempts {
             idempotency_key: self.idempotency_key.clone(),
             body: None,
         }
+    }
+
+    /// Why the last decision stopped.
+    pub(crate) fn last_stop(&self) -> StopReason {
+        self.last_stop
     }
 
     /// Records why the resumes stopped, for [`report_now`](Self::report_now).

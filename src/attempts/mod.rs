@@ -221,7 +221,7 @@ impl Attempts {
             // becomes the cut's.
             Outcome::BodyCut { status, received } => {
                 self.records.pop_last();
-                self.on_body_cut(status, received)
+                self.on_body_cut(status, &HeaderMap::new(), received)
             }
         };
         match decision {
@@ -301,7 +301,7 @@ impl Attempts {
             }
         }
         if let Some(cut) = extensions.get::<BodyCut>() {
-            return self.on_body_cut(status, cut.received);
+            return self.on_body_cut(status, headers, cut.received);
         }
         let body_verdict = extensions.get::<BodyVerdict>().map(|v| v.0);
         let outcome = self

@@ -100,9 +100,19 @@ impl<B> WholeBody<B> {
     }
 
     pub(crate) fn push_data(&mut self, chunk: Bytes) {
+        /// Pieces held before they are joined into one: a body within the limit sent in tiny
+        /// frames (one byte each, say) would otherwise cost a `Bytes` per byte.
+        const JOIN_AT: usize = 1024;
         self.read_len += chunk.len() as u64;
         self.received += chunk.len() as u64;
         self.read.push_back(chunk);
+        if self.read.len() >= JOIN_AT {
+            let mut joined = bytes::BytesMut::with_capacity(self.read_len as usize);
+            for piece in self.read.drain(..) {
+                joined.extend_from_slice(&piece);
+            }
+            self.read.push_back(joined.freeze());
+        }
     }
 
     pub(crate) fn set_trailers(&mut self, trailers: HeaderMap) {
@@ -195,6 +205,19 @@ where
                                     continue;
                                 }
                             }
+                            let total = this.resume.as_ref().and_then(|r| r.total());
+                            if total.is_some_and(|t| this.received + data.len() as u64 > t) {
+                                // More than the body's length: not the body that was asked
+                                // for. Nothing of it goes on.
+                                this.rest = None;
+                                let cut = BodyCutError::new(
+                                    this.status,
+                                    this.received,
+                                    "the server sent more bytes than the body's length".into(),
+                                )
+                                .no_resume(NoResume::NotTheSame);
+                                return Poll::Ready(Some(Err(Box::new(cut))));
+                            }
                             this.received += data.len() as u64;
                             Frame::data(data)
                         }
@@ -216,7 +239,18 @@ where
                         }
                     }
                 }
-                None => return Poll::Ready(None),
+                None => {
+                    // A clean end before the body's length is a cut too (a `206` shorter than
+                    // its `Content-Range`).
+                    this.rest = None;
+                    if let Some(resume) = this.resume.as_mut() {
+                        if resume.total().is_some_and(|t| this.received < t) {
+                            resume.begin("the body ended before its length".into(), this.received);
+                            continue;
+                        }
+                    }
+                    return Poll::Ready(None);
+                }
             }
         }
         Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))

@@ -14,8 +14,9 @@ use super::resumer::{Resume, ResumeSlot, SendRange};
 use super::WholeBody;
 use crate::BoxError;
 
-/// The most frames read from one body inside the attempt: a body of many empty frames is
-/// handed on as a stream from there, so the reading ends and memory stays bounded.
+/// The most frames without data read from one body inside the attempt: a body of many empty
+/// frames is handed on as a stream from there, so the reading ends. Data frames are bounded by
+/// the limit's bytes (and held in few pieces: see `WholeBody::push_data`).
 const MAX_FRAMES: usize = 1024;
 
 pin_project! {
@@ -151,24 +152,21 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    /// Reads the body to its end, its first error, or `MAX_FRAMES`.
+    /// Reads the body to its end, its first error, or `MAX_FRAMES` frames without data.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Response<WholeBody<B>>> {
         let whole = self.whole.as_mut().expect("read once");
         let body = self.body.as_mut().expect("read once");
         while self.frames < MAX_FRAMES {
             match ready!(Pin::new(&mut *body).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    self.frames += 1;
-                    match frame.into_data() {
-                        Ok(chunk) if chunk.is_empty() => {}
-                        Ok(chunk) => whole.push_data(chunk),
-                        Err(frame) => {
-                            if let Ok(trailers) = frame.into_trailers() {
-                                whole.set_trailers(trailers);
-                            }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(chunk) if chunk.is_empty() => self.frames += 1,
+                    Ok(chunk) => whole.push_data(chunk),
+                    Err(frame) => {
+                        if let Ok(trailers) = frame.into_trailers() {
+                            whole.set_trailers(trailers);
                         }
                     }
-                }
+                },
                 Some(Err(err)) => {
                     let mut parts = self.parts.take().expect("read once");
                     let received = whole.received();

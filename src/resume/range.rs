@@ -61,10 +61,19 @@ impl Expect {
         }
     }
 
+    /// The body's whole length, once the first response or a `206` said it.
+    pub(crate) fn total(&self) -> Option<u64> {
+        self.total
+    }
+
     /// Checks a response to `Range: bytes={received}-`: how many of its bytes were already
-    /// delivered (a superset starts earlier), or why it does not continue the body.
+    /// delivered (a superset starts earlier), or why it does not continue the body. The `206`
+    /// must name the same representation: the same strong `ETag`, or the same `Last-Modified`
+    /// date (RFC 9110 §15.3.7: a `206` sends the validators a `200` would; one that sends none
+    /// cannot be told from another version). A `206` whose length is first said here fixes the
+    /// body's.
     pub(crate) fn check(
-        &self,
+        &mut self,
         status: StatusCode,
         headers: &HeaderMap,
         received: u64,
@@ -72,7 +81,8 @@ impl Expect {
         if status != StatusCode::PARTIAL_CONTENT {
             return Err(NoResume::NotTheSame);
         }
-        if self.etag && headers.get(ETAG).is_some_and(|e| e != self.validator) {
+        let validator = headers.get(if self.etag { ETAG } else { LAST_MODIFIED });
+        if validator != Some(&self.validator) {
             return Err(NoResume::NotTheSame);
         }
         // Ranges count encoded bytes: the same coding, or none on both.
@@ -89,6 +99,7 @@ impl Expect {
         if !same_length || !to_the_end || first > received {
             return Err(NoResume::NotTheSame);
         }
+        self.total = Some(total);
         Ok(received - first)
     }
 }
@@ -192,8 +203,35 @@ mod tests {
     }
 
     #[test]
+    fn a_206_to_a_date_must_carry_the_same_date() {
+        let first = headers(&[
+            ("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+            ("date", "Sun, 06 Nov 1994 08:49:38 GMT"),
+        ]);
+        let mut expect = Expect::of(&first, Some(10)).unwrap();
+        let same = headers(&[
+            ("content-range", "bytes 4-9/10"),
+            ("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+        ]);
+        assert_eq!(expect.check(StatusCode::PARTIAL_CONTENT, &same, 6), Ok(2));
+        for bad in [
+            headers(&[
+                ("content-range", "bytes 4-9/10"),
+                ("last-modified", "Sun, 06 Nov 1994 08:49:39 GMT"),
+            ]),
+            headers(&[("content-range", "bytes 4-9/10")]),
+        ] {
+            assert_eq!(
+                expect.check(StatusCode::PARTIAL_CONTENT, &bad, 6),
+                Err(NoResume::NotTheSame),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn a_206_must_continue_the_same_body() {
-        let expect = Expect::of(&headers(&[("etag", "\"v1\"")]), Some(10)).unwrap();
+        let mut expect = Expect::of(&headers(&[("etag", "\"v1\"")]), Some(10)).unwrap();
         let ok = headers(&[("content-range", "bytes 4-9/10"), ("etag", "\"v1\"")]);
         assert_eq!(expect.check(StatusCode::PARTIAL_CONTENT, &ok, 6), Ok(2));
         assert_eq!(expect.check(StatusCode::PARTIAL_CONTENT, &ok, 4), Ok(0));
@@ -208,13 +246,17 @@ mod tests {
         );
         for bad in [
             headers(&[("content-range", "bytes 4-9/10"), ("etag", "\"v2\"")]),
-            headers(&[("content-range", "bytes 4-8/10")]),
-            headers(&[("content-range", "bytes 4-10/11")]),
-            headers(&[("content-range", "bytes 4-9/*")]),
+            // No validator: another version cannot be ruled out.
+            headers(&[("content-range", "bytes 4-9/10")]),
+            headers(&[("content-range", "bytes 4-8/10"), ("etag", "\"v1\"")]),
+            headers(&[("content-range", "bytes 4-10/11"), ("etag", "\"v1\"")]),
+            headers(&[("content-range", "bytes 4-9/*"), ("etag", "\"v1\"")]),
             headers(&[
                 ("content-range", "bytes 4-9/10"),
+                ("etag", "\"v1\""),
                 ("content-encoding", "gzip"),
             ]),
+            headers(&[("etag", "\"v1\"")]),
             headers(&[]),
         ] {
             assert_eq!(

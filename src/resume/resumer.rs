@@ -101,6 +101,11 @@ impl<B> Resume<B> {
         !matches!(self.phase, Phase::Idle)
     }
 
+    /// The body's whole length, once known (the first response's, or a `206`'s).
+    pub(crate) fn total(&self) -> Option<u64> {
+        self.expect.total()
+    }
+
     /// Range requests made so far.
     pub(crate) fn resumes(&self) -> u32 {
         self.resumes
@@ -252,8 +257,17 @@ impl<B> Resume<B> {
                                     }
                                     self.phase = Phase::Failed(why);
                                 }
-                                // An error status: as the decision core said.
-                                (Err(_), false) => self.phase = step,
+                                // An error status: as the decision core said; a final
+                                // one (a 416, a 404) says the body is not there any more.
+                                (Err(why), false) => {
+                                    let finished = self.attempts.as_ref().map(Attempts::last_stop);
+                                    self.phase = match step {
+                                        Phase::Failed(_) if finished == Some(StopReason::Final) => {
+                                            Phase::Failed(why)
+                                        }
+                                        step => step,
+                                    };
+                                }
                             }
                         }
                         Err(err) => self.phase = self.decide(Outcome::Error(&*err)),
