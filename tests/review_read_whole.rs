@@ -686,7 +686,6 @@ async fn a_slow_but_healthy_small_get_body_is_not_turned_into_a_failure() {
 /// untouched), or, when the attempt's clock runs out while ReadWhole is reading, return the
 /// response with its body ending in a `BodyCutError` rather than the error.
 #[tokio::test]
-#[ignore = "open defect: a write whose small body is slow loses its response: Err(ambiguous) instead of the status"]
 async fn a_write_whose_small_body_is_slow_keeps_its_response() {
     let (server, body) = slow_small_body().await;
     let policy = policy()
@@ -1345,11 +1344,13 @@ async fn a_write_that_stalls_past_the_attempt_timeout_within_the_limit_is_sent_o
         .attempt_timeout(Duration::from_millis(200))
         .build()
         .unwrap();
-    let out = stack(policy)
+    // A write nothing makes safe to repeat streams its body (it is never read inside the
+    // attempt): the caller gets the response, and the request went out once.
+    let res = stack(policy)
         .oneshot(req(Method::POST, &server.url("/v1/send"), None))
-        .await;
-    let err = out.expect_err("timed out after it was sent");
-    assert!(err.is_ambiguous());
+        .await
+        .expect("the server answered");
+    assert_eq!(res.status(), http::StatusCode::OK);
     assert_eq!(server.writes(), 1);
 }
 

@@ -34,6 +34,12 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// resumed; a long transfer that keeps moving is not), and its deadline stays absolute. Without a retry
 /// layer outside, nothing decides a resume and none is made.
 ///
+/// Only a request the retry layer may send again is read inside the attempt: one idempotent by
+/// its method, or carrying an `Idempotency-Key` header. Any other write streams its body, so a
+/// slow body never costs it its response (it would not be sent again anyway), and a cut ends
+/// the body with a [`BodyCutError`](crate::resume::BodyCutError) after the response's status.
+/// A request that only the policy's rules or markers make idempotent streams too.
+///
 /// Ranges count encoded bytes: put a decompression layer outside this one, never inside.
 ///
 /// Each `GET` keeps a copy of its request head (and a clone of the inner service) for a

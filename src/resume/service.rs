@@ -68,8 +68,20 @@ where
         } else {
             Err(NoResume::NotRepeatable)
         };
-        ResponseFuture::new(self.inner.call(req), self.limit, again)
+        // A write that nothing makes safe to repeat would never be sent again: reading its
+        // body inside the attempt would only put it under the attempt's clock, and a slow body
+        // would cost the caller the response. It streams.
+        let limit = if may_repeat(&req) { self.limit } else { 0 };
+        ResponseFuture::new(self.inner.call(req), limit, again)
     }
+}
+
+/// Whether the retry layer may send `req` again: idempotent by its method (RFC 9110 §9.2.2),
+/// or carrying an `Idempotency-Key`. The retry layer decides with its rules and markers too;
+/// this layer cannot see them, so a request they call idempotent is only streamed.
+fn may_repeat<B>(req: &Request<B>) -> bool {
+    let method = req.method();
+    method.is_idempotent() || req.headers().contains_key("idempotency-key")
 }
 
 /// What sends `req` again with more headers, through a clone of the service.
