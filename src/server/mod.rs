@@ -175,6 +175,7 @@ mod detach;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
+mod keyed;
 mod layer;
 mod memory;
 mod outcome;

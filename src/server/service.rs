@@ -11,15 +11,15 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use tower_service::Service;
 
-use super::buffer::{read_body, ReadError};
 use super::claim::Claimed;
 use super::derive::RequestKey;
 use super::future::ResponseFuture;
+use super::keyed::{prepare, Keyed};
 use super::layer::Config;
 use super::outcome::{replay, reply, retry_later};
 use super::renewal::Renewals;
 use super::run;
-use super::store::{Begin, Entry, Fingerprint, IdempotencyStore};
+use super::store::{Begin, Entry, IdempotencyStore};
 use super::ResponseBody;
 use crate::classify::idempotency_key;
 use crate::BoxError;
@@ -148,36 +148,15 @@ where
     ResBody::Error: Into<BoxError>,
 {
     async move {
-        let body = match read_body(body, config.max_request_bytes).await {
-            Ok(body) => body,
-            Err(ReadError::TooLarge) => {
-                return Ok(reply(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "the request body is larger than this server keeps for idempotency keys",
-                ))
-            }
-            Err(ReadError::Failed) => {
-                return Ok(reply(
-                    StatusCode::BAD_REQUEST,
-                    "the request body could not be read",
-                ))
-            }
+        let shown = key;
+        let Keyed {
+            body,
+            key,
+            fingerprint,
+        } = match prepare(&config, &shown, &parts, body).await {
+            Ok(keyed) => keyed,
+            Err(answer) => return Ok(answer),
         };
-        let shown = key.clone();
-        let key: Arc<str> = match &config.scope {
-            None => key,
-            Some(scope) => match (scope.0)(&parts) {
-                Some(scope) => scoped_key(&scope, &key).into(),
-                None => {
-                    return Ok(reply(
-                        StatusCode::BAD_REQUEST,
-                        "this server scopes Idempotency-Keys by client, and the request does not say which client sent it",
-                    ))
-                }
-            },
-        };
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let fingerprint = Fingerprint::of(&parts.method, target, &body);
         // The store's lease starts when it takes the claim, after this: renewals are timed
         // from here, so a slow reply to `begin` eats none of the margin.
         let sent = renewals.now();
@@ -239,20 +218,4 @@ where
         )
         .await
     }
-}
-
-/// The stored key of a scoped request: a hash of the scope (which may be a secret, such as an
-/// API key: it never reaches a store's key names or a log in clear), then the client's key.
-pub(crate) fn scoped_key(scope: &str, key: &str) -> String {
-    use sha2::{Digest, Sha256};
-    use std::fmt::Write;
-    let digest = Sha256::digest(scope.as_bytes());
-    let mut out = String::with_capacity(33 + key.len());
-    // 128 bits of the hash: collisions between scopes are out of reach.
-    for b in &digest[..16] {
-        let _ = write!(out, "{b:02x}");
-    }
-    out.push('|');
-    out.push_str(key);
-    out
 }

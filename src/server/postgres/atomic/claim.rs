@@ -12,15 +12,14 @@ use tower_service::Service;
 
 use super::run::{unavailable, InnerBody, Run};
 use super::transaction::{KeyTransaction, Slot};
-use crate::server::buffer::{read_body, ReadError};
 use crate::server::derive::RequestKey;
 use crate::server::detach::DetachOnDrop;
+use crate::server::keyed::{prepare, Keyed};
 use crate::server::layer::Config;
 use crate::server::outcome::{replay, reply, retry_later};
 use crate::server::postgres::sql::{Sql, LOCKED};
 use crate::server::postgres::{lock_id, secs, token, PostgresStore};
 use crate::server::record;
-use crate::server::service::scoped_key;
 use crate::server::store::{self, Entry, Fingerprint, IdempotencyStore};
 use crate::server::ResponseBody;
 use crate::BoxError;
@@ -165,35 +164,14 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let body = match read_body(body, config.max_request_bytes).await {
-        Ok(body) => body,
-        Err(ReadError::TooLarge) => {
-            return Ok(reply(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is larger than this server keeps for idempotency keys",
-            ))
-        }
-        Err(ReadError::Failed) => {
-            return Ok(reply(
-                StatusCode::BAD_REQUEST,
-                "the request body could not be read",
-            ))
-        }
+    let Keyed {
+        body,
+        key,
+        fingerprint,
+    } = match prepare(&config, &shown, &parts, body).await {
+        Ok(keyed) => keyed,
+        Err(answer) => return Ok(answer),
     };
-    let key: Arc<str> = match &config.scope {
-        None => shown.clone(),
-        Some(scope) => match (scope.0)(&parts) {
-            Some(scope) => scoped_key(&scope, &shown).into(),
-            None => {
-                return Ok(reply(
-                    StatusCode::BAD_REQUEST,
-                    "this server scopes Idempotency-Keys by client, and the request does not say which client sent it",
-                ))
-            }
-        },
-    };
-    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let fingerprint = Fingerprint::of(&parts.method, target, &body);
 
     // From the claim on, the call runs to its end even if the request goes away (it is
     // detached onto the runtime then): a claim dropped mid-statement could leave its

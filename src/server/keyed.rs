@@ -1,0 +1,88 @@
+//! What a keyed request brings to its claim, in every mode: its body read whole (within the
+//! limit), its key scoped to its client, and its fingerprint.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Response, StatusCode};
+use http_body::Body;
+
+use super::buffer::{read_body, ReadError};
+use super::layer::Config;
+use super::outcome::reply;
+use super::store::Fingerprint;
+use super::ResponseBody;
+use crate::BoxError;
+
+/// A keyed request ready to claim its key.
+pub(crate) struct Keyed {
+    pub(crate) body: Bytes,
+    /// The key as stored: the client's, after its scope's hash if keys are scoped.
+    pub(crate) key: Arc<str>,
+    pub(crate) fingerprint: Fingerprint,
+}
+
+/// Reads the body of a request with the key `shown` and scopes its key; or the answer (400,
+/// 413) to a request that cannot be claimed. Nothing has run either way.
+pub(crate) async fn prepare<B, R>(
+    config: &Config,
+    shown: &Arc<str>,
+    parts: &Parts,
+    body: B,
+) -> Result<Keyed, Response<ResponseBody<R>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let body = match read_body(body, config.max_request_bytes).await {
+        Ok(body) => body,
+        Err(ReadError::TooLarge) => {
+            return Err(reply(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is larger than this server keeps for idempotency keys",
+            ))
+        }
+        Err(ReadError::Failed) => {
+            return Err(reply(
+                StatusCode::BAD_REQUEST,
+                "the request body could not be read",
+            ))
+        }
+    };
+    let key: Arc<str> = match &config.scope {
+        None => shown.clone(),
+        Some(scope) => match (scope.0)(parts) {
+            Some(scope) => scoped_key(&scope, shown).into(),
+            None => {
+                return Err(reply(
+                    StatusCode::BAD_REQUEST,
+                    "this server scopes Idempotency-Keys by client, and the request does not say which client sent it",
+                ))
+            }
+        },
+    };
+    let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let fingerprint = Fingerprint::of(&parts.method, target, &body);
+    Ok(Keyed {
+        body,
+        key,
+        fingerprint,
+    })
+}
+
+/// The stored key of a scoped request: a hash of the scope (which may be a secret, such as an
+/// API key: it never reaches a store's key names or a log in clear), then the client's key.
+pub(crate) fn scoped_key(scope: &str, key: &str) -> String {
+    use sha2::{Digest, Sha256};
+    use std::fmt::Write;
+    let digest = Sha256::digest(scope.as_bytes());
+    let mut out = String::with_capacity(33 + key.len());
+    // 128 bits of the hash: collisions between scopes are out of reach.
+    for b in &digest[..16] {
+        let _ = write!(out, "{b:02x}");
+    }
+    out.push('|');
+    out.push_str(key);
+    out
+}
