@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 
 use super::buffer::{read_body, ReadError};
@@ -13,7 +13,54 @@ use super::layer::Config;
 use super::outcome::reply;
 use super::store::Fingerprint;
 use super::ResponseBody;
+use crate::classify::idempotency_key;
 use crate::BoxError;
+
+/// A request whose key header cannot be used: it gets 400, and nothing runs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum BadKey {
+    /// The method needs a key, and the request has none.
+    Missing,
+    /// The key is not a well-formed key.
+    Malformed,
+}
+
+impl BadKey {
+    /// The answer to the request.
+    #[cold]
+    pub(crate) fn reply<R>(self) -> Response<ResponseBody<R>> {
+        reply(
+            StatusCode::BAD_REQUEST,
+            match self {
+                BadKey::Missing => {
+                    "this request needs an Idempotency-Key header: a quoted string, such as \
+                     \"8e03978e-40d5-43e8-bc93-6894a57f9324\""
+                }
+                BadKey::Malformed => {
+                    "malformed Idempotency-Key: expected a quoted string (RFC 8941 sf-string) of \
+                     printable ASCII, or a bare token of visible ASCII without quotes or \
+                     backslashes; non-empty, at most 255 bytes"
+                }
+            },
+        )
+    }
+}
+
+/// The request's idempotency key, if it has one (`None`: it passes through), or why it cannot
+/// be used.
+#[inline]
+pub(crate) fn key_of<B>(config: &Config, req: &Request<B>) -> Result<Option<Arc<str>>, BadKey> {
+    let Some(value) = req.headers().get(&config.key_header) else {
+        if config.required.contains(req.method()) {
+            return Err(BadKey::Missing);
+        }
+        return Ok(None);
+    };
+    match idempotency_key::parse(value) {
+        Some(key) => Ok(Some(key.into())),
+        None => Err(BadKey::Malformed),
+    }
+}
 
 /// A keyed request ready to claim its key.
 pub(crate) struct Keyed {

@@ -14,14 +14,13 @@ use tower_service::Service;
 use super::claim::Claimed;
 use super::derive::RequestKey;
 use super::future::ResponseFuture;
-use super::keyed::{prepare, Keyed};
+use super::keyed::{key_of, prepare, Keyed};
 use super::layer::Config;
 use super::outcome::{replay, reply, retry_later};
 use super::renewal::Renewals;
 use super::run;
 use super::store::{Begin, Entry, IdempotencyStore};
 use super::ResponseBody;
-use crate::classify::idempotency_key;
 use crate::BoxError;
 
 /// The service of [`IdempotencyLayer`](super::IdempotencyLayer).
@@ -94,25 +93,11 @@ where
         // What needs no await is decided here, so that each kind of request gets a future of
         // its own size: a keyed request's future never holds the inner service's future
         // (that one lives in the keyed call's own box, see `run`).
-        let Some(value) = req.headers().get(&config.key_header) else {
-            if config.required.contains(req.method()) {
-                return ResponseFuture::reply(reply(
-                    StatusCode::BAD_REQUEST,
-                    "this request needs an Idempotency-Key header: a quoted string, such as \
-                     \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-                ));
-            }
-            return ResponseFuture::passthrough(inner.call(req.map(Either::Right)));
+        let key = match key_of(config, &req) {
+            Ok(Some(key)) => key,
+            Ok(None) => return ResponseFuture::passthrough(inner.call(req.map(Either::Right))),
+            Err(bad) => return ResponseFuture::reply(bad.reply()),
         };
-        let Some(key) = idempotency_key::parse(value) else {
-            return ResponseFuture::reply(reply(
-                StatusCode::BAD_REQUEST,
-                "malformed Idempotency-Key: expected a quoted string (RFC 8941 sf-string) of \
-                 printable ASCII, or a bare token of visible ASCII without quotes or backslashes; \
-                 non-empty, at most 255 bytes",
-            ));
-        };
-        let key: Arc<str> = key.into();
         let (parts, body) = req.into_parts();
         ResponseFuture::keyed(Box::pin(keyed(
             inner,

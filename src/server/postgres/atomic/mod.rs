@@ -14,17 +14,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Either;
 use tower_layer::Layer;
 use tower_service::Service;
 
+use super::super::keyed::key_of;
 use super::super::layer::Config;
-use super::super::outcome::reply;
 use super::super::{IdempotencyLayer, ResponseBody};
 use super::PostgresStore;
-use crate::classify::idempotency_key;
 use crate::BoxError;
 use run::InnerBody;
 
@@ -215,29 +214,17 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = &self.config;
-        let Some(value) = req.headers().get(&config.key_header) else {
-            if config.required.contains(req.method()) {
-                return Box::pin(ready(Ok(reply(
-                    StatusCode::BAD_REQUEST,
-                    "this request needs an Idempotency-Key header: a quoted string, such as \
-                     \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-                ))));
+        let key = match key_of(config, &req) {
+            Ok(Some(key)) => key,
+            Ok(None) => {
+                let call = inner.call(req.map(Either::Right));
+                return Box::pin(async move {
+                    let res = call.await?;
+                    Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, None, body)))
+                });
             }
-            let call = inner.call(req.map(Either::Right));
-            return Box::pin(async move {
-                let res = call.await?;
-                Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, None, body)))
-            });
+            Err(bad) => return Box::pin(ready(Ok(bad.reply()))),
         };
-        let Some(key) = idempotency_key::parse(value) else {
-            return Box::pin(ready(Ok(reply(
-                StatusCode::BAD_REQUEST,
-                "malformed Idempotency-Key: expected a quoted string (RFC 8941 sf-string) of \
-                 printable ASCII, or a bare token of visible ASCII without quotes or backslashes; \
-                 non-empty, at most 255 bytes",
-            ))));
-        };
-        let key: Arc<str> = key.into();
         let (parts, body) = req.into_parts();
         Box::pin(claim::keyed(
             inner,
