@@ -1866,3 +1866,40 @@ async fn without_the_layer_nothing_changes() {
     assert!(find_cut(&*err).is_none(), "{err:?}");
     assert_eq!(server.requests(), 1);
 }
+
+/// The request's deadline ends a healthy body that streams past it: the error says that the
+/// client's deadline did, not that the server lost the rest (the review's observation).
+#[tokio::test]
+async fn a_body_the_deadline_ends_says_the_deadline_did() {
+    let whole = rep(BIG, 1);
+    let w = whole.clone();
+    let server = Raw::start(move |_, _| {
+        vec![
+            Act::W(head("200 OK", &[cl(BIG), "etag: \"v1\"".into()])),
+            Act::W(w[..HALF].to_vec()),
+            Act::Pause(3_000),
+            Act::W(w[HALF..].to_vec()),
+        ]
+    })
+    .await;
+    let policy = policy()
+        .deadline(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let res = stack(policy)
+        .oneshot(req(Method::GET, &server.url("/f"), None))
+        .await
+        .unwrap();
+    let (bytes, err) = read_all(res.into_body()).await;
+    let err = err.expect("the deadline ends the body");
+    let cut = find_cut(&*err).expect("a BodyCutError");
+    assert!(cut.is_deadline(), "{cut}");
+    assert_eq!(bytes, whole[..bytes.len()]);
+    let said = cut.to_string();
+    assert!(said.contains("by the request's deadline"), "{said}");
+    assert!(
+        !said.contains("only the rest of the body was lost"),
+        "{said}"
+    );
+    assert_eq!(server.ranges(), 0);
+}

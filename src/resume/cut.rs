@@ -3,6 +3,7 @@ use std::fmt;
 
 use http::{Extensions, StatusCode};
 
+use crate::timed_out::TimedOut;
 use crate::BoxError;
 
 /// A response whose body was cut while it was read inside the attempt, carried to the retry
@@ -110,6 +111,20 @@ impl BodyCutError {
         self.received
     }
 
+    /// Whether the request's own deadline ended the body while it streamed (a cut of the
+    /// client's making: the server may still have been sending).
+    ///
+    /// ```
+    /// # fn check(cut: &tower_retry_safety::resume::BodyCutError) {
+    /// if cut.is_deadline() {
+    ///     eprintln!("give the download a longer deadline");
+    /// }
+    /// # }
+    /// ```
+    pub fn is_deadline(&self) -> bool {
+        self.source.downcast_ref::<TimedOut>() == Some(&TimedOut::Deadline)
+    }
+
     /// Why the rest of a body cut past the read-whole limit was not asked for with `Range`;
     /// `None` for a body read inside the attempt (the retry layer's report says why it was not
     /// read again).
@@ -120,12 +135,22 @@ impl BodyCutError {
 
 impl fmt::Display for BodyCutError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "response body cut after {} bytes: the server had answered {}, only the rest of \
-             the body was lost",
-            self.received, self.status
-        )?;
+        if self.is_deadline() {
+            // The client's clock, not the server, ended it.
+            write!(
+                f,
+                "response body cut after {} bytes by the request's deadline, while the server \
+                 (which had answered {}) was still sending it",
+                self.received, self.status
+            )?;
+        } else {
+            write!(
+                f,
+                "response body cut after {} bytes: the server had answered {}, only the rest \
+                 of the body was lost",
+                self.received, self.status
+            )?;
+        }
         if let Some(why) = self.why_no_resume {
             write!(f, "; not resumed: {}", why.as_str())?;
         }
