@@ -1243,11 +1243,36 @@ async fn memory() -> MemoryStore {
     MemoryStore::new()
 }
 
+/// Deletes every key under its prefix when dropped (the test's end, passed or failed): a run
+/// leaves nothing behind.
+struct Clean(String);
+
+impl Drop for Clean {
+    fn drop(&mut self) {
+        let url =
+            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let Ok(mut conn) = redis::Client::open(url).and_then(|c| c.get_connection()) else {
+            return;
+        };
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", self.0))
+            .query(&mut conn)
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut conn);
+        }
+    }
+}
+
 fn redis_store(
     case: &str,
-) -> impl FnOnce() -> Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + 'static {
+) -> (
+    Clean,
+    impl FnOnce() -> Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + 'static,
+) {
     let prefix = format!("{}:", fresh(&format!("trs-r2-{case}")));
-    move || {
+    let clean = Clean(prefix.clone());
+    (clean, move || {
         Box::pin(async move {
             let url =
                 std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
@@ -1256,7 +1281,7 @@ fn redis_store(
                 .expect("Redis on 127.0.0.1:6379")
                 .prefix(prefix)
         })
-    }
+    })
 }
 
 struct Seen {
@@ -1392,9 +1417,10 @@ fn twelve_busy_handlers_on_one_thread_memory() {
 #[test]
 fn twelve_busy_handlers_on_one_thread_redis() {
     let stretch = Duration::from_millis(7);
+    let (_clean, store) = redis_store("many");
     scenario(
         Flavour::CurrentThread,
-        redis_store("many"),
+        store,
         busy_for(stretch, 12),
         (0, Duration::ZERO),
         12,
@@ -1421,9 +1447,10 @@ fn a_handler_waiting_on_io_among_busy_tasks_one_thread_memory() {
 // Same for Redis, two tasks of 0.1 lease (a round of 0.2 lease: within a quarter lease).
 #[test]
 fn a_handler_waiting_on_io_among_busy_tasks_one_thread_redis() {
+    let (_clean, store) = redis_store("pending");
     scenario(
         Flavour::CurrentThread,
-        redis_store("pending"),
+        store,
         Work::Pending { for_: LEASE * 3 },
         (2, LEASE.mul_f64(0.1)),
         1,
@@ -1453,9 +1480,10 @@ fn a_slowly_streamed_body_keeps_its_claim_one_thread_memory() {
 
 #[test]
 fn a_slowly_streamed_body_keeps_its_claim_multi_thread_redis() {
+    let (_clean, store) = redis_store("body");
     scenario(
         Flavour::MultiThread,
-        redis_store("body"),
+        store,
         Work::SlowBody {
             chunks: 6,
             stretch: LEASE.mul_f64(0.45),
@@ -1484,9 +1512,10 @@ fn a_detached_call_keeps_its_claim_one_thread_memory() {
 
 #[test]
 fn a_detached_call_keeps_its_claim_one_thread_redis() {
+    let (_clean, store) = redis_store("detached");
     scenario(
         Flavour::CurrentThread,
-        redis_store("detached"),
+        store,
         busy_for(LEASE.mul_f64(0.2), 1),
         (0, Duration::ZERO),
         1,
@@ -1500,9 +1529,10 @@ fn a_detached_call_keeps_its_claim_one_thread_redis() {
 // other task is busy too, 0.45 lease between yields: a free worker only at times.
 #[test]
 fn redis_multi_thread_handler_renewing_itself_among_a_busy_task() {
+    let (_clean, store) = redis_store("mt");
     scenario(
         Flavour::MultiThread,
-        redis_store("mt"),
+        store,
         busy_for(LEASE.mul_f64(0.45), 1),
         (1, LEASE.mul_f64(0.45)),
         1,
