@@ -7,47 +7,17 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
 use support::cut_server::{Cut, CutServer, Options};
-use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
+use support::read_whole::{policy, representation, stack};
+use tower::{BoxError, ServiceExt};
 use tower_retry_safety::resume::{BodyCutError, NoResume};
-use tower_retry_safety::{ReadWholeLayer, RetryPolicy, RetryReport, StopReason, WholeBody};
+use tower_retry_safety::{RetryPolicy, RetryReport, StopReason, WholeBody};
 
 type Incoming = hyper::body::Incoming;
 
 const MIB: usize = 1024 * 1024;
-
-fn representation(len: usize) -> Bytes {
-    (0..len)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
-
-fn policy() -> tower_retry_safety::RetryPolicyBuilder {
-    RetryPolicy::builder()
-        .max_retries(3)
-        .backoff(Duration::from_millis(1), Duration::from_millis(5))
-        .no_budget()
-}
-
-fn stack(
-    policy: RetryPolicy,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<WholeBody<Incoming>>,
-    Error = tower_retry_safety::Error,
-> + Clone {
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).build_http();
-    ServiceBuilder::new()
-        .layer(policy)
-        .layer(ReadWholeLayer::new())
-        .service(client)
-}
 
 async fn read_all(
     mut body: WholeBody<Incoming>,
