@@ -147,6 +147,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempt_clock;
 mod attempts;
 mod backoff;
 mod body_hint;

@@ -31,7 +31,7 @@ use support::cut_server::{Cut, CutServer, Options};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::resume::{BodyCutError, NoResume};
+use tower_retry_safety::resume::{BodyCutError, BodyReport, NoResume};
 use tower_retry_safety::{
     Budget, NoRetry, ReadWholeLayer, ReadWholeMiddleware, RetryPolicy, RetryReport,
     RetrySafetyMiddleware, StopReason, WholeBody,
@@ -626,21 +626,16 @@ async fn slow_small_body() -> (CutServer, Bytes) {
 
 /// A `GET` whose small body is slow but never cut.
 ///
-/// What happens: without `ReadWholeLayer` the read succeeds (1 request, whole body). With it,
-/// the body is read inside the attempt, and the retry layer's per-attempt timer
-/// (`attempt_timeout`) bounds the whole reading, not each wait for a frame: every attempt is
-/// cut at 300 ms, read again, cut again, until retries are used up (6 requests for
-/// `max_retries(5)`), and the caller gets an error for a read that was healthy. Opting in
-/// turns a successful read into a failure; the streamed path (past the limit) already makes
-/// the opposite choice ("a long transfer that keeps moving is not cut").
+/// What happened: without `ReadWholeLayer` the read succeeds (1 request, whole body). With it,
+/// the body was read inside the attempt, and the retry layer's per-attempt timer
+/// (`attempt_timeout`) bounded the whole reading, not each wait for a frame: every attempt was
+/// cut at 300 ms, read again, cut again, until retries were used up (6 requests for
+/// `max_retries(5)`), and the caller got an error for a read that was healthy.
 ///
-/// Fix: while `ReadWhole` reads a body inside the attempt, bound each wait for a frame (as
-/// `Resume::poll_idle` does for a streamed body) rather than the attempt as a whole: e.g. the
-/// retry layer stops its attempt timer once the head is in (ReadWhole can leave a mark on the
-/// request's extensions that it times the reading itself), and ReadWhole cuts the read when no
-/// frame comes within the per-attempt timeout.
+/// Fixed: the retry layer tells the attempt when its clock ends (`AttemptEnds`); when the body
+/// is still coming then, `ReadWhole` hands what it read and the rest on as a stream (which the
+/// per-attempt timeout then bounds frame by frame, and which resumes with `Range` if cut).
 #[tokio::test]
-#[ignore = "open defect: a slow but healthy small body is cut by the attempt timeout and the read fails"]
 async fn a_slow_but_healthy_small_get_body_is_not_turned_into_a_failure() {
     let (server, body) = slow_small_body().await;
     let policy = policy()
@@ -669,6 +664,114 @@ async fn a_slow_but_healthy_small_get_body_is_not_turned_into_a_failure() {
     assert!(err.is_none(), "{err:?}");
     assert_eq!(bytes, body);
     assert_eq!(requests, 1);
+}
+
+/// The same slow body through the reqwest adapter: read whole, one request.
+#[tokio::test]
+async fn reqwest_a_slow_but_healthy_small_get_body_is_read_whole() {
+    let (server, body) = slow_small_body().await;
+    let policy = policy()
+        .attempt_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let res = reqwest_client(policy)
+        .get(server.url("/a"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{} requests, then {e}", server.requests()));
+    let bytes = res.bytes().await.expect("whole");
+    assert_eq!(bytes, body);
+    assert_eq!(server.requests(), 1);
+}
+
+/// A keyed `POST` whose small body is slow: read inside the attempt (a repeat would be
+/// harmless), handed on when the attempt's clock runs out, and never sent again.
+#[tokio::test]
+async fn a_keyed_write_whose_small_body_is_slow_is_sent_once_and_read_whole() {
+    let (server, body) = slow_small_body().await;
+    let policy = policy()
+        .attempt_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let res = stack(policy)
+        .oneshot(req(Method::POST, &server.url("/v1/send"), Some("k-slow-1")))
+        .await
+        .unwrap_or_else(|e| panic!("{} requests, then {e}", server.requests()));
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(bytes, body);
+    assert_eq!(server.requests(), 1);
+    assert_eq!(server.applied(), 1);
+}
+
+/// A slow small body cut mid-way: the attempt failed after the server answered, and the body
+/// is read again whole (no range request within the limit), however slowly each attempt came.
+#[tokio::test]
+async fn a_slow_small_body_cut_mid_way_is_read_again_whole() {
+    let body = Bytes::from(rep(8 * 1024, 3));
+    let mut options = Options::new(body.clone());
+    options.frame = 512;
+    options.pace = Some(Duration::from_millis(60));
+    // Past the 300 ms of the per-attempt timeout (about 5 frames), before the end.
+    let server = CutServer::start(options, vec![Cut::At(6 * 1024)]).await;
+    let policy = policy()
+        .attempt_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let res = stack(policy)
+        .oneshot(req(Method::GET, &server.url("/f"), None))
+        .await
+        .unwrap_or_else(|e| panic!("{} requests, then {e}", server.requests()));
+    let report = RetryReport::of(&res).expect("a report").clone();
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(bytes, body);
+    assert_eq!(server.requests(), 2);
+    assert_eq!(server.range_requests(), 0);
+    assert_eq!(report.attempts(), 2);
+    let first = report.attempt_records().next().expect("a record");
+    assert_eq!(first.body_cut_after(), Some(6 * 1024));
+}
+
+/// A small body that stalls for good after some frames: a wait for a frame longer than the
+/// per-attempt timeout is a cut, and the body is read again.
+#[tokio::test]
+async fn a_small_body_that_stalls_after_slow_frames_is_read_again() {
+    let body = Bytes::from(rep(8 * 1024, 4));
+    let mut options = Options::new(body.clone());
+    options.frame = 512;
+    options.pace = Some(Duration::from_millis(60));
+    let server = CutServer::start(options, vec![Cut::StallAt(6 * 1024)]).await;
+    let policy = policy()
+        .attempt_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let res = stack(policy)
+        .oneshot(req(Method::GET, &server.url("/f"), None))
+        .await
+        .unwrap_or_else(|e| panic!("{} requests, then {e}", server.requests()));
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(bytes, body);
+    assert_eq!(server.requests(), 2);
+}
+
+/// The deadline stays absolute while a slow body is read inside the attempt: cut at the
+/// deadline, not sent again, and the error says the deadline ended it.
+#[tokio::test]
+async fn a_slow_small_body_is_cut_by_the_deadline() {
+    let (server, _) = slow_small_body().await;
+    let policy = policy()
+        .attempt_timeout(Duration::from_millis(300))
+        .deadline(Duration::from_millis(450))
+        .build()
+        .unwrap();
+    let out = stack(policy)
+        .oneshot(req(Method::GET, &server.url("/a"), None))
+        .await;
+    let err = out.expect_err("the deadline passed while the body was read");
+    assert!(err.to_string().contains("deadline"), "{err}");
+    assert_eq!(server.requests(), 1);
 }
 
 /// An unkeyed `POST` whose small response body is slow but never cut (or stalls).
@@ -776,23 +879,18 @@ async fn a_416_to_the_range_request_says_not_the_same() {
     );
 }
 
-/// The reqwest adapter: a body resumed with `Range` is recovered, but no report a reqwest caller
+/// The reqwest adapter: a body resumed with `Range` is recovered, and a report a reqwest caller
 /// can reach counts the resume.
 ///
-/// What happens: a 200000-byte `GET` cut after 100000 bytes is resumed (1 range request, the
-/// caller gets every byte). The response's `RetryReport::of_reqwest(&res)` still says 1
-/// attempt, read after the body: it is the head's report, and `WholeBody::report()` (which
-/// the tower front end offers) is out of reach inside a `reqwest::Body`. When resumes stop,
-/// the `BodyCutError` says `Refused` without the report either, so a reqwest caller cannot
-/// tell retries used up from the budget or the deadline. The issue asks that "every resume or
-/// re-read is counted in the RetryReport … in both front ends".
+/// What happened: a 200000-byte `GET` cut after 100000 bytes was resumed (1 range request, the
+/// caller got every byte), but `RetryReport::of_reqwest(&res)` is the head's report (1
+/// attempt), and `WholeBody::report()` is out of reach inside a `reqwest::Body`. When resumes
+/// stopped, the `BodyCutError` said `Refused` without the report either.
 ///
-/// Fix: put a shared handle in the response's extensions when a `Resume` is built (e.g. a
-/// `ResumeReport(Arc<Mutex<Option<RetryReport>>>)` that `Resume` updates after each
-/// decision), readable with a `RetryReport::of_reqwest_body(&res)`-style accessor; or give
-/// `BodyCutError` the report at the time it is made.
+/// Fixed: a `BodyReport` handle in the response's extensions, which the resume updates after
+/// each decision (`BodyReport::of_reqwest`), and the report in the `BodyCutError` when resumes
+/// stop (see `reqwest_resumes_that_stop_say_why_in_the_error_report`).
 #[tokio::test]
-#[ignore = "open defect: reqwest adapter: resumes are counted in no report a reqwest caller can read"]
 async fn reqwest_resumes_are_counted_in_a_report_the_caller_can_read() {
     let whole = rep(BIG, 1);
     let w = whole.clone();
@@ -829,8 +927,72 @@ async fn reqwest_resumes_are_counted_in_a_report_the_caller_can_read() {
     }
     assert_eq!(bytes, whole);
     assert_eq!(server.ranges(), 1);
-    let report = RetryReport::of_reqwest(&res).expect("a report");
+    // The head's report stops at the head; the body's counts the resume.
+    assert_eq!(
+        RetryReport::of_reqwest(&res).expect("a report").attempts(),
+        1
+    );
+    let report = BodyReport::of_reqwest(&res)
+        .expect("a body that may resume has a body report")
+        .get()
+        .expect("the body was cut");
     assert_eq!(report.attempts(), 2, "the resume is not counted");
+    let first = report.attempt_records().next().expect("a record");
+    assert_eq!(first.body_cut_after(), Some(HALF as u64));
+}
+
+/// Resumes that stop (every range request cut after 0 bytes) end the reqwest body in an error
+/// whose `BodyCutError` carries the report: the attempts, and why they stopped.
+#[tokio::test]
+async fn reqwest_resumes_that_stop_say_why_in_the_error_report() {
+    let whole = rep(BIG, 1);
+    let w = whole.clone();
+    let server = Raw::start(move |_, seen| match seen.range {
+        None => vec![
+            Act::W(head("200 OK", &[cl(BIG), "etag: \"v1\"".into()])),
+            Act::W(w[..HALF].to_vec()),
+            Act::Close,
+        ],
+        Some(from) => {
+            let from = from as usize;
+            vec![
+                Act::W(head(
+                    "206 Partial Content",
+                    &[
+                        format!("content-range: bytes {from}-{}/{BIG}", BIG - 1),
+                        cl(BIG - from),
+                        "etag: \"v1\"".into(),
+                    ],
+                )),
+                Act::Close,
+            ]
+        }
+    })
+    .await;
+    let mut res = reqwest_client(policy().max_retries(2).build().unwrap())
+        .get(server.url("/f"))
+        .send()
+        .await
+        .unwrap();
+    let handle = BodyReport::of_reqwest(&res)
+        .cloned()
+        .expect("a body report");
+    let mut got = 0;
+    let err = loop {
+        match res.chunk().await {
+            Ok(Some(chunk)) => got += chunk.len(),
+            Ok(None) => panic!("the body ended whole though every resume was cut"),
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(got, HALF);
+    assert_eq!(server.ranges(), 2);
+    let cut = find_cut(&err).expect("a BodyCutError in the chain");
+    assert_eq!(cut.why_no_resume(), Some(NoResume::Refused));
+    let report = cut.report().expect("the error carries the report");
+    assert_eq!(report.attempts(), 3);
+    assert_eq!(report.stop_reason(), StopReason::RetriesExhausted);
+    assert_eq!(handle.get().expect("published").attempts(), 3);
 }
 
 /// A response that the server marks final (`x-should-retry: false`, "makes any response
@@ -1006,7 +1168,9 @@ async fn keyed_writes_without_trust_are_sent_once_tower() {
         .unwrap();
     let _ = read_all(res.into_body()).await;
     assert_eq!(server.writes(), 2);
-    // ...but never resumed with a range request past the limit.
+    // Past the limit too, sent again whole with its key (never with `Range`), and spliced only
+    // onto the server's replay: this server does not honour keys (it applies the write again
+    // and marks no replay), so the body ends in the error and nothing is spliced.
     let server = Raw::start(cut_write(BIG, HALF, false)).await;
     let policy = RetryPolicy::builder()
         .honor_idempotency_key(true)
@@ -1017,8 +1181,12 @@ async fn keyed_writes_without_trust_are_sent_once_tower() {
         .oneshot(req(Method::POST, &server.url("/v1/send"), Some("\"k-1\"")))
         .await
         .unwrap();
-    let _ = read_all(res.into_body()).await;
-    assert_eq!(server.writes(), 1);
+    let (bytes, err) = read_all(res.into_body()).await;
+    assert_eq!(bytes.len(), HALF);
+    let err = err.expect("not the same response: the body ends in the error");
+    let cut = find_cut(&*err).expect("a BodyCutError");
+    assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame));
+    assert_eq!(server.writes(), 2);
     assert_eq!(server.ranges(), 0);
 }
 

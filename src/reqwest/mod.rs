@@ -14,6 +14,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
+use crate::attempt_clock::{timed, AttemptClock};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::service::replay::{keep_stream, Kept};
 use crate::service::{LayerAttempt, NotReplayable};
@@ -135,13 +136,27 @@ impl Middleware for RetrySafetyMiddleware {
         }
         loop {
             attempts.next_attempt(req.headers_mut());
+            // With a per-attempt timeout, the attempt's clock, for a middleware that reads
+            // the body inside the attempt.
+            let limit = attempts.attempt_limit();
+            let clock = match limit {
+                Some((limit, TimedOut::Attempt)) => Some(AttemptClock::new(limit)),
+                _ => None,
+            };
+            if let Some(clock) = &clock {
+                extensions.insert(clock.clone());
+            } else {
+                extensions.remove::<AttemptClock>();
+            }
             let attempt = next.clone().run(req, extensions);
-            let result = match attempts.attempt_limit() {
+            let result = match limit {
                 None => attempt.await,
                 // Cut by the policy's clock: the attempt may have been sent.
-                Some((limit, why)) => tokio::time::timeout(limit, attempt)
-                    .await
-                    .unwrap_or_else(|_| Err(reqwest_middleware::Error::middleware(why))),
+                Some((limit, why)) => {
+                    timed(attempt, limit, why, clock.as_ref(), || attempts.time_left())
+                        .await
+                        .unwrap_or_else(|why| Err(reqwest_middleware::Error::middleware(why)))
+                }
             };
             let resend = kept.as_ref().map(|k| k.check(result.is_ok()));
             let outcome = match &result {

@@ -4,7 +4,7 @@ use std::fmt;
 use http::{Extensions, StatusCode};
 
 use crate::timed_out::TimedOut;
-use crate::BoxError;
+use crate::{BoxError, RetryReport};
 
 /// A response whose body was cut while it was read inside the attempt, carried to the retry
 /// layer in the response's extensions: the attempt failed after the server answered. Put there
@@ -44,6 +44,8 @@ pub struct BodyCutError {
     status: StatusCode,
     received: u64,
     why_no_resume: Option<NoResume>,
+    /// The report with the resumes, for a body that resumed past the limit.
+    report: Option<Box<RetryReport>>,
     source: BoxError,
 }
 
@@ -91,8 +93,14 @@ impl BodyCutError {
             status,
             received,
             why_no_resume: None,
+            report: None,
             source,
         }
+    }
+
+    pub(crate) fn with_report(mut self, report: Option<RetryReport>) -> Self {
+        self.report = report.map(Box::new);
+        self
     }
 
     pub(crate) fn no_resume(mut self, why: NoResume) -> Self {
@@ -131,6 +139,22 @@ impl BodyCutError {
     pub fn why_no_resume(&self) -> Option<NoResume> {
         self.why_no_resume
     }
+
+    /// For a body cut past the read-whole limit once the retry layer had handed it its
+    /// bookkeeping: the report of the request's attempts, its resumes included, whose stop
+    /// reason says why no further resume was made (retries used up, the budget, the deadline).
+    /// `None` for a body read inside the attempt: the response's report tells that story.
+    ///
+    /// ```
+    /// # fn check(cut: &tower_retry_safety::resume::BodyCutError) {
+    /// if let Some(report) = cut.report() {
+    ///     eprintln!("{} attempt(s), stopped: {:?}", report.attempts(), report.stop_reason());
+    /// }
+    /// # }
+    /// ```
+    pub fn report(&self) -> Option<&RetryReport> {
+        self.report.as_deref()
+    }
 }
 
 impl fmt::Display for BodyCutError {
@@ -165,6 +189,7 @@ impl fmt::Debug for BodyCutError {
             .field("status", &self.status)
             .field("received", &self.received)
             .field("why_no_resume", &self.why_no_resume)
+            .field("report", &self.report)
             .field("source", &self.source)
             .finish()
     }

@@ -1,17 +1,21 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::response::Parts;
 use http::{Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
 
 use super::cut::{BodyCut, BodyCutError, NoResume};
 use super::range::Expect;
-use super::resumer::{Resume, ResumeSlot, SendRange};
-use super::WholeBody;
+use super::resumer::{Again, Resume, ResumeSlot};
+use super::{BodyReport, WholeBody};
+use crate::attempt_clock::AttemptClock;
+use crate::timed_out::TimedOut;
 use crate::BoxError;
 
 /// The most frames without data read from one body inside the attempt: a body of many empty
@@ -26,9 +30,11 @@ pin_project! {
         #[pin]
         state: State<F, B>,
         limit: u64,
-        // What sends the request again to resume a streamed body (a GET only), or why
-        // there is nothing.
-        again: Option<Result<SendRange<B>, NoResume>>,
+        // What sends the request again to resume a streamed body (a GET, or a keyed write),
+        // or why there is nothing.
+        again: Option<Result<Again<B>, NoResume>>,
+        // The attempt's clock, when it has a per-attempt timeout.
+        clock: Option<AttemptClock>,
     }
 }
 
@@ -47,14 +53,25 @@ struct Reading<B> {
     body: Option<B>,
     whole: Option<WholeBody<B>>,
     frames: usize,
+    /// The per-attempt timeout: the longest wait for one frame, timed by `idle` (made at the
+    /// first wait, reset by each frame).
+    frame_wait: Option<Duration>,
+    idle: Option<Pin<Box<Sleep>>>,
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    pub(crate) fn new(future: F, limit: u64, again: Result<SendRange<B>, NoResume>) -> Self {
+    /// `clock`: the attempt's, from the request's extensions.
+    pub(crate) fn new(
+        future: F,
+        limit: u64,
+        again: Result<Again<B>, NoResume>,
+        clock: Option<AttemptClock>,
+    ) -> Self {
         ResponseFuture {
             state: State::Calling { future },
             limit,
             again: Some(again),
+            clock,
         }
     }
 }
@@ -98,13 +115,19 @@ where
                     if !within {
                         return Poll::Ready(Ok(streamed(res, this.again.take())));
                     }
+                    // From here the per-attempt timeout bounds each wait for a frame, not the
+                    // reading as a whole: the retry layer's timer leaves the body to us.
+                    if let Some(clock) = this.clock {
+                        clock.start_reading();
+                    }
                     let (parts, body) = res.into_parts();
-                    let exact = body.size_hint().exact().is_some();
                     let reading = Box::new(Reading {
                         parts: Some(parts),
                         body: Some(body),
-                        whole: Some(WholeBody::new(status, exact)),
+                        whole: Some(WholeBody::new(status, true)),
                         frames: 0,
+                        frame_wait: this.clock.as_ref().map(|c| c.frame_wait),
+                        idle: None,
                     });
                     this.state.set(State::Reading { reading });
                 }
@@ -123,26 +146,47 @@ where
 /// request and its response allow it.
 fn streamed<B>(
     res: Response<B>,
-    again: Option<Result<SendRange<B>, NoResume>>,
+    again: Option<Result<Again<B>, NoResume>>,
 ) -> Response<WholeBody<B>>
 where
     B: Body,
 {
-    let (mut parts, body) = res.into_parts();
-    let status = parts.status;
+    let (parts, body) = res.into_parts();
     let total = body.size_hint().exact();
-    let whole = WholeBody::unread(status, body);
-    let whole = match again.unwrap_or(Err(NoResume::NoSender)) {
+    let whole = WholeBody::unread(parts.status, body);
+    stream_on(parts, whole, total, again)
+}
+
+/// `whole` handed on as it streams (what was read of it first), ready to resume with `Range`
+/// if its request and its response allow it.
+fn stream_on<B>(
+    mut parts: Parts,
+    whole: WholeBody<B>,
+    total: Option<u64>,
+    again: Option<Result<Again<B>, NoResume>>,
+) -> Response<WholeBody<B>> {
+    let status = parts.status;
+    let expect = again.unwrap_or(Err(NoResume::NoSender)).and_then(|again| {
+        let expect = if again.keyed_write {
+            // The replay repeats whatever status was stored.
+            Expect::replay_of(status, &parts.headers, total)
+        } else if status != StatusCode::OK {
+            // Only a whole representation is resumed with `Range`.
+            Err(NoResume::NotTheSame)
+        } else {
+            Expect::of(&parts.headers, total)
+        };
+        expect.map(|expect| (again.send, expect))
+    });
+    let whole = match expect {
         Err(why) => whole.not_resuming(why),
-        Ok(_) if status != StatusCode::OK => whole.not_resuming(NoResume::NotTheSame),
-        Ok(send) => match Expect::of(&parts.headers, total) {
-            Err(why) => whole.not_resuming(why),
-            Ok(expect) => {
-                let slot = ResumeSlot::default();
-                parts.extensions.insert(slot.clone());
-                whole.resuming(Resume::new(send, slot, expect, status))
-            }
-        },
+        Ok((send, expect)) => {
+            let slot = ResumeSlot::default();
+            parts.extensions.insert(slot.clone());
+            let report = BodyReport::default();
+            parts.extensions.insert(report.clone());
+            whole.resuming(Resume::new(send, slot, expect, status, report))
+        }
     };
     Response::from_parts(parts, whole)
 }
@@ -152,12 +196,24 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    /// Reads the body to its end, its first error, or `MAX_FRAMES` frames without data.
+    /// Reads the body to its end, its first error, a wait for a frame longer than the
+    /// per-attempt timeout (a stall: a cut), or `MAX_FRAMES` frames without data. A body that
+    /// keeps coming is not cut, however long it takes.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Response<WholeBody<B>>> {
-        let whole = self.whole.as_mut().expect("read once");
-        let body = self.body.as_mut().expect("read once");
         while self.frames < MAX_FRAMES {
-            match ready!(Pin::new(&mut *body).poll_frame(cx)) {
+            let body = self.body.as_mut().expect("read once");
+            let polled = match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Ready(polled) => polled,
+                Poll::Pending => {
+                    ready!(self.poll_stall(cx));
+                    return Poll::Ready(self.cut(Box::new(TimedOut::Attempt)));
+                }
+            };
+            if let (Some(idle), Some(wait)) = (self.idle.as_mut(), self.frame_wait) {
+                idle.as_mut().reset(Instant::now() + wait);
+            }
+            let whole = self.whole.as_mut().expect("read once");
+            match polled {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(chunk) if chunk.is_empty() => self.frames += 1,
                     Ok(chunk) => whole.push_data(chunk),
@@ -167,19 +223,34 @@ where
                         }
                     }
                 },
-                Some(Err(err)) => {
-                    let mut parts = self.parts.take().expect("read once");
-                    let received = whole.received();
-                    let cut = BodyCutError::new(parts.status, received, err.into());
-                    parts.extensions.insert(BodyCut { received });
-                    let whole = self.whole.take().expect("read once").then_fail(cut);
-                    return Poll::Ready(Response::from_parts(parts, whole));
-                }
+                Some(Err(err)) => return Poll::Ready(self.cut(err.into())),
                 None => return Poll::Ready(self.finish(false)),
             }
         }
         // Too many frames for a body worth holding: the rest streams.
         Poll::Ready(self.finish(true))
+    }
+
+    /// Ready when the wait for the next frame has outlasted the per-attempt timeout.
+    fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(wait) = self.frame_wait else {
+            return Poll::Pending;
+        };
+        let idle = self
+            .idle
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
+        idle.as_mut().poll(cx)
+    }
+
+    /// The body was cut (an error, or a stall): the attempt failed after the server answered.
+    #[cold]
+    fn cut(&mut self, err: BoxError) -> Response<WholeBody<B>> {
+        let mut parts = self.parts.take().expect("read once");
+        let whole = self.whole.take().expect("read once");
+        let received = whole.received();
+        let cut = BodyCutError::new(parts.status, received, err);
+        parts.extensions.insert(BodyCut { received });
+        Response::from_parts(parts, whole.then_fail(cut))
     }
 
     fn finish(&mut self, stream_rest: bool) -> Response<WholeBody<B>> {

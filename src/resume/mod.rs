@@ -24,6 +24,7 @@ pub(crate) mod cut;
 mod future;
 mod layer;
 pub(crate) mod range;
+mod report;
 pub(crate) mod resumer;
 mod service;
 
@@ -31,6 +32,7 @@ pub use body::WholeBody;
 pub use cut::{BodyCutError, NoResume};
 pub use future::ResponseFuture;
 pub use layer::{ReadWholeLayer, DEFAULT_READ_LIMIT};
+pub use report::BodyReport;
 pub use service::ReadWhole;
 
 pub(crate) use resumer::ResumeSlot;

@@ -1,23 +1,30 @@
-//! The rules of a `Range` resume: which validator proves a second response the same
-//! representation, and whether a `206` continues the body where it was cut.
+//! The rules of a resume: which validator proves a second response the same representation,
+//! and whether a `206` continues the body where it was cut; or, for a keyed write, whether the
+//! answer to the same key is the server's replay of the same response.
 
 use std::time::Duration;
 
-use http::header::{CONTENT_ENCODING, CONTENT_RANGE, DATE, ETAG, LAST_MODIFIED};
+use http::header::{
+    CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, DATE, ETAG, IF_RANGE, LAST_MODIFIED, RANGE,
+};
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::cut::NoResume;
 
-/// What the first response said about its representation, to hold a `206` against.
+/// What the first response said about its representation, to hold a second one against.
 #[derive(Debug)]
 pub(crate) struct Expect {
-    /// The value for `If-Range`: a strong ETag, or a strong `Last-Modified` date.
-    pub(crate) validator: HeaderValue,
+    /// The value for `If-Range`: a strong ETag, or a strong `Last-Modified` date. `None` for a
+    /// keyed write, which is sent again whole with its key (no `Range` on a write).
+    validator: Option<HeaderValue>,
     /// Whether `validator` is an ETag (a `206` that sends one must send the same).
     etag: bool,
     encoding: Option<HeaderValue>,
     /// The body's length, if the first response gave it.
     total: Option<u64>,
+    /// For a keyed write: the first response's status and `ETag` (if any), which the replay
+    /// must repeat.
+    replay_of: Option<(StatusCode, Option<HeaderValue>)>,
 }
 
 impl Expect {
@@ -31,10 +38,11 @@ impl Expect {
                 return Err(NoResume::NoValidator);
             }
             return Ok(Expect {
-                validator: etag.clone(),
+                validator: Some(etag.clone()),
                 etag: true,
                 encoding,
                 total,
+                replay_of: None,
             });
         }
         let date = |name| {
@@ -48,22 +56,80 @@ impl Expect {
                     .is_ok_and(|d| d >= Duration::from_secs(1)) =>
             {
                 Ok(Expect {
-                    validator: headers
-                        .get(LAST_MODIFIED)
-                        .cloned()
-                        .ok_or(NoResume::NoValidator)?,
+                    validator: Some(
+                        headers
+                            .get(LAST_MODIFIED)
+                            .cloned()
+                            .ok_or(NoResume::NoValidator)?,
+                    ),
                     etag: false,
                     encoding,
                     total,
+                    replay_of: None,
                 })
             }
             _ => Err(NoResume::NoValidator),
         }
     }
 
+    /// For a keyed write's response of `status`: sent again with the same key, the answer
+    /// must be the server's replay of this response, which only a known length lets the
+    /// stack check to the byte.
+    pub(crate) fn replay_of(
+        status: StatusCode,
+        headers: &HeaderMap,
+        total: Option<u64>,
+    ) -> Result<Expect, NoResume> {
+        let total = total.ok_or(NoResume::NoValidator)?;
+        Ok(Expect {
+            validator: None,
+            etag: false,
+            encoding: headers.get(CONTENT_ENCODING).cloned(),
+            total: Some(total),
+            replay_of: Some((status, headers.get(ETAG).cloned())),
+        })
+    }
+
     /// The body's whole length, once the first response or a `206` said it.
     pub(crate) fn total(&self) -> Option<u64> {
         self.total
+    }
+
+    /// The headers that ask for the rest from `received` on: `Range` and `If-Range`; none for
+    /// a keyed write (its replay comes whole).
+    pub(crate) fn ask_from(&self, received: u64, headers: &mut HeaderMap) {
+        if let Some(validator) = &self.validator {
+            headers.insert(RANGE, range_from(received));
+            headers.insert(IF_RANGE, validator.clone());
+        }
+    }
+
+    /// Checks the answer to a keyed write sent again: a replay (`replayed`, as the retry
+    /// policy reads the server's mark) of the same status, length, coding and `ETag`, whose
+    /// first `received` bytes were delivered already.
+    fn check_replay(
+        &self,
+        first: (StatusCode, Option<&HeaderValue>),
+        status: StatusCode,
+        headers: &HeaderMap,
+        received: u64,
+        replayed: bool,
+    ) -> Result<u64, NoResume> {
+        let length = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let same = replayed
+            && status == first.0
+            && length.is_some()
+            && length == self.total
+            && headers.get(CONTENT_ENCODING) == self.encoding.as_ref()
+            && headers.get(ETAG) == first.1;
+        if same {
+            Ok(received)
+        } else {
+            Err(NoResume::NotTheSame)
+        }
     }
 
     /// Checks a response to `Range: bytes={received}-`: how many of its bytes were already
@@ -72,17 +138,24 @@ impl Expect {
     /// date (RFC 9110 §15.3.7: a `206` sends the validators a `200` would; one that sends none
     /// cannot be told from another version). A `206` whose length is first said here fixes the
     /// body's.
+    ///
+    /// For a keyed write, see `check_replay`.
     pub(crate) fn check(
         &mut self,
         status: StatusCode,
         headers: &HeaderMap,
         received: u64,
+        replayed: bool,
     ) -> Result<u64, NoResume> {
+        if let Some((first, etag)) = &self.replay_of {
+            let first = (*first, etag.as_ref());
+            return self.check_replay(first, status, headers, received, replayed);
+        }
         if status != StatusCode::PARTIAL_CONTENT {
             return Err(NoResume::NotTheSame);
         }
         let validator = headers.get(if self.etag { ETAG } else { LAST_MODIFIED });
-        if validator != Some(&self.validator) {
+        if validator.is_none() || validator != self.validator.as_ref() {
             return Err(NoResume::NotTheSame);
         }
         // Ranges count encoded bytes: the same coding, or none on both.
@@ -102,6 +175,10 @@ impl Expect {
         self.total = Some(total);
         Ok(received - first)
     }
+}
+
+fn range_from(received: u64) -> HeaderValue {
+    HeaderValue::try_from(format!("bytes={received}-")).expect("digits are a valid header value")
 }
 
 /// An entity tag that is not weak: `"…"` without `W/`.
@@ -213,7 +290,10 @@ mod tests {
             ("content-range", "bytes 4-9/10"),
             ("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
         ]);
-        assert_eq!(expect.check(StatusCode::PARTIAL_CONTENT, &same, 6), Ok(2));
+        assert_eq!(
+            expect.check(StatusCode::PARTIAL_CONTENT, &same, 6, false),
+            Ok(2)
+        );
         for bad in [
             headers(&[
                 ("content-range", "bytes 4-9/10"),
@@ -222,7 +302,7 @@ mod tests {
             headers(&[("content-range", "bytes 4-9/10")]),
         ] {
             assert_eq!(
-                expect.check(StatusCode::PARTIAL_CONTENT, &bad, 6),
+                expect.check(StatusCode::PARTIAL_CONTENT, &bad, 6, false),
                 Err(NoResume::NotTheSame),
                 "{bad:?}"
             );
@@ -233,15 +313,21 @@ mod tests {
     fn a_206_must_continue_the_same_body() {
         let mut expect = Expect::of(&headers(&[("etag", "\"v1\"")]), Some(10)).unwrap();
         let ok = headers(&[("content-range", "bytes 4-9/10"), ("etag", "\"v1\"")]);
-        assert_eq!(expect.check(StatusCode::PARTIAL_CONTENT, &ok, 6), Ok(2));
-        assert_eq!(expect.check(StatusCode::PARTIAL_CONTENT, &ok, 4), Ok(0));
+        assert_eq!(
+            expect.check(StatusCode::PARTIAL_CONTENT, &ok, 6, false),
+            Ok(2)
+        );
+        assert_eq!(
+            expect.check(StatusCode::PARTIAL_CONTENT, &ok, 4, false),
+            Ok(0)
+        );
         // Starts after what was delivered: a gap.
         assert_eq!(
-            expect.check(StatusCode::PARTIAL_CONTENT, &ok, 3),
+            expect.check(StatusCode::PARTIAL_CONTENT, &ok, 3, false),
             Err(NoResume::NotTheSame)
         );
         assert_eq!(
-            expect.check(StatusCode::OK, &ok, 6),
+            expect.check(StatusCode::OK, &ok, 6, false),
             Err(NoResume::NotTheSame)
         );
         for bad in [
@@ -260,10 +346,53 @@ mod tests {
             headers(&[]),
         ] {
             assert_eq!(
-                expect.check(StatusCode::PARTIAL_CONTENT, &bad, 6),
+                expect.check(StatusCode::PARTIAL_CONTENT, &bad, 6, false),
                 Err(NoResume::NotTheSame),
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_keyed_writes_answer_must_be_the_replay_of_the_same_response() {
+        let first = headers(&[("etag", "\"v1\""), ("content-length", "10")]);
+        let mut expect = Expect::replay_of(StatusCode::CREATED, &first, Some(10)).unwrap();
+        let mut asked = HeaderMap::new();
+        expect.ask_from(6, &mut asked);
+        assert!(asked.is_empty(), "no Range on a write: {asked:?}");
+        let replay = headers(&[("etag", "\"v1\""), ("content-length", "10")]);
+        assert_eq!(expect.check(StatusCode::CREATED, &replay, 6, true), Ok(6));
+        // Not marked as a replay: the server may have run the write again.
+        assert_eq!(
+            expect.check(StatusCode::CREATED, &replay, 6, false),
+            Err(NoResume::NotTheSame)
+        );
+        assert_eq!(
+            expect.check(StatusCode::OK, &replay, 6, true),
+            Err(NoResume::NotTheSame)
+        );
+        for bad in [
+            headers(&[("etag", "\"v1\""), ("content-length", "0")]),
+            headers(&[("etag", "\"v1\"")]),
+            headers(&[("etag", "\"v2\""), ("content-length", "10")]),
+            headers(&[("content-length", "10")]),
+            headers(&[
+                ("etag", "\"v1\""),
+                ("content-length", "10"),
+                ("content-encoding", "gzip"),
+            ]),
+            headers(&[("etag", "\"v1\""), ("content-length", "ten")]),
+        ] {
+            assert_eq!(
+                expect.check(StatusCode::CREATED, &bad, 6, true),
+                Err(NoResume::NotTheSame),
+                "{bad:?}"
+            );
+        }
+        // Without a known length the replay could not be checked to the byte.
+        assert_eq!(
+            Expect::replay_of(StatusCode::OK, &first, None).err(),
+            Some(NoResume::NoValidator)
+        );
     }
 }

@@ -6,12 +6,12 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 
-use http::header::{IF_RANGE, RANGE};
-use http::{Extensions, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{Extensions, HeaderMap, Response, StatusCode};
 use tokio::time::Sleep;
 
 use super::cut::{BodyCutError, NoResume};
 use super::range::Expect;
+use super::BodyReport;
 use crate::attempts::{Attempts, Outcome, Step};
 use crate::policy::StopReason;
 use crate::timed_out::TimedOut;
@@ -24,6 +24,14 @@ pub(crate) type RangeFuture<B> =
 /// Sends the request again with these headers added (`Range`, `If-Range`, the attempt's
 /// number).
 pub(crate) type SendRange<B> = Box<dyn FnMut(HeaderMap) -> RangeFuture<B> + Send>;
+
+/// What sends the request again to resume its body: a `GET` asks for the rest with `Range`; a
+/// keyed write is sent again whole with its key, and its answer must be the server's replay of
+/// the same response.
+pub(crate) struct Again<B> {
+    pub(crate) send: SendRange<B>,
+    pub(crate) keyed_write: bool,
+}
 
 /// Where the retry layer hands its bookkeeping over to a body that may resume, once it returns
 /// the response (put in the response's extensions by the front end that reads bodies, taken
@@ -74,6 +82,9 @@ pub(crate) struct Resume<B> {
     /// (the per-attempt timeout bounds each wait for a frame; the deadline stays absolute).
     /// Set at the first wait, once the retry layer has handed over its bookkeeping.
     idle: Option<(Pin<Box<Sleep>>, TimedOut)>,
+    /// Where the caller reads the report with the resumes (the response's extensions hold a
+    /// clone).
+    report: BodyReport,
 }
 
 impl<B> Resume<B> {
@@ -82,6 +93,7 @@ impl<B> Resume<B> {
         slot: ResumeSlot,
         expect: Expect,
         status: StatusCode,
+        report: BodyReport,
     ) -> Self {
         Resume {
             send: Mutex::new(send),
@@ -93,6 +105,7 @@ impl<B> Resume<B> {
             cut: None,
             resumes: 0,
             idle: None,
+            report,
         }
     }
 
@@ -175,7 +188,7 @@ impl<B> Resume<B> {
         let Some(attempts) = self.attempts.as_mut() else {
             return Phase::Failed(NoResume::Refused);
         };
-        match attempts.on_outcome(outcome, Some(Ok(()))) {
+        let phase = match attempts.on_outcome(outcome, Some(Ok(()))) {
             Step::Wait(after) => Phase::Waiting(Box::pin(tokio::time::sleep(after))),
             Step::Stop(reason) => {
                 attempts.set_stop(reason);
@@ -186,6 +199,16 @@ impl<B> Resume<B> {
                     _ => NoResume::Refused,
                 })
             }
+        };
+        self.publish();
+        phase
+    }
+
+    /// Puts the report so far where the caller reads it.
+    #[cold]
+    fn publish(&self) {
+        if let Some(report) = self.report() {
+            self.report.set(report);
         }
     }
 
@@ -203,7 +226,9 @@ impl<B> Resume<B> {
                     let why = *why;
                     self.phase = Phase::Idle;
                     let source = self.cut.take().unwrap_or_else(|| "body cut".into());
-                    let err = BodyCutError::new(self.status, received, source).no_resume(why);
+                    let err = BodyCutError::new(self.status, received, source)
+                        .no_resume(why)
+                        .with_report(self.report());
                     return Poll::Ready(Err(err));
                 }
                 Phase::Waiting(sleep) => {
@@ -213,8 +238,7 @@ impl<B> Resume<B> {
                         continue;
                     };
                     let mut headers = HeaderMap::new();
-                    headers.insert(RANGE, range_from(received));
-                    headers.insert(IF_RANGE, self.expect.validator.clone());
+                    self.expect.ask_from(received, &mut headers);
                     attempts.next_attempt(&mut headers);
                     let timer = attempts
                         .attempt_limit()
@@ -238,12 +262,18 @@ impl<B> Resume<B> {
                     };
                     match result {
                         Ok(res) => {
-                            let checked = self.expect.check(res.status(), res.headers(), received);
                             let step = self.decide(Outcome::Response {
                                 status: res.status(),
                                 headers: res.headers(),
                                 extensions: res.extensions(),
                             });
+                            // The retry policy read the server's replay mark (only on a
+                            // request with a key).
+                            let replayed = self.attempts.as_ref().map(Attempts::last_stop)
+                                == Some(StopReason::Replayed);
+                            let checked =
+                                self.expect
+                                    .check(res.status(), res.headers(), received, replayed);
                             match (checked, res.status().is_success()) {
                                 (Ok(skip), _) => {
                                     self.phase = Phase::Idle;
@@ -255,6 +285,7 @@ impl<B> Resume<B> {
                                     if let Some(attempts) = self.attempts.as_mut() {
                                         attempts.set_stop(StopReason::Final);
                                     }
+                                    self.publish();
                                     self.phase = Phase::Failed(why);
                                 }
                                 // An error status: as the decision core said; a final
@@ -276,8 +307,4 @@ impl<B> Resume<B> {
             }
         }
     }
-}
-
-fn range_from(received: u64) -> HeaderValue {
-    HeaderValue::try_from(format!("bytes={received}-")).expect("digits are a valid header value")
 }

@@ -10,8 +10,9 @@ use tower::ServiceExt;
 
 use super::cut::NoResume;
 use super::future::ResponseFuture;
-use super::resumer::SendRange;
+use super::resumer::{Again, SendRange};
 use super::WholeBody;
+use crate::attempt_clock::AttemptClock;
 use crate::{BoxError, ReplayBody};
 
 /// Reads response bodies within a limit inside the attempt; made by
@@ -61,10 +62,13 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // Only a GET is resumed with `Range`: keep what sends it again (its body, empty as a
-        // rule, must copy).
-        let again = if req.method() == Method::GET {
-            sender(self.inner.clone(), &req).ok_or(NoResume::NotRepeatable)
+        // A GET is resumed with `Range`, a keyed write sent again whole with its key: keep
+        // what sends it again (its body must copy).
+        let keyed_write = req.method() != Method::GET && has_key(&req);
+        let again = if req.method() == Method::GET || keyed_write {
+            sender(self.inner.clone(), &req)
+                .map(|send| Again { send, keyed_write })
+                .ok_or(NoResume::NotRepeatable)
         } else {
             Err(NoResume::NotRepeatable)
         };
@@ -72,7 +76,8 @@ where
         // body inside the attempt would only put it under the attempt's clock, and a slow body
         // would cost the caller the response. It streams.
         let limit = if may_repeat(&req) { self.limit } else { 0 };
-        ResponseFuture::new(self.inner.call(req), limit, again)
+        let clock = req.extensions().get::<AttemptClock>().cloned();
+        ResponseFuture::new(self.inner.call(req), limit, again, clock)
     }
 }
 
@@ -80,8 +85,11 @@ where
 /// or carrying an `Idempotency-Key`. The retry layer decides with its rules and markers too;
 /// this layer cannot see them, so a request they call idempotent is only streamed.
 fn may_repeat<B>(req: &Request<B>) -> bool {
-    let method = req.method();
-    method.is_idempotent() || req.headers().contains_key("idempotency-key")
+    req.method().is_idempotent() || has_key(req)
+}
+
+fn has_key<B>(req: &Request<B>) -> bool {
+    req.headers().contains_key("idempotency-key")
 }
 
 /// What sends `req` again with more headers, through a clone of the service.

@@ -11,6 +11,7 @@ use tower_service::Service;
 
 use super::replay::{keep_stream, Kept};
 use super::{LayerAttempt, NotReplayable, ReplayBody};
+use crate::attempt_clock::{when_fired, AttemptClock, Fired};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
 use crate::target::Target;
@@ -53,9 +54,20 @@ pin_project! {
     }
 }
 
-/// The timer that cuts an attempt, and why it would (`None`: no deadline, no per-attempt
-/// timeout).
-type AttemptTimer = Option<(Pin<Box<Sleep>>, TimedOut)>;
+pin_project! {
+    /// The timer that cuts an attempt, why it would, and the attempt's clock when the attempt
+    /// has a per-attempt timeout (a body read inside the attempt is timed frame by frame).
+    struct Timer {
+        #[pin]
+        sleep: Sleep,
+        why: TimedOut,
+        clock: Option<AttemptClock>,
+    }
+}
+
+/// The timer that cuts an attempt (`None`: no deadline, no per-attempt timeout). Boxed: only a
+/// request with a clock pays for its size.
+type AttemptTimer = Option<Pin<Box<Timer>>>;
 
 /// What a retry needs: a service of its own and a copy of the request. The copy has no URI:
 /// the attempts' target keeps the one copy of it.
@@ -142,7 +154,7 @@ where
             parts.extensions.insert(LayerAttempt);
         }
         attempts.next_attempt(&mut parts.headers);
-        let timer = attempt_timer(&attempts);
+        let timer = attempt_timer(&attempts, &mut parts.extensions);
         let future = service.call(Request::from_parts(parts, body));
         ResponseFuture {
             state: State::Called { future, timer },
@@ -165,7 +177,7 @@ where
         loop {
             let (result, reason) = match this.state.as_mut().project() {
                 StateProj::Called { future, timer } => {
-                    let result = ready!(poll_attempt(future, timer, cx));
+                    let result = ready!(poll_attempt(future, timer, this.attempts, cx));
                     let resend = this.retry.as_ref().map(|r| r.body.check(result.is_ok()));
                     match this.attempts.on_outcome(Outcome::of(&result), resend) {
                         // Finished here rather than below: the response is then not moved
@@ -282,6 +294,7 @@ fn poll_wait<B: ReplayBody>(
 fn poll_attempt<F, R, E>(
     future: Pin<&mut F>,
     timer: &mut AttemptTimer,
+    attempts: &Attempts,
     cx: &mut Context<'_>,
 ) -> Poll<Result<R, BoxError>>
 where
@@ -291,11 +304,34 @@ where
     if let Poll::Ready(result) = future.poll(cx) {
         return Poll::Ready(result.map_err(Into::into));
     }
-    let Some((sleep, why)) = timer else {
-        return Poll::Pending;
-    };
-    ready!(sleep.as_mut().poll(cx));
-    Poll::Ready(Err(Box::new(*why)))
+    loop {
+        let Some(running) = timer.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(running.as_mut().project().sleep.poll(cx));
+        if let Some(why) = extend_or_cut(timer, attempts) {
+            return Poll::Ready(Err(Box::new(why)));
+        }
+    }
+}
+
+/// The attempt's timer fired: the error that cuts the attempt, or `None` when only the
+/// deadline (the timer reset to it) or nothing cuts it any more.
+#[cold]
+fn extend_or_cut(timer: &mut AttemptTimer, attempts: &Attempts) -> Option<TimedOut> {
+    let fired = timer.as_mut()?.as_mut().project();
+    match when_fired(*fired.why, fired.clock.as_ref(), attempts.time_left()) {
+        Fired::Cut(why) => Some(why),
+        Fired::Until(left) => {
+            fired.sleep.reset(Instant::now() + left);
+            *fired.why = TimedOut::Deadline;
+            None
+        }
+        Fired::Never => {
+            *timer = None;
+            None
+        }
+    }
 }
 
 /// Sends the next attempt with `body`.
@@ -316,7 +352,7 @@ where
         .clone();
     parts.extensions.insert(LayerAttempt);
     attempts.next_attempt(&mut parts.headers);
-    let timer = attempt_timer(attempts);
+    let timer = attempt_timer(attempts, &mut parts.extensions);
     (replay.service.call(Request::from_parts(parts, body)), timer)
 }
 
@@ -346,10 +382,17 @@ fn record<B: ReplayBody>(
 }
 
 /// The timer that cuts the next attempt, if the request has a deadline or a per-attempt
-/// timeout.
+/// timeout; with a per-attempt timeout, the attempt's clock goes in its `extensions`.
 #[inline]
-fn attempt_timer(attempts: &Attempts) -> AttemptTimer {
-    attempts
-        .attempt_limit()
-        .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why))
+fn attempt_timer(attempts: &Attempts, extensions: &mut http::Extensions) -> AttemptTimer {
+    let (limit, why) = attempts.attempt_limit()?;
+    let clock = (why == TimedOut::Attempt).then(|| AttemptClock::new(limit));
+    if let Some(clock) = &clock {
+        extensions.insert(clock.clone());
+    }
+    Some(Box::pin(Timer {
+        sleep: tokio::time::sleep(limit),
+        why,
+        clock,
+    }))
 }
