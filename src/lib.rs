@@ -70,8 +70,8 @@
 //!   [`MayHaveBeenApplied`] read the outcome.
 //! - **Response bodies cut mid-way.** Opt in with [`ReadWholeLayer`] inside the layer
 //!   (reqwest: `ReadWholeMiddleware`): a body within a limit is read inside the attempt and
-//!   read again after a cut; a longer `GET` resumes with `Range` on a strong validator; a write
-//!   is never sent twice for it (see [the `resume` module](resume)).
+//!   read again after a cut; a longer `GET` resumes with `Range` on a strong validator, a keyed
+//!   write with the server's replay; a write without a trusted key is never sent twice for it (see [the `resume` module](resume)).
 //! - **A server that honours idempotency keys (axum, hyper).** [`server::IdempotencyLayer`]
 //!   over [`server::MemoryStore`] stores the first response per key and replays it; with the
 //!   `axum` feature, [`for_axum`](crate::server::IdempotencyLayer::for_axum) wraps a whole axum `Router` for

@@ -17,8 +17,10 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 ///
 /// Each re-read is an attempt in the [`RetryReport`](crate::RetryReport);
 /// [`AttemptRecord::body_cut_after`](crate::AttemptRecord::body_cut_after) gives the bytes
-/// that had arrived before the cut. The layer's per-attempt timeout covers the reading, so a
-/// body that stalls is cut like a response that does not come.
+/// that had arrived before the cut. The layer's per-attempt timeout bounds the wait for the
+/// head, then each wait for a frame of the body (the retry layer's timer leaves the body to
+/// this layer once the head is in): a body that stalls is cut and read again, and a slow body
+/// that keeps coming is read to its end. The deadline stays absolute.
 ///
 /// A longer body, or one without a known length (chunked, server-sent events), is handed on as
 /// it streams. For a `GET` answered `200` with a strong validator (a strong `ETag`, or a
@@ -29,7 +31,12 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// bytes a superset repeats are skipped), and the caller's body continues. Where that cannot be
 /// proven (no validator, a `200`, a changed `ETag`), nothing is spliced: the body ends in the
 /// original error, whose [`why_no_resume`](crate::resume::BodyCutError::why_no_resume) says
-/// why. [`WholeBody::report`](crate::WholeBody::report) covers the resumes. While such a body
+/// why. A keyed write (its key trusted by the policy) past the limit is sent again whole with
+/// the same key, never with `Range`, and its body continues only if the answer is the server's
+/// replay of the same response (marked as a replay, the same status, length, coding and
+/// `ETag`): the bytes already delivered are skipped.
+/// [`WholeBody::report`](crate::WholeBody::report) and
+/// [`BodyReport`](crate::resume::BodyReport) cover the resumes. While such a body
 /// streams, the policy's per-attempt timeout bounds each wait for a frame (a stall is cut and
 /// resumed; a long transfer that keeps moving is not), and its deadline stays absolute. Without a retry
 /// layer outside, nothing decides a resume and none is made.
@@ -42,8 +49,8 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 ///
 /// Ranges count encoded bytes: put a decompression layer outside this one, never inside.
 ///
-/// Each `GET` keeps a copy of its request head (and a clone of the inner service) for a
-/// resume. Without this layer, response types and costs stay as they were.
+/// Each `GET` and keyed write keeps a copy of its request (and a clone of the inner service)
+/// for a resume. Without this layer, response types and costs stay as they were.
 ///
 /// ```
 /// use std::time::Duration;
