@@ -7,6 +7,11 @@
 //! against the same layer without it (`loopback_read_whole`, `loopback_read_whole_1m`).
 //!
 //! Run: `cargo bench --bench loopback --features reqwest-middleware`
+//!
+//! Instructions per request, client and server together (one thread), free of timing noise:
+//! `LOOPBACK_ONLY=<row>:<n>` sends 20 requests to warm the row, then `n` more, and nothing
+//! else (`scripts/loopback-instructions.sh` runs it under callgrind). Rows: `bare`, `layer`,
+//! `tower_retry`, `layer_16k`, `read_whole_16k`, `layer_1m`, `read_whole_1m`.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -114,6 +119,24 @@ async fn main() {
         &RetryPolicy::builder().build().expect("default policy"),
         client,
     );
+
+    if let Ok(only) = std::env::var("LOOPBACK_ONLY") {
+        let (row, n) = only.split_once(':').expect("LOOPBACK_ONLY=<row>:<n>");
+        let n: usize = n.parse().expect("a request count");
+        for _ in 0..20 + n {
+            match row {
+                "bare" => tower_one(&mut bare, &url).await,
+                "layer" => tower_one(&mut layered, &url).await,
+                "tower_retry" => tower_one(&mut tower_retry, &url).await,
+                "layer_16k" => tower_one(&mut layered_16k, &url_16k).await,
+                "read_whole_16k" => tower_one(&mut read_whole_16k, &url_16k).await,
+                "layer_1m" => tower_one(&mut layered_1m, &url_1m).await,
+                "read_whole_1m" => tower_one(&mut read_whole_1m, &url_1m).await,
+                other => panic!("no row {other}"),
+            }
+        }
+        return;
+    }
 
     #[cfg(feature = "reqwest-middleware")]
     let (ours, reference) = {
