@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use support::cut_server::{Cut, CutServer, Options};
-use support::read_whole::{policy, representation, stack};
-use tower::{BoxError, ServiceExt};
+use support::read_whole::{policy, read_all, representation, stack};
+use tower::ServiceExt;
 use tower_retry_safety::resume::{BodyCutError, NoResume};
 use tower_retry_safety::{FailureClass, RetryReport, StopReason, WholeBody};
 
@@ -28,22 +28,6 @@ fn post(url: &str, key: Option<&str>) -> Request<Full<Bytes>> {
     }
     req.body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))
         .unwrap()
-}
-
-/// The body's bytes up to its end or its error.
-async fn read_all(mut body: WholeBody<Incoming>) -> (Vec<u8>, Option<BoxError>) {
-    let mut bytes = Vec::new();
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    bytes.extend_from_slice(data);
-                }
-            }
-            Err(err) => return (bytes, Some(err)),
-        }
-    }
-    (bytes, None)
 }
 
 async fn send_get_cut(cut: Cut) -> (CutServer, Response<WholeBody<Incoming>>) {

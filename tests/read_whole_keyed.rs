@@ -8,18 +8,16 @@
 
 mod support;
 
-use std::error::Error as StdError;
-
 use bytes::Bytes;
 use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use reqwest_middleware::ClientBuilder;
 use support::cut_server::{Cut, CutServer, Options};
-use support::read_whole::{policy, representation};
-use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_retry_safety::resume::{BodyCutError, BodyReport, NoResume};
+use support::read_whole::{find_cut, policy, read_all, representation};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_retry_safety::resume::{BodyReport, NoResume};
 use tower_retry_safety::{
     ReadWholeLayer, ReadWholeMiddleware, RetryPolicy, RetryReport, RetrySafetyMiddleware, WholeBody,
 };
@@ -52,35 +50,6 @@ async fn send_tower(
         .oneshot(post(&server.url("/v1/messages"), key))
         .await
         .expect("the head arrives whole")
-}
-
-async fn read_all<B>(mut body: B) -> (Vec<u8>, Option<BoxError>)
-where
-    B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin,
-{
-    let mut bytes = Vec::new();
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    bytes.extend_from_slice(data);
-                }
-            }
-            Err(err) => return (bytes, Some(err)),
-        }
-    }
-    (bytes, None)
-}
-
-fn find_cut<'a>(err: &'a (dyn StdError + 'static)) -> &'a BodyCutError {
-    let mut source: Option<&(dyn StdError + 'static)> = Some(err);
-    while let Some(e) = source {
-        if let Some(cut) = e.downcast_ref::<BodyCutError>() {
-            return cut;
-        }
-        source = e.source();
-    }
-    panic!("no BodyCutError in {err:?}")
 }
 
 #[tokio::test]
@@ -149,7 +118,7 @@ async fn a_replay_without_the_body_is_never_spliced() {
     let (bytes, err) = read_all(res.into_body()).await;
     assert_eq!(bytes, body[..CUT]);
     let err = err.expect("the body ends in the error");
-    let cut = find_cut(&*err);
+    let cut = find_cut(&*err).expect("a BodyCutError in the chain");
     assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame));
     assert_eq!(cut.bytes_received(), CUT as u64);
     assert_eq!(server.requests(), 2);
@@ -166,7 +135,7 @@ async fn a_keyed_write_without_trust_is_sent_once() {
     let (bytes, err) = read_all(res.into_body()).await;
     assert_eq!(bytes, body[..CUT]);
     let err = err.expect("the body ends in the error");
-    let cut = find_cut(&*err);
+    let cut = find_cut(&*err).expect("a BodyCutError in the chain");
     assert_eq!(cut.why_no_resume(), Some(NoResume::NotRepeatable));
     assert_eq!(server.requests(), 1);
     assert_eq!(server.applied(), 1);
@@ -182,7 +151,7 @@ async fn a_write_without_a_key_is_sent_once() {
     let (bytes, err) = read_all(res.into_body()).await;
     assert_eq!(bytes, body[..CUT]);
     let err = err.expect("the body ends in the error");
-    let cut = find_cut(&*err);
+    let cut = find_cut(&*err).expect("a BodyCutError in the chain");
     assert_eq!(cut.why_no_resume(), Some(NoResume::NotRepeatable));
     assert_eq!(server.requests(), 1);
     assert_eq!(server.applied(), 1);

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use support::cut_server::{Cut, CutServer, Options};
-use support::read_whole::{policy, representation, stack};
+use support::read_whole::{policy, read_all, representation, stack};
 use tower::{BoxError, ServiceExt};
 use tower_retry_safety::resume::{BodyCutError, NoResume};
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason, WholeBody};
@@ -18,23 +18,6 @@ use tower_retry_safety::{RetryPolicy, RetryReport, StopReason, WholeBody};
 type Incoming = hyper::body::Incoming;
 
 const MIB: usize = 1024 * 1024;
-
-async fn read_all(
-    mut body: WholeBody<Incoming>,
-) -> (Vec<u8>, Option<BoxError>, WholeBody<Incoming>) {
-    let mut bytes = Vec::new();
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    bytes.extend_from_slice(data);
-                }
-            }
-            Err(err) => return (bytes, Some(err), body),
-        }
-    }
-    (bytes, None, body)
-}
 
 async fn get(
     options: Options,
@@ -54,7 +37,8 @@ async fn get(
     let res = stack(policy).oneshot(req).await.expect("a response");
     assert_eq!(res.status(), StatusCode::OK);
     let report = RetryReport::of(&res).expect("report").clone();
-    let (bytes, err, body) = read_all(res.into_body()).await;
+    let mut body = res.into_body();
+    let (bytes, err) = read_all(&mut body).await;
     (server, bytes, err, body, report)
 }
 
@@ -246,7 +230,7 @@ async fn an_unkeyed_post_past_the_limit_is_never_sent_again() {
         .unwrap();
     let res = stack(policy().build().unwrap()).oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
-    let (bytes, err, _) = read_all(res.into_body()).await;
+    let (bytes, err) = read_all(res.into_body()).await;
     let cut = cut_of(&err);
     assert_eq!(cut.why_no_resume(), Some(NoResume::NotRepeatable));
     assert!(cut

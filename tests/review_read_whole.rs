@@ -28,10 +28,11 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use support::cut_server::{Cut, CutServer, Options};
+use support::read_whole::{find_cut, read_all};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::resume::{BodyCutError, BodyReport, NoResume};
+use tower_retry_safety::resume::{BodyReport, NoResume};
 use tower_retry_safety::{
     Budget, NoRetry, ReadWholeLayer, ReadWholeMiddleware, RetryPolicy, RetryReport,
     RetrySafetyMiddleware, StopReason, WholeBody,
@@ -278,25 +279,6 @@ fn req(method: Method, url: &str, key: Option<&str>) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-async fn read_all<B>(mut body: B) -> (Vec<u8>, Option<BoxError>)
-where
-    B: Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    let mut bytes = Vec::new();
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Some(data) = frame.data_ref() {
-                    bytes.extend_from_slice(data);
-                }
-            }
-            Err(err) => return (bytes, Some(err.into())),
-        }
-    }
-    (bytes, None)
-}
-
 async fn reqwest_read_all(mut res: reqwest::Response) -> (Vec<u8>, Option<reqwest::Error>) {
     let mut bytes = Vec::new();
     loop {
@@ -306,17 +288,6 @@ async fn reqwest_read_all(mut res: reqwest::Response) -> (Vec<u8>, Option<reqwes
             Err(err) => return (bytes, Some(err)),
         }
     }
-}
-
-fn find_cut<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a BodyCutError> {
-    let mut source: Option<&(dyn StdError + 'static)> = Some(err);
-    while let Some(e) = source {
-        if let Some(cut) = e.downcast_ref::<BodyCutError>() {
-            return Some(cut);
-        }
-        source = e.source();
-    }
-    None
 }
 
 /// Everything an error says: Display and Debug of it and of each source.
