@@ -81,6 +81,7 @@ fn interleaved(rounds: usize, batch: u32, mut f: impl FnMut(), mut g: impl FnMut
         }
         b.push(t.elapsed().as_nanos() as f64 / f64::from(batch));
     }
+    common::print_ratio("classify_1000_routes/classify_1_route", &a, &b, "");
     (common::median(&mut a), common::median(&mut b))
 }
 
@@ -98,10 +99,6 @@ fn ratio() {
         },
     );
     println!("classify_1_route {one:.1} ns, classify_1000_routes {many:.1} ns");
-    println!(
-        "ratio classify_1000_routes/classify_1_route {:.3}",
-        many / one
-    );
 }
 
 fn main() {

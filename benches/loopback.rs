@@ -11,7 +11,8 @@
 //! Instructions per request, client and server together (one thread), free of timing noise:
 //! `LOOPBACK_ONLY=<row>:<n>` sends 20 requests to warm the row, then `n` more, and nothing
 //! else (`scripts/loopback-instructions.sh` runs it under callgrind). Rows: `bare`, `layer`,
-//! `tower_retry`, `layer_16k`, `read_whole_16k`, `layer_1m`, `read_whole_1m`.
+//! `tower_retry`, `layer_16k`, `read_whole_16k`, `layer_1m`, `read_whole_1m`, and with the
+//! `reqwest-middleware` feature `reqwest_mw_layer` and `reqwest_retry`.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -29,7 +30,7 @@ use tower::{Service, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 
 mod common;
-use common::{median, CloneNeverRetry};
+use common::{median, print_ratio, CloneNeverRetry};
 
 async fn server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0")
@@ -120,24 +121,6 @@ async fn main() {
         client,
     );
 
-    if let Ok(only) = std::env::var("LOOPBACK_ONLY") {
-        let (row, n) = only.split_once(':').expect("LOOPBACK_ONLY=<row>:<n>");
-        let n: usize = n.parse().expect("a request count");
-        for _ in 0..20 + n {
-            match row {
-                "bare" => tower_one(&mut bare, &url).await,
-                "layer" => tower_one(&mut layered, &url).await,
-                "tower_retry" => tower_one(&mut tower_retry, &url).await,
-                "layer_16k" => tower_one(&mut layered_16k, &url_16k).await,
-                "read_whole_16k" => tower_one(&mut read_whole_16k, &url_16k).await,
-                "layer_1m" => tower_one(&mut layered_1m, &url_1m).await,
-                "read_whole_1m" => tower_one(&mut read_whole_1m, &url_1m).await,
-                other => panic!("no row {other}"),
-            }
-        }
-        return;
-    }
-
     #[cfg(feature = "reqwest-middleware")]
     let (ours, reference) = {
         let ours = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
@@ -163,6 +146,28 @@ async fn main() {
             .await
             .expect("ok");
         black_box(res.bytes().await.expect("body"));
+    }
+
+    if let Ok(only) = std::env::var("LOOPBACK_ONLY") {
+        let (row, n) = only.split_once(':').expect("LOOPBACK_ONLY=<row>:<n>");
+        let n: usize = n.parse().expect("a request count");
+        for _ in 0..20 + n {
+            match row {
+                "bare" => tower_one(&mut bare, &url).await,
+                "layer" => tower_one(&mut layered, &url).await,
+                "tower_retry" => tower_one(&mut tower_retry, &url).await,
+                "layer_16k" => tower_one(&mut layered_16k, &url_16k).await,
+                "read_whole_16k" => tower_one(&mut read_whole_16k, &url_16k).await,
+                "layer_1m" => tower_one(&mut layered_1m, &url_1m).await,
+                "read_whole_1m" => tower_one(&mut read_whole_1m, &url_1m).await,
+                #[cfg(feature = "reqwest-middleware")]
+                "reqwest_mw_layer" => reqwest_one(&ours, &url).await,
+                #[cfg(feature = "reqwest-middleware")]
+                "reqwest_retry" => reqwest_one(&reference, &url).await,
+                other => panic!("no row {other}"),
+            }
+        }
+        return;
     }
 
     for _ in 0..2_000 {
@@ -209,55 +214,30 @@ async fn main() {
             break;
         }
     }
-    let (bare_ns, layer_ns) = (median(&mut a), median(&mut b));
-    println!("loopback_bare  median {:>9.0} ns/request", bare_ns);
-    println!("loopback_layer median {:>9.0} ns/request", layer_ns);
-    let tower_ns = median(&mut e);
-    println!("loopback_tower_retry median {:>9.0} ns/request", tower_ns);
-    println!(
-        "ratio loopback_layer/loopback_bare {:.3}",
-        layer_ns / bare_ns
-    );
-    println!(
-        "ratio loopback_tower_retry/loopback_bare {:.3}",
-        tower_ns / bare_ns
-    );
-    println!(
-        "ratio loopback_layer/loopback_tower_retry {:.3}",
-        layer_ns / tower_ns
-    );
-    let (layer_16k, read_16k) = (median(&mut f), median(&mut g));
-    let (layer_1m, read_1m) = (median(&mut h), median(&mut i));
-    println!(
-        "loopback_layer_16k      median {:>9.0} ns/request",
-        layer_16k
-    );
-    println!(
-        "loopback_read_whole     median {:>9.0} ns/request",
-        read_16k
-    );
-    println!(
-        "loopback_layer_1m       median {:>9.0} ns/request",
-        layer_1m
-    );
-    println!("loopback_read_whole_1m  median {:>9.0} ns/request", read_1m);
-    println!(
-        "ratio loopback_read_whole/loopback_layer {:.3}",
-        read_16k / layer_16k
-    );
-    println!(
-        "ratio loopback_read_whole_1m/loopback_layer_1m {:.3}",
-        read_1m / layer_1m
-    );
+    // Each round's ratios, before the medians sort the samples.
+    print_ratio("loopback_layer/loopback_bare", &b, &a, "");
+    print_ratio("loopback_tower_retry/loopback_bare", &e, &a, "");
+    print_ratio("loopback_layer/loopback_tower_retry", &b, &e, "");
+    print_ratio("loopback_read_whole/loopback_layer", &g, &f, "");
+    print_ratio("loopback_read_whole_1m/loopback_layer_1m", &i, &h, "");
     if !c.is_empty() {
-        let (ours_ns, ref_ns) = (median(&mut c), median(&mut d));
-        println!("reqwest_mw_layer median {:>9.0} ns/request", ours_ns);
-        println!("reqwest_retry    median {:>9.0} ns/request", ref_ns);
-        println!(
-            "ratio reqwest_mw_layer/reqwest_retry {:.3}",
-            ours_ns / ref_ns
-        );
+        print_ratio("reqwest_mw_layer/reqwest_retry", &c, &d, "");
     } else {
         println!("(reqwest rows need --features reqwest-middleware)");
+    }
+    for (name, samples) in [
+        ("loopback_bare", &mut a),
+        ("loopback_layer", &mut b),
+        ("loopback_tower_retry", &mut e),
+        ("loopback_layer_16k", &mut f),
+        ("loopback_read_whole", &mut g),
+        ("loopback_layer_1m", &mut h),
+        ("loopback_read_whole_1m", &mut i),
+        ("reqwest_mw_layer", &mut c),
+        ("reqwest_retry", &mut d),
+    ] {
+        if !samples.is_empty() {
+            println!("{name:<24} median {:>9.0} ns/request", median(samples));
+        }
     }
 }

@@ -32,7 +32,7 @@ use tower_retry_safety::{LockFreeBudget, NoRetry, RetryPolicy, RetryReport};
 mod common;
 use common::deposits::ns_per_deposit;
 use common::threads::two_threads;
-use common::{median, CloneNeverRetry, Req};
+use common::{median, print_ratio, CloneNeverRetry, Req};
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -324,6 +324,8 @@ async fn main() {
             break;
         }
     }
+    // Ratios first: each round's own, from the samples in the order they were taken.
+    let samples: Vec<Vec<f64>> = v.iter().map(|x| x.samples.clone()).collect();
     let med: Vec<f64> = v.iter_mut().map(|x| median(&mut x.samples)).collect();
     for (x, m) in v.iter().zip(&med) {
         println!(
@@ -339,23 +341,25 @@ async fn main() {
         "allocs layer_never_retried {}",
         never_retried - never_retried_bare
     );
-    println!("ratio layer_get/tower_retry {:.3}", med[2] / med[1]);
-    println!(
-        "ratio layer_get_no_budget/tower_retry {:.3}",
-        med[4] / med[1]
+    let pair = |name: &str, num: usize, den: usize, more: &str| {
+        print_ratio(name, &samples[num], &samples[den], more)
+    };
+    pair("layer_get/tower_retry", 2, 1, "");
+    pair("layer_get_no_budget/tower_retry", 4, 1, "");
+    pair("layer_post/tower_retry", 3, 1, "");
+    pair("layer_get_tps/tower_retry", 6, 1, "");
+    pair("floor/tower_retry", 5, 1, "");
+    pair(
+        "layer_get/floor",
+        2,
+        5,
+        &format!(" (+{:.0} ns per request)", med[2] - med[5]),
     );
-    println!("ratio layer_post/tower_retry {:.3}", med[3] / med[1]);
-    println!("ratio layer_get_tps/tower_retry {:.3}", med[6] / med[1]);
-    println!("ratio floor/tower_retry {:.3}", med[5] / med[1]);
-    println!(
-        "ratio layer_get/floor {:.3} (+{:.0} ns per request)",
-        med[2] / med[5],
-        med[2] - med[5]
-    );
-    println!(
-        "ratio layer_get/bare {:.3} (+{:.0} ns per request)",
-        med[2] / med[0],
-        med[2] - med[0]
+    pair(
+        "layer_get/bare",
+        2,
+        0,
+        &format!(" (+{:.0} ns per request)", med[2] - med[0]),
     );
     println!(
         "size_of ResponseFuture (layer over an instant service) {} bytes; tower::retry future {} bytes",
@@ -573,6 +577,16 @@ async fn stream_put(policy: &RetryPolicy) {
             break;
         }
     }
+    // Each round's ratios, before the medians sort the samples.
+    print_ratio("layer_stream_put/layer_full_put", &stream, &full, "");
+    print_ratio("layer_stream_put/bare_stream_put", &stream, &bare, "");
+    // What the stream costs before any layer: building it and reading it frame by frame.
+    print_ratio("bare_stream_put/bare_full_put", &bare, &bare_full, "");
+    // The recording's own cost: how much more a stream costs than `Full` through the layer,
+    // over how much more it costs without it.
+    let with_layer: Vec<f64> = stream.iter().zip(&full).map(|(s, f)| s / f).collect();
+    let without: Vec<f64> = bare.iter().zip(&bare_full).map(|(s, f)| s / f).collect();
+    print_ratio("recording_overhead", &with_layer, &without, "");
     let (stream, full, bare) = (median(&mut stream), median(&mut full), median(&mut bare));
     let bare_full = median(&mut bare_full);
     println!(
@@ -583,16 +597,6 @@ async fn stream_put(policy: &RetryPolicy) {
         "allocations/request: layer as a stream {stream_allocs:.2} (the recording: {:.2} over \
          the stream without the layer), layer as Full {full_allocs:.2}",
         stream_allocs - stream_bare_allocs
-    );
-    println!("ratio layer_stream_put/layer_full_put {:.3}", stream / full);
-    println!(
-        "ratio layer_stream_put/bare_stream_put {:.3}",
-        stream / bare
-    );
-    // What the stream costs before any layer: building it and reading it frame by frame.
-    println!(
-        "ratio bare_stream_put/bare_full_put {:.3}",
-        bare / bare_full
     );
     println!(
         "layer's cost: +{:.0} ns on the stream (recording included), +{:.0} ns on Full",

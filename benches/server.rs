@@ -40,7 +40,7 @@ use tower::ServiceExt;
 use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
 
 mod common;
-use common::median;
+use common::{median, print_ratio};
 
 /// Serves `handle` on a fresh loopback port; returns its base URL.
 async fn serve<F, Fut, B>(handle: F) -> String
@@ -153,42 +153,60 @@ async fn main() {
     // Up to 301 rounds (60 s at most): on a shared machine the medians of 61 batches moved by
     // several percent from run to run.
     let deadline = Instant::now() + Duration::from_secs(60);
-    for _ in 0..301 {
-        batch!(a, 100, keyed_post(&client, &bare).await);
-        batch!(b, 100, keyed_post(&client, &memory).await);
+    for round in 0..301 {
+        // Of each pair, whichever runs second can gain from the first's warm caches: the
+        // order alternates from round to round.
+        let (first, second) = if round % 2 == 0 { (0, 1) } else { (1, 0) };
+        for side in [first, second] {
+            if side == 0 {
+                batch!(a, 100, keyed_post(&client, &bare).await);
+            } else {
+                batch!(b, 100, keyed_post(&client, &memory).await);
+            }
+        }
         #[cfg(feature = "redis")]
-        {
-            batch!(c, 100, keyed_post(&client, &redis.0).await);
-            batch!(d, 100, keyed_post(&client, &redis.1).await);
+        for side in [first, second] {
+            if side == 0 {
+                batch!(c, 100, keyed_post(&client, &redis.0).await);
+            } else {
+                batch!(d, 100, keyed_post(&client, &redis.1).await);
+            }
         }
         #[cfg(feature = "postgres")]
-        {
-            batch!(e, 100, keyed_post(&client, &pg.floor).await);
-            batch!(f, 100, keyed_post(&client, &pg.layered).await);
+        for side in [first, second] {
+            if side == 0 {
+                batch!(e, 100, keyed_post(&client, &pg.floor).await);
+            } else {
+                batch!(f, 100, keyed_post(&client, &pg.layered).await);
+            }
         }
         if Instant::now() > deadline {
             break;
         }
     }
-    let (bare_ns, memory_ns) = (median(&mut a), median(&mut b));
-    println!("bare_server median {bare_ns:>9.0} ns/request");
-    println!("idem_memory median {memory_ns:>9.0} ns/request");
-    println!("ratio idem_memory/bare_server {:.3}", memory_ns / bare_ns);
+    // Each round's ratios, before the medians sort the samples.
+    print_ratio("idem_memory/bare_server", &b, &a, "");
     if c.is_empty() {
         println!("(the Redis rows need --features redis)");
     } else {
-        let (floor_ns, redis_ns) = (median(&mut c), median(&mut d));
-        println!("redis_floor median {floor_ns:>9.0} ns/request");
-        println!("idem_redis  median {redis_ns:>9.0} ns/request");
-        println!("ratio idem_redis/redis_floor {:.3}", redis_ns / floor_ns);
+        print_ratio("idem_redis/redis_floor", &d, &c, "");
     }
     if e.is_empty() {
         println!("(the PostgreSQL rows need --features postgres)");
     } else {
-        let (floor_ns, pg_ns) = (median(&mut e), median(&mut f));
-        println!("pg_floor    median {floor_ns:>9.0} ns/request");
-        println!("idem_pg     median {pg_ns:>9.0} ns/request");
-        println!("ratio idem_pg/pg_floor {:.3}", pg_ns / floor_ns);
+        print_ratio("idem_pg/pg_floor", &f, &e, "");
+    }
+    for (name, samples) in [
+        ("bare_server", &mut a),
+        ("idem_memory", &mut b),
+        ("redis_floor", &mut c),
+        ("idem_redis", &mut d),
+        ("pg_floor", &mut e),
+        ("idem_pg", &mut f),
+    ] {
+        if !samples.is_empty() {
+            println!("{name:<12} median {:>9.0} ns/request", median(samples));
+        }
     }
     #[cfg(feature = "postgres")]
     pg.drop_schema().await;

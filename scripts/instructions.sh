@@ -16,9 +16,9 @@ for variant in bare tower_retry floor layer layer_no_budget layer_tps \
     zero=$(count "$variant" 0)
     many=$(count "$variant" "$n")
     per[$variant]=$(((many - zero) / n))
-    echo "instructions $variant ${per[$variant]}"
+    echo "instr $variant ${per[$variant]}"
 done
-ratio() { python3 -c "print('ratio $1/$2 instructions %.3f' % (${per[$1]} / ${per[$2]}))"; }
+ratio() { python3 -c "print('instr $1/$2 %.3f' % (${per[$1]} / ${per[$2]}))"; }
 ratio layer tower_retry
 ratio floor tower_retry
 ratio layer floor
@@ -26,3 +26,5 @@ ratio layer layer_no_budget
 ratio layer_tps layer_no_budget
 ratio stream_put full_put
 ratio bare_stream_put bare_full_put
+# The recording's own cost: a stream over `Full` through the layer, over the same without it.
+python3 -c "print('instr recording_overhead %.3f' % ((${per[stream_put]} / ${per[full_put]}) / (${per[bare_stream_put]} / ${per[bare_full_put]})))"

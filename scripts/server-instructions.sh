@@ -16,9 +16,9 @@ for variant in $variants; do
     zero=$(count "$variant" 0)
     many=$(count "$variant" "$n")
     per[$variant]=$(((many - zero) / n))
-    echo "instructions $variant ${per[$variant]}"
+    echo "instr $variant ${per[$variant]}"
 done
-ratio() { python3 -c "print('ratio $1/$2 instructions %.3f' % (${per[$1]} / ${per[$2]}))"; }
+ratio() { python3 -c "print('instr $1/$2 %.3f' % (${per[$1]} / ${per[$2]}))"; }
 [[ -n ${per[memory]:-} && -n ${per[bare]:-} ]] && ratio memory bare
 [[ -n ${per[redis]:-} && -n ${per[floor]:-} ]] && ratio redis floor
 true

@@ -33,6 +33,39 @@ pub fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The ratio of two rows measured in the same rounds (`num[i]` and `den[i]` timed in round
+/// `i`, side by side): the median of the rounds' own ratios, so that the machine's load in a
+/// round weighs on both sides alike.
+pub struct Ratio {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub rounds: usize,
+}
+
+/// `num` and `den` must come from the same rounds (equal lengths, not yet sorted).
+pub fn ratio_of(num: &[f64], den: &[f64]) -> Ratio {
+    assert_eq!(num.len(), den.len(), "rows measured in the same rounds");
+    let mut each: Vec<f64> = num.iter().zip(den).map(|(n, d)| n / d).collect();
+    let median = median(&mut each);
+    Ratio {
+        median,
+        min: each[0],
+        max: each[each.len() - 1],
+        rounds: each.len(),
+    }
+}
+
+/// Prints `ratio NAME V (min–max over N rounds)`, and anything `more` says after it.
+pub fn print_ratio(name: &str, num: &[f64], den: &[f64], more: &str) -> f64 {
+    let r = ratio_of(num, den);
+    println!(
+        "ratio {name} {:.3} ({:.3}–{:.3} over {} rounds){more}",
+        r.median, r.min, r.max, r.rounds
+    );
+    r.median
+}
+
 /// The least a `tower::retry` policy does: keep a copy of the request, never retry.
 #[derive(Clone)]
 pub struct CloneNeverRetry;
