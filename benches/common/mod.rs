@@ -40,6 +40,9 @@ pub struct Ratio {
     pub median: f64,
     pub min: f64,
     pub max: f64,
+    /// The middle half of the rounds' ratios: on a loaded machine one preempted batch sets
+    /// the min or the max, not these.
+    pub quartiles: (f64, f64),
     pub rounds: usize,
 }
 
@@ -48,20 +51,23 @@ pub fn ratio_of(num: &[f64], den: &[f64]) -> Ratio {
     assert_eq!(num.len(), den.len(), "rows measured in the same rounds");
     let mut each: Vec<f64> = num.iter().zip(den).map(|(n, d)| n / d).collect();
     let median = median(&mut each);
+    let n = each.len();
     Ratio {
         median,
         min: each[0],
-        max: each[each.len() - 1],
-        rounds: each.len(),
+        max: each[n - 1],
+        quartiles: (each[n / 4], each[(3 * n) / 4]),
+        rounds: n,
     }
 }
 
-/// Prints `ratio NAME V (min–max over N rounds)`, and anything `more` says after it.
+/// Prints `ratio NAME V (min–max over N rounds) middle half Q1–Q3`, and anything `more` says
+/// after it.
 pub fn print_ratio(name: &str, num: &[f64], den: &[f64], more: &str) -> f64 {
     let r = ratio_of(num, den);
     println!(
-        "ratio {name} {:.3} ({:.3}–{:.3} over {} rounds){more}",
-        r.median, r.min, r.max, r.rounds
+        "ratio {name} {:.3} ({:.3}–{:.3} over {} rounds) middle half {:.3}–{:.3}{more}",
+        r.median, r.min, r.max, r.rounds, r.quartiles.0, r.quartiles.1
     );
     r.median
 }
