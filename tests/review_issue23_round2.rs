@@ -12,7 +12,17 @@
 //! against an in-memory service. Hangs are turned into failures with `tokio::time::timeout`.
 //!
 //! Tests marked `#[ignore = "open defect: …"]` fail today: each says what happens (with counts)
-//! and a fix. The others are attacks that held, kept as regression tests.
+//! and a fix. The others are attacks that held, kept as regression tests. Open today:
+//!
+//! - splice: `a_replayed_503_cut_then_an_unmarked_503_is_never_spliced` (and its reqwest twin):
+//!   a stale `StopReason::Replayed` makes an unmarked resend count as the server's replay;
+//! - hang: `a_stall_past_the_limit_that_cannot_resume_is_cut_by_the_per_attempt_timeout` (a
+//!   streamed body without a `Resume` has no clock) and
+//!   `paused_many_empty_frames_then_a_stall_is_still_cut` (the rest after 1024 empty frames);
+//! - weaker: `a_write_that_is_never_repeated_keeps_its_response_under_the_deadline` (a write
+//!   with an untrusted key is read inside the attempt) and
+//!   `a_keyed_write_with_the_policys_own_key_header_is_recovered_past_the_limit` (the header
+//!   name is hard-coded in `ReadWhole`).
 
 mod support;
 
@@ -877,6 +887,16 @@ async fn a_409_then_the_replay_and_a_cut_replay_then_the_replay_continue_the_bod
             ],
         ),
         (
+            "a replay cut before the bytes delivered, then replay",
+            cut_at(
+                "201 Created",
+                BIG,
+                1,
+                HALF - 50_000,
+                &["etag: \"v1\"", REPLAYED],
+            ),
+        ),
+        (
             "a cut replay then replay",
             cut_at(
                 "201 Created",
@@ -1630,4 +1650,33 @@ async fn the_deadline_ends_a_streamed_body_and_the_error_says_so() {
         assert_eq!(server.requests(), 1, "{method}");
         assert_eq!(server.ranges(), 0, "{method}");
     }
+}
+
+/// The counterpart of the open `503` defect: a first answer that is the server's replay of a
+/// `201` (marked), cut past the limit, then an unmarked `201` of the same length to the
+/// resend: the resend's `Final` decision resets the stop reason, so it is not taken for the
+/// replay. Nothing spliced, `NotTheSame`, 2 requests.
+#[tokio::test]
+async fn a_replayed_201_cut_then_an_unmarked_201_is_never_spliced() {
+    let server = Raw::start(|n, _| {
+        if n == 1 {
+            cut_at("201 Created", BIG, 1, HALF, &[REPLAYED])
+        } else {
+            whole("201 Created", BIG, 2, &[])
+        }
+    })
+    .await;
+    let policy = policy().honor_idempotency_key(true).build().unwrap();
+    let res = stack(policy)
+        .oneshot(req(Method::POST, &server.url("/v1/send"), &["k-201"]))
+        .await
+        .expect("answered");
+    let (bytes, err) = tokio::time::timeout(HANG, read_all(res.into_body()))
+        .await
+        .expect("no hang");
+    assert_no_splice("replayed 201", &bytes, &err, &rep(BIG, 1));
+    let err = err.expect("not the replay");
+    let cut = find_cut(&*err).expect("a BodyCutError");
+    assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame));
+    assert_eq!(server.requests(), 2);
 }
