@@ -1680,3 +1680,54 @@ async fn a_replayed_201_cut_then_an_unmarked_201_is_never_spliced() {
     assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame));
     assert_eq!(server.requests(), 2);
 }
+
+/// The reqwest adapter's `BodyCutError` (with its sources and its report) and `BodyReport`
+/// hold no URL, header value or body byte either; nor does a cut read inside the attempt (the
+/// report of the response whose small body was cut for good).
+#[tokio::test]
+async fn reqwest_cut_errors_and_body_reports_hold_no_secrets() {
+    let server = Raw::start(|n, _| {
+        let tag = if n == 1 {
+            "etag: \"SECRET-ETAG-1\""
+        } else {
+            "etag: \"SECRET-ETAG-2\""
+        };
+        let data: Vec<u8> = b"SECRET-BODY-".iter().copied().cycle().take(BIG).collect();
+        let mut acts = vec![Act::W(head(
+            "201 Created",
+            &[cl(BIG), tag.to_string(), REPLAYED.to_string()],
+        ))];
+        if n == 1 {
+            acts.push(Act::W(data[..HALF].to_vec()));
+            acts.push(Act::Close);
+        } else {
+            acts.push(Act::W(data));
+        }
+        acts
+    })
+    .await;
+    let policy = policy().honor_idempotency_key(true).build().unwrap();
+    let res = reqwest_client(policy)
+        .post(server.url("/v1/send?token=SECRET-QUERY"))
+        .header("idempotency-key", "k-9")
+        .header("authorization", "Bearer SECRET-TOKEN")
+        .body("SECRET-REQUEST-BODY")
+        .send()
+        .await
+        .expect("answered");
+    let handle = BodyReport::of_reqwest(&res)
+        .cloned()
+        .expect("a body report");
+    let (bytes, err) = reqwest_read_all(res).await;
+    assert_eq!(bytes.len(), HALF);
+    let err = err.expect("another ETag: not the same");
+    let cut = find_cut(&err).expect("a BodyCutError in the chain");
+    assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame));
+    let mut said = all_said(cut);
+    said.push_str(&format!("{handle:?}"));
+    assert!(said.contains("k-9"), "the key is in the report: {said}");
+    for secret in ["SECRET", "Bearer", "token="] {
+        assert!(!said.contains(secret), "{secret} in: {said}");
+    }
+    assert_eq!(server.requests(), 2);
+}
