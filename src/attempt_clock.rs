@@ -1,31 +1,46 @@
-//! The per-attempt timeout when a front end reads the response body inside the attempt
-//! ([`ReadWholeLayer`](crate::ReadWholeLayer)): it bounds the wait for the head, then each wait
-//! for a frame of the body, as it does for a body that streams to the caller. The body's reader
-//! says it has the head; the retry layer's timer then leaves the body to it. The deadline
-//! stays absolute.
+//! The policy's clock when a front end reads the response body
+//! ([`ReadWholeLayer`](crate::ReadWholeLayer)). Inside the attempt, the per-attempt timeout
+//! bounds the wait for the head, then each wait for a frame of the body: the body's reader says
+//! it has the head, and the retry layer's timer then leaves the body to it (the deadline stays
+//! absolute). A body handed on to the caller as it streams is bounded the same way: each wait
+//! for a frame by the per-attempt timeout, the whole by the deadline.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{ready, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
 
 use crate::timed_out::TimedOut;
 
-/// Put in an attempt's extensions by the retry layer when the attempt has a per-attempt timeout
-/// (and not only a deadline), for a front end that reads the body inside the attempt.
+/// Put in an attempt's extensions by the retry layer when the attempt has a clock (a
+/// per-attempt timeout or a deadline), for a front end that reads the body.
 #[derive(Clone, Debug)]
 pub(crate) struct AttemptClock {
     /// The per-attempt timeout: the longest wait for one frame of the body.
-    pub(crate) frame_wait: Duration,
+    pub(crate) frame_wait: Option<Duration>,
+    /// When the request's deadline passes.
+    pub(crate) deadline: Option<Instant>,
+    /// Whether a failure of this attempt could be followed by another (the request's repeat is
+    /// harmless, retries are left and its body can be sent again): if not, reading its body
+    /// inside the attempt would only put it under the attempt's clock.
+    pub(crate) may_repeat: bool,
     reading: Arc<AtomicBool>,
 }
 
 impl AttemptClock {
-    pub(crate) fn new(frame_wait: Duration) -> Self {
+    pub(crate) fn new(
+        frame_wait: Option<Duration>,
+        deadline: Option<Instant>,
+        may_repeat: bool,
+    ) -> Self {
         AttemptClock {
             frame_wait,
+            deadline,
+            may_repeat,
             reading: Arc::default(),
         }
     }
@@ -38,6 +53,69 @@ impl AttemptClock {
 
     fn is_reading(&self) -> bool {
         self.reading.load(Ordering::Acquire)
+    }
+}
+
+/// Bounds a body as it streams: each wait for a frame by the per-attempt timeout, the whole by
+/// the deadline. Its timer is made at the first wait, and reset by each frame.
+#[derive(Debug)]
+pub(crate) struct FrameClock {
+    frame_wait: Option<Duration>,
+    deadline: Option<Instant>,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl FrameClock {
+    /// `None` when the clock has neither a per-attempt timeout nor a deadline.
+    pub(crate) fn of(clock: &AttemptClock) -> Option<Self> {
+        Self::new(clock.frame_wait, clock.deadline)
+    }
+
+    pub(crate) fn new(frame_wait: Option<Duration>, deadline: Option<Instant>) -> Option<Self> {
+        (frame_wait.is_some() || deadline.is_some()).then_some(FrameClock {
+            frame_wait,
+            deadline,
+            sleep: None,
+        })
+    }
+
+    /// When the wait that starts now ends.
+    fn end(&self) -> Instant {
+        let next = self.frame_wait.map(|wait| Instant::now() + wait);
+        match (next, self.deadline) {
+            (Some(next), Some(deadline)) => next.min(deadline),
+            (Some(at), None) | (None, Some(at)) => at,
+            (None, None) => Instant::now(),
+        }
+    }
+
+    /// While no frame is ready: ready with the clock that ran out, if one did.
+    pub(crate) fn poll(&mut self, cx: &mut Context<'_>) -> Poll<TimedOut> {
+        // Read first: a timer made after the deadline fires only at the driver's next turn.
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Poll::Ready(TimedOut::Deadline);
+        }
+        if self.sleep.is_none() {
+            self.sleep = Some(Box::pin(tokio::time::sleep_until(self.end())));
+        }
+        if let Some(sleep) = self.sleep.as_mut() {
+            ready!(sleep.as_mut().poll(cx));
+        }
+        self.sleep = None;
+        let past_deadline = self.deadline.is_some_and(|d| Instant::now() >= d);
+        Poll::Ready(if past_deadline {
+            TimedOut::Deadline
+        } else {
+            TimedOut::Attempt
+        })
+    }
+
+    /// A frame came: the wait for the next one starts now.
+    pub(crate) fn on_frame(&mut self) {
+        let end = self.end();
+        if let Some(sleep) = self.sleep.as_mut() {
+            sleep.as_mut().reset(end);
+        }
     }
 }
 
@@ -111,7 +189,7 @@ mod tests {
 
     #[test]
     fn the_timer_cuts_unless_the_body_is_being_read_and_the_deadline_still_holds() {
-        let clock = AttemptClock::new(Duration::from_secs(1));
+        let clock = AttemptClock::new(Some(Duration::from_secs(1)), None, true);
         let left = Some(Duration::from_secs(3));
         assert_eq!(
             when_fired(TimedOut::Attempt, Some(&clock), left),

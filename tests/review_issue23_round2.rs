@@ -11,18 +11,22 @@
 //! at the very instant the timer fires, a body that trickles forever) runs on paused tokio time
 //! against an in-memory service. Hangs are turned into failures with `tokio::time::timeout`.
 //!
-//! Tests marked `#[ignore = "open defect: …"]` fail today: each says what happens (with counts)
-//! and a fix. The others are attacks that held, kept as regression tests. Open today:
+//! The six defects this round found are fixed, and their tests run (each failed before its
+//! fix; each doc comment says what happened and the fix):
 //!
 //! - splice: `a_replayed_503_cut_then_an_unmarked_503_is_never_spliced` (and its reqwest twin):
-//!   a stale `StopReason::Replayed` makes an unmarked resend count as the server's replay;
+//!   a stale `StopReason::Replayed` made an unmarked resend count as the server's replay; the
+//!   replay mark is now read on each answer's own headers;
 //! - hang: `a_stall_past_the_limit_that_cannot_resume_is_cut_by_the_per_attempt_timeout` (a
-//!   streamed body without a `Resume` has no clock) and
-//!   `paused_many_empty_frames_then_a_stall_is_still_cut` (the rest after 1024 empty frames);
+//!   streamed body without a `Resume` had no clock) and
+//!   `paused_many_empty_frames_then_a_stall_is_still_cut` (the rest after 1024 empty frames):
+//!   such a body now has the attempt's clock (`FrameClock`);
 //! - weaker: `a_write_that_is_never_repeated_keeps_its_response_under_the_deadline` (a write
-//!   with an untrusted key is read inside the attempt) and
+//!   with an untrusted key was read inside the attempt: the retry layer now says, with the
+//!   attempt's clock, whether the attempt could be followed by another) and
 //!   `a_keyed_write_with_the_policys_own_key_header_is_recovered_past_the_limit` (the header
-//!   name is hard-coded in `ReadWhole`).
+//!   name was hard-coded in `ReadWhole`: the retry layer now names a key header that is not
+//!   the default, `KeyHeader`).
 
 mod support;
 
@@ -408,18 +412,17 @@ const REPLAYED: &str = "idempotent-replayed: true";
 /// whose bytes are spliced onto the first. Inside the trust model (the key is trusted, the
 /// server honours keys): the crate itself decides "replay" from stale state.
 ///
-/// What happens: 2 requests (the resend is allowed: the key is trusted). The resend's `503`
+/// What happened: 2 requests (the resend is allowed: the key is trusted). The resend's `503`
 /// is classified retryable, so `Resume::decide` returns `Phase::Waiting` without
 /// `set_stop`; `Attempts::last_stop` still holds `StopReason::Replayed` from the *first*
 /// response (`continuation(reason)`), so `Resume::poll_resume` computes `replayed = true`,
 /// `check_replay` passes (same status, length, no ETag, no coding) and the caller reads
 /// `rep(v1)[..100000] ++ rep(v2)[100000..]` as a whole body, no error.
 ///
-/// Fix: compute `replayed` from this response's own classification (the policy's replay mark
+/// Fixed (the fix proposed): compute `replayed` from this response's own classification (the policy's replay mark
 /// on `res.headers()`, e.g. a `Classification::is_replayed` returned by the decision), or reset
 /// `last_stop` before each decision so that a `Step::Wait` cannot leave a stale `Replayed`.
 #[tokio::test]
-#[ignore = "open defect: a stale StopReason::Replayed from the first response makes an unmarked resend count as the replay (splice)"]
 async fn a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
     let server = Raw::start(|n, _| {
         if n == 1 {
@@ -438,13 +441,14 @@ async fn a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
     let (bytes, err) = tokio::time::timeout(HANG, read_all(res.into_body()))
         .await
         .expect("no hang");
-    assert_eq!(server.requests(), 2);
+    // The unmarked 503 is not the replay: never spliced, and (retryable, the key trusted) the
+    // write is sent again until retries are used up: 1 + 3.
+    assert_eq!(server.requests(), 4);
     assert_no_splice("replayed 503", &bytes, &err, &rep(BIG, 1));
 }
 
 /// The same through the reqwest adapter.
 #[tokio::test]
-#[ignore = "open defect: a stale StopReason::Replayed from the first response makes an unmarked resend count as the replay (splice), reqwest"]
 async fn reqwest_a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
     let server = Raw::start(|n, _| {
         if n == 1 {
@@ -465,7 +469,7 @@ async fn reqwest_a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
     let (bytes, err) = tokio::time::timeout(HANG, reqwest_read_all(res))
         .await
         .expect("no hang");
-    assert_eq!(server.requests(), 2);
+    assert_eq!(server.requests(), 4);
     let err = err.map(|e| Box::new(e) as BoxError);
     assert_no_splice("reqwest replayed 503", &bytes, &err, &rep(BIG, 1));
 }
@@ -483,12 +487,11 @@ async fn reqwest_a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
 /// ending in a `BodyCutError` with the status. 1 request, 1 write (never twice holds). An
 /// unkeyed write streams and keeps its response (see the regression test below).
 ///
-/// Fix: let the retry layer tell `ReadWhole` whether it may repeat the attempt (e.g. a flag in
+/// Fixed (the fix proposed): let the retry layer tell `ReadWhole` whether it may repeat the attempt (e.g. a flag in
 /// `AttemptClock`, or a marker the layer inserts when `Plan::may_retry` and the verdict's
 /// `repeat_is_harmless`), and stream the others untouched; or, when the deadline fires while
 /// `ReadWhole` reads, return the response whose body ends in a `BodyCutError`.
 #[tokio::test]
-#[ignore = "open defect: an untrusted-keyed (or NoRetry / max_retries(0)) write is read inside the attempt and the deadline loses its response"]
 async fn a_write_that_is_never_repeated_keeps_its_response_under_the_deadline() {
     let base = || {
         policy()
@@ -550,11 +553,10 @@ async fn a_write_that_is_never_repeated_keeps_its_response_under_the_deadline() 
 /// through a `Resume` (`resume.poll_idle`), and a body that `not_resuming` has none. The same
 /// with a per-attempt timeout and a deadline (the deadline does not end it either).
 ///
-/// Fix: give a streamed body that cannot resume the idle clock too (fill the `ResumeSlot`, or a
+/// Fixed (the fix proposed): give a streamed body that cannot resume the idle clock too (fill the `ResumeSlot`, or a
 /// lighter slot with the attempt's limit, for every streamed body, and cut it with a
 /// `BodyCutError` whose `why_no_resume` says why no resume was made).
 #[tokio::test]
-#[ignore = "open defect: a streamed body that cannot resume and stalls waits forever despite the per-attempt timeout (hang)"]
 async fn a_stall_past_the_limit_that_cannot_resume_is_cut_by_the_per_attempt_timeout() {
     let t = Duration::from_millis(200);
     let mut hung = Vec::new();
@@ -601,11 +603,10 @@ async fn a_stall_past_the_limit_that_cannot_resume_is_cut_by_the_per_attempt_tim
 /// honours keys would replay it (script: the second answer is the marked replay); 1 request,
 /// the body ends in `BodyCutError` with `why_no_resume() == Some(NotRepeatable)`.
 ///
-/// Fix: let the retry layer say whether the attempt is keyed (its `Plan` knows the policy's key
+/// Fixed (the fix proposed): let the retry layer say whether the attempt is keyed (its `Plan` knows the policy's key
 /// header and the trust): e.g. a field of `AttemptClock` / a marker in the attempt's extensions
 /// that `ReadWhole` reads instead of `has_key`.
 #[tokio::test]
-#[ignore = "open defect: ReadWhole hard-codes the idempotency-key header name, a policy with another key header is never recovered"]
 async fn a_keyed_write_with_the_policys_own_key_header_is_recovered_past_the_limit() {
     let server = Raw::start(|n, _| {
         if n == 1 {
@@ -1545,11 +1546,10 @@ async fn cut_errors_and_body_reports_hold_no_secrets() {
 /// and is gone with the attempt, and the stream has no `Resume` (no idle timer). 1 call; the
 /// caller's read never ends (here: until the test's hour of paused time).
 ///
-/// Fix: when `ReadWhole` stops reading after `MAX_FRAMES`, keep timing the rest (hand it on
+/// Fixed (the fix proposed): when `ReadWhole` stops reading after `MAX_FRAMES`, keep timing the rest (hand it on
 /// through `stream_on` with the attempt's clock, so it resumes or at least is cut by the
 /// per-frame wait), or count empty frames against the per-frame wait instead of restarting it.
 #[tokio::test(start_paused = true)]
-#[ignore = "open defect: more than 1024 empty frames then a stall hangs the caller's read (no clock on the rest)"]
 async fn paused_many_empty_frames_then_a_stall_is_still_cut() {
     let (calls, out) = empty_frames_then_a_stall(1100).await;
     assert_eq!(calls, 1);

@@ -4,6 +4,7 @@
 use http::{Extensions, HeaderMap, StatusCode};
 
 use super::Attempts;
+use crate::attempt_clock::AttemptClock;
 use crate::classify::{Classification, FailureClass};
 use crate::policy::{Decision, StopReason};
 use crate::resume::cut::BodyCut;
@@ -81,6 +82,24 @@ impl Attempts {
             idempotency_key: self.idempotency_key.clone(),
             body: None,
         }
+    }
+
+    /// The clock of the attempt about to be sent, for a front end that reads its body: the
+    /// per-attempt timeout, the deadline, and whether a failure of this attempt could be
+    /// followed by another.
+    pub(crate) fn clock(&self) -> AttemptClock {
+        let deadline = self.deadline.zip(self.started).map(|(d, s)| s + d);
+        let may_repeat = !self.outer_layer
+            && self.not_replayable.is_none()
+            && self.verdict.repeat_is_harmless()
+            && self.records.len() < self.max_retries;
+        AttemptClock::new(self.attempt_timeout, deadline, may_repeat)
+    }
+
+    /// Whether the server marked `headers`' response a replay of its stored response to this
+    /// request's key.
+    pub(crate) fn is_replay(&self, headers: &HeaderMap) -> bool {
+        self.policy.is_replay(&self.verdict, headers)
     }
 
     /// Why the last decision stopped.

@@ -164,6 +164,11 @@ impl Attempts {
         }
     }
 
+    /// The policy deciding.
+    pub(crate) fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
     /// The request's target: kept once, here, for messages and for resending the request.
     pub(crate) fn target(&self) -> &Target {
         &self.target

@@ -36,6 +36,22 @@ pub(crate) struct ResponseRules {
     pub(crate) replay_header: Option<HeaderName>,
 }
 
+/// Whether the server marked this response a replay of its stored response (read only for a
+/// request with a key: no other can be answered with one).
+#[inline]
+pub(crate) fn is_replay(
+    policy: &ResponseRules,
+    verdict: &RequestVerdict,
+    headers: &HeaderMap,
+) -> bool {
+    match (verdict.has_key(), &policy.replay_header) {
+        (true, Some(name)) => headers
+            .get(name)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
+        _ => false,
+    }
+}
+
 pub(crate) fn classify(
     policy: &ResponseRules,
     verdict: &RequestVerdict,
@@ -48,13 +64,8 @@ pub(crate) fn classify(
     // comes before the caller's classifiers, which read a status that the server will only
     // ever repeat. Only a request with a key can be answered with a replay: one without is
     // spared the header lookup.
-    if let (true, Some(name)) = (verdict.has_key(), &policy.replay_header) {
-        if headers
-            .get(name)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
-        {
-            return Classification::replayed();
-        }
+    if is_replay(policy, verdict, headers) {
+        return Classification::replayed();
     }
     // The caller's classifiers speak first, the one that read the body before the one that
     // saw the head: they know the API (even a 2xx may be worth repeating).

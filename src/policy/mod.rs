@@ -53,10 +53,16 @@ pub struct RetryPolicy {
     pub(crate) inner: Arc<Inner>,
 }
 
+/// The idempotency key's header unless a policy names another.
+pub(crate) const DEFAULT_KEY_HEADER: &str = "idempotency-key";
+
 /// The headers a policy reads and writes.
 #[derive(Clone, Debug)]
 pub(crate) struct Headers {
     pub(crate) idempotency_key_header: HeaderName,
+    /// Whether `idempotency_key_header` is not `idempotency-key`: a front end that reads
+    /// bodies is then told its name (`KeyHeader`).
+    pub(crate) custom_key_header: bool,
     pub(crate) request_id_header: Option<HeaderName>,
     pub(crate) attempt_header: Option<HeaderName>,
 }
@@ -281,6 +287,11 @@ impl RetryPolicy {
     ) -> Classification {
         let body_verdict = res.extensions().get::<BodyVerdict>().map(|v| v.0);
         self.classify_status(verdict, res.status(), res.headers(), body_verdict)
+    }
+
+    /// Whether the server marked this response to the request a replay of its stored one.
+    pub(crate) fn is_replay(&self, verdict: &RequestVerdict, headers: &HeaderMap) -> bool {
+        response::is_replay(&self.inner.responses, verdict, headers)
     }
 
     pub(crate) fn classify_status(

@@ -17,7 +17,7 @@ use reqwest_middleware::{Middleware, Next};
 use crate::attempt_clock::{timed, AttemptClock};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::service::replay::{keep_stream, Kept};
-use crate::service::{LayerAttempt, NotReplayable};
+use crate::service::{KeyHeader, LayerAttempt, NotReplayable};
 use crate::target::Target;
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
@@ -133,16 +133,13 @@ impl Middleware for RetrySafetyMiddleware {
         let mut attempts = Attempts::start(policy, plan, target, why_not);
         if marks_attempts {
             extensions.insert(LayerAttempt);
+            KeyHeader::mark(policy, extensions);
         }
         loop {
             attempts.next_attempt(req.headers_mut());
-            // With a per-attempt timeout, the attempt's clock, for a middleware that reads
-            // the body inside the attempt.
+            // With a clock, the attempt's clock, for a middleware that reads the body.
             let limit = attempts.attempt_limit();
-            let clock = match limit {
-                Some((limit, TimedOut::Attempt)) => Some(AttemptClock::new(limit)),
-                _ => None,
-            };
+            let clock = limit.map(|_| attempts.clock());
             if let Some(clock) = &clock {
                 extensions.insert(clock.clone());
             } else {

@@ -3,14 +3,14 @@
 use std::convert::Infallible;
 
 use http::header::CONTENT_LENGTH;
-use http::{Extensions, HeaderMap, Method};
+use http::{Extensions, HeaderMap};
 use http_body_util::combinators::MapErr;
 use http_body_util::BodyExt;
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::attempt_clock::AttemptClock;
 use crate::resume::resumer::{Again, SendRange};
+use crate::resume::ReadPlan;
 use crate::resume::{NoResume, ResponseFuture, DEFAULT_READ_LIMIT};
 use crate::BoxError;
 
@@ -104,21 +104,18 @@ impl Middleware for ReadWholeMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        // A GET is resumed with `Range`, a keyed write sent again whole with its key.
-        let keyed_write =
-            req.method() != Method::GET && req.headers().contains_key("idempotency-key");
-        let again = match (&self.client, req.method() == Method::GET || keyed_write) {
+        let plan = ReadPlan::of(req.method(), req.headers(), extensions, self.limit);
+        let again = match (&self.client, plan.resend) {
             (_, false) => Err(NoResume::NotRepeatable),
             (None, true) => Err(NoResume::NoSender),
             (Some(client), true) => req
                 .try_clone()
                 .map(|copy| Again {
                     send: sender(client.clone(), copy),
-                    keyed_write,
+                    keyed_write: plan.keyed_write,
                 })
                 .ok_or(NoResume::NotRepeatable),
         };
-        let clock = extensions.get::<AttemptClock>().cloned();
         let res = next.run(req, extensions).await?;
         // Ranges count encoded bytes. A client that decodes (reqwest's `gzip`, `brotli`…
         // features) drops the response's content-length along with its content-encoding: the
@@ -130,7 +127,7 @@ impl Middleware for ReadWholeMiddleware {
         let url = res.url().clone();
         let res = http::Response::<reqwest::Body>::from(res).map(inner);
         let ready = std::future::ready(Ok::<_, Infallible>(res));
-        let res = match ResponseFuture::new(ready, self.limit, again, clock).await {
+        let res = match ResponseFuture::new(ready, plan.limit, again, plan.clock).await {
             Ok(res) => res,
             Err(never) => match never {},
         };

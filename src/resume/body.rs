@@ -9,6 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::cut::{BodyCutError, NoResume};
 use super::resumer::Resume;
+use crate::attempt_clock::FrameClock;
 use crate::{BoxError, RetryReport};
 
 /// A response body behind [`ReadWholeLayer`](crate::ReadWholeLayer): read whole inside the
@@ -37,6 +38,10 @@ pub struct WholeBody<B> {
     no_resume: Option<NoResume>,
     /// Bytes of the rest that were delivered already (a range answered with a superset).
     skip: u64,
+    /// For a streamed rest that cannot resume: the attempt's clock, which cuts a wait for a
+    /// frame longer than the per-attempt timeout, and the body at the deadline (a resume
+    /// keeps the retry layer's clock instead).
+    clock: Option<FrameClock>,
 }
 
 impl<B> WholeBody<B> {
@@ -53,7 +58,13 @@ impl<B> WholeBody<B> {
             resume: None,
             no_resume: None,
             skip: 0,
+            clock: None,
         }
+    }
+
+    pub(crate) fn timed(mut self, clock: Option<FrameClock>) -> Self {
+        self.clock = clock;
+        self
     }
 
     pub(crate) fn resuming(mut self, resume: Resume<B>) -> Self {
@@ -175,9 +186,21 @@ where
                 Poll::Ready(polled) => polled,
                 Poll::Pending => {
                     // A body that stalls past the policy's clock is cut like one that ends.
-                    let stalled = match this.resume.as_mut() {
-                        Some(resume) => resume.poll_idle(cx),
-                        None => Poll::Pending,
+                    let stalled = match (this.resume.as_mut(), this.clock.as_mut()) {
+                        (Some(resume), _) => resume.poll_idle(cx),
+                        (None, Some(clock)) => match clock.poll(cx) {
+                            Poll::Ready(why) => {
+                                this.rest = None;
+                                let mut cut =
+                                    BodyCutError::new(this.status, this.received, Box::new(why));
+                                if let Some(why) = this.no_resume {
+                                    cut = cut.no_resume(why);
+                                }
+                                return Poll::Ready(Some(Err(Box::new(cut))));
+                            }
+                            Poll::Pending => Poll::Pending,
+                        },
+                        (None, None) => Poll::Pending,
                     };
                     match (stalled, this.resume.as_mut()) {
                         (Poll::Ready(why), Some(resume)) => {
@@ -193,6 +216,9 @@ where
                 Some(Ok(frame)) => {
                     if let Some(resume) = this.resume.as_mut() {
                         resume.on_frame();
+                    }
+                    if let Some(clock) = this.clock.as_mut() {
+                        clock.on_frame();
                     }
                     let frame = match frame.into_data() {
                         Ok(mut data) => {

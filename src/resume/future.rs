@@ -1,20 +1,18 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::response::Parts;
 use http::{Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep};
 
 use super::cut::{BodyCut, BodyCutError, NoResume};
 use super::range::Expect;
 use super::resumer::{Again, Resume, ResumeSlot};
 use super::{BodyReport, WholeBody};
-use crate::attempt_clock::AttemptClock;
+use crate::attempt_clock::{AttemptClock, FrameClock};
 use crate::timed_out::TimedOut;
 use crate::BoxError;
 
@@ -53,10 +51,11 @@ struct Reading<B> {
     body: Option<B>,
     whole: Option<WholeBody<B>>,
     frames: usize,
-    /// The per-attempt timeout: the longest wait for one frame, timed by `idle` (made at the
-    /// first wait, reset by each frame).
-    frame_wait: Option<Duration>,
-    idle: Option<Pin<Box<Sleep>>>,
+    /// The per-attempt timeout, the longest wait for one frame (the retry layer's timer keeps
+    /// the deadline).
+    idle: Option<FrameClock>,
+    /// For a rest handed on as it streams.
+    clock: Option<AttemptClock>,
 }
 
 impl<F, B> ResponseFuture<F, B> {
@@ -113,7 +112,8 @@ where
                         .exact()
                         .is_some_and(|len| len <= *this.limit);
                     if !within {
-                        return Poll::Ready(Ok(streamed(res, this.again.take())));
+                        let clock = this.clock.as_ref().and_then(FrameClock::of);
+                        return Poll::Ready(Ok(streamed(res, this.again.take(), clock)));
                     }
                     // From here the per-attempt timeout bounds each wait for a frame, not the
                     // reading as a whole: the retry layer's timer leaves the body to us.
@@ -126,8 +126,11 @@ where
                         body: Some(body),
                         whole: Some(WholeBody::new(status, true)),
                         frames: 0,
-                        frame_wait: this.clock.as_ref().map(|c| c.frame_wait),
-                        idle: None,
+                        idle: this
+                            .clock
+                            .as_ref()
+                            .and_then(|c| FrameClock::new(c.frame_wait, None)),
+                        clock: this.clock.take(),
                     });
                     this.state.set(State::Reading { reading });
                 }
@@ -144,27 +147,19 @@ where
 
 /// A body past the limit, handed on as it streams, ready to resume with `Range` if its
 /// request and its response allow it.
+/// request and its response allow it; one that cannot is bounded by `clock` (the attempt's: a
+/// resume has the retry layer's).
 fn streamed<B>(
     res: Response<B>,
     again: Option<Result<Again<B>, NoResume>>,
+    clock: Option<FrameClock>,
 ) -> Response<WholeBody<B>>
 where
     B: Body,
 {
-    let (parts, body) = res.into_parts();
+    let (mut parts, body) = res.into_parts();
     let total = body.size_hint().exact();
     let whole = WholeBody::unread(parts.status, body);
-    stream_on(parts, whole, total, again)
-}
-
-/// `whole` handed on as it streams (what was read of it first), ready to resume with `Range`
-/// if its request and its response allow it.
-fn stream_on<B>(
-    mut parts: Parts,
-    whole: WholeBody<B>,
-    total: Option<u64>,
-    again: Option<Result<Again<B>, NoResume>>,
-) -> Response<WholeBody<B>> {
     let status = parts.status;
     let expect = again.unwrap_or(Err(NoResume::NoSender)).and_then(|again| {
         let expect = if again.keyed_write {
@@ -179,7 +174,7 @@ fn stream_on<B>(
         expect.map(|expect| (again.send, expect))
     });
     let whole = match expect {
-        Err(why) => whole.not_resuming(why),
+        Err(why) => whole.not_resuming(why).timed(clock),
         Ok((send, expect)) => {
             let slot = ResumeSlot::default();
             parts.extensions.insert(slot.clone());
@@ -209,8 +204,8 @@ where
                     return Poll::Ready(self.cut(Box::new(TimedOut::Attempt)));
                 }
             };
-            if let (Some(idle), Some(wait)) = (self.idle.as_mut(), self.frame_wait) {
-                idle.as_mut().reset(Instant::now() + wait);
+            if let Some(idle) = self.idle.as_mut() {
+                idle.on_frame();
             }
             let whole = self.whole.as_mut().expect("read once");
             match polled {
@@ -233,13 +228,10 @@ where
 
     /// Ready when the wait for the next frame has outlasted the per-attempt timeout.
     fn poll_stall(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let Some(wait) = self.frame_wait else {
-            return Poll::Pending;
-        };
-        let idle = self
-            .idle
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(wait)));
-        idle.as_mut().poll(cx)
+        match self.idle.as_mut() {
+            Some(idle) => idle.poll(cx).map(drop),
+            None => Poll::Pending,
+        }
     }
 
     /// The body was cut (an error, or a stall): the attempt failed after the server answered.
@@ -257,7 +249,9 @@ where
         let parts = self.parts.take().expect("read once");
         let mut whole = self.whole.take().expect("read once");
         if let Some(rest) = self.body.take().filter(|_| stream_rest) {
-            whole = whole.then(rest);
+            // Too many empty frames: the rest streams, bounded as a streamed body is.
+            let clock = self.clock.as_ref().and_then(FrameClock::of);
+            whole = whole.then(rest).timed(clock);
         }
         Response::from_parts(parts, whole)
     }

@@ -36,3 +36,4 @@ pub use report::BodyReport;
 pub use service::ReadWhole;
 
 pub(crate) use resumer::ResumeSlot;
+pub(crate) use service::ReadPlan;

@@ -267,10 +267,12 @@ impl<B> Resume<B> {
                                 headers: res.headers(),
                                 extensions: res.extensions(),
                             });
-                            // The retry policy read the server's replay mark (only on a
-                            // request with a key).
-                            let replayed = self.attempts.as_ref().map(Attempts::last_stop)
-                                == Some(StopReason::Replayed);
+                            // This response's own replay mark, as the retry policy reads it
+                            // (only on a request with a key).
+                            let replayed = self
+                                .attempts
+                                .as_ref()
+                                .is_some_and(|a| a.is_replay(res.headers()));
                             let checked =
                                 self.expect
                                     .check(res.status(), res.headers(), received, replayed);

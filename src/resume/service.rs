@@ -5,7 +5,7 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use http::{HeaderMap, Method};
+use http::{Extensions, HeaderMap, Method};
 use tower::ServiceExt;
 
 use super::cut::NoResume;
@@ -13,6 +13,7 @@ use super::future::ResponseFuture;
 use super::resumer::{Again, SendRange};
 use super::WholeBody;
 use crate::attempt_clock::AttemptClock;
+use crate::service::KeyHeader;
 use crate::{BoxError, ReplayBody};
 
 /// Reads response bodies within a limit inside the attempt; made by
@@ -62,34 +63,57 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        // A GET is resumed with `Range`, a keyed write sent again whole with its key: keep
-        // what sends it again (its body must copy).
-        let keyed_write = req.method() != Method::GET && has_key(&req);
-        let again = if req.method() == Method::GET || keyed_write {
-            sender(self.inner.clone(), &req)
-                .map(|send| Again { send, keyed_write })
-                .ok_or(NoResume::NotRepeatable)
-        } else {
-            Err(NoResume::NotRepeatable)
+        let plan = ReadPlan::of(req.method(), req.headers(), req.extensions(), self.limit);
+        let again = match plan.resend {
+            true => sender(self.inner.clone(), &req)
+                .map(|send| Again {
+                    send,
+                    keyed_write: plan.keyed_write,
+                })
+                .ok_or(NoResume::NotRepeatable),
+            false => Err(NoResume::NotRepeatable),
         };
-        // A write that nothing makes safe to repeat would never be sent again: reading its
-        // body inside the attempt would only put it under the attempt's clock, and a slow body
-        // would cost the caller the response. It streams.
-        let limit = if may_repeat(&req) { self.limit } else { 0 };
-        let clock = req.extensions().get::<AttemptClock>().cloned();
-        ResponseFuture::new(self.inner.call(req), limit, again, clock)
+        ResponseFuture::new(self.inner.call(req), plan.limit, again, plan.clock)
     }
 }
 
-/// Whether the retry layer may send `req` again: idempotent by its method (RFC 9110 §9.2.2),
-/// or carrying an `Idempotency-Key`. The retry layer decides with its rules and markers too;
-/// this layer cannot see them, so a request they call idempotent is only streamed.
-fn may_repeat<B>(req: &Request<B>) -> bool {
-    req.method().is_idempotent() || has_key(req)
+/// What a body reader (both front ends) does with a request.
+pub(crate) struct ReadPlan {
+    /// Not a `GET`, with an idempotency key: sent again whole with its key, never with `Range`.
+    pub(crate) keyed_write: bool,
+    /// Whether to keep what sends the request again to resume its body: a `GET` (with
+    /// `Range`) or a keyed write, which the retry layer may send again.
+    pub(crate) resend: bool,
+    /// The read limit: 0 streams the body (a request the retry layer would not send again).
+    pub(crate) limit: u64,
+    /// The attempt's clock, if the retry layer gave it one.
+    pub(crate) clock: Option<AttemptClock>,
 }
 
-fn has_key<B>(req: &Request<B>) -> bool {
-    req.headers().contains_key("idempotency-key")
+impl ReadPlan {
+    pub(crate) fn of(
+        method: &Method,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+        limit: u64,
+    ) -> Self {
+        let has_key = KeyHeader::in_request(headers, extensions);
+        let clock = extensions.get::<AttemptClock>().cloned();
+        // The retry layer says, with its clock, whether this attempt could be followed by
+        // another (its rules, markers, trust in keys and retries left); without a clock, the
+        // method and the key say whether the request may be sent again. A request that would
+        // never be sent again streams: reading its body inside the attempt would only put it
+        // under the attempt's clock, and a slow body would cost the caller the response.
+        let layer_may_repeat = clock.as_ref().is_none_or(|c| c.may_repeat);
+        let may_repeat = layer_may_repeat && (method.is_idempotent() || has_key);
+        let keyed_write = method != Method::GET && has_key;
+        ReadPlan {
+            keyed_write,
+            resend: layer_may_repeat && (method == Method::GET || keyed_write),
+            limit: if may_repeat { limit } else { 0 },
+            clock,
+        }
+    }
 }
 
 /// What sends `req` again with more headers, through a clone of the service.

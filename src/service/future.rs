@@ -10,7 +10,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::replay::{keep_stream, Kept};
-use super::{LayerAttempt, NotReplayable, ReplayBody};
+use super::{KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempt_clock::{when_fired, AttemptClock, Fired};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
@@ -152,6 +152,7 @@ where
         // caller left them, and cloning them costs nothing when they are empty.
         if marks_attempts {
             parts.extensions.insert(LayerAttempt);
+            KeyHeader::mark(policy, &mut parts.extensions);
         }
         attempts.next_attempt(&mut parts.headers);
         let timer = attempt_timer(&attempts, &mut parts.extensions);
@@ -351,6 +352,7 @@ where
         .expect("the layer's target is made from the request's URI")
         .clone();
     parts.extensions.insert(LayerAttempt);
+    KeyHeader::mark(attempts.policy(), &mut parts.extensions);
     attempts.next_attempt(&mut parts.headers);
     let timer = attempt_timer(attempts, &mut parts.extensions);
     (replay.service.call(Request::from_parts(parts, body)), timer)
@@ -382,17 +384,15 @@ fn record<B: ReplayBody>(
 }
 
 /// The timer that cuts the next attempt, if the request has a deadline or a per-attempt
-/// timeout; with a per-attempt timeout, the attempt's clock goes in its `extensions`.
+/// timeout; the attempt's clock then goes in its `extensions`.
 #[inline]
 fn attempt_timer(attempts: &Attempts, extensions: &mut http::Extensions) -> AttemptTimer {
     let (limit, why) = attempts.attempt_limit()?;
-    let clock = (why == TimedOut::Attempt).then(|| AttemptClock::new(limit));
-    if let Some(clock) = &clock {
-        extensions.insert(clock.clone());
-    }
+    let clock = attempts.clock();
+    extensions.insert(clock.clone());
     Some(Box::pin(Timer {
         sleep: tokio::time::sleep(limit),
         why,
-        clock,
+        clock: Some(clock),
     }))
 }

@@ -50,3 +50,30 @@ pub use service::RetrySafety;
 /// automatic retry). A unit struct: inserting it allocates no box of its own.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerAttempt;
+
+/// The header that carries the policy's idempotency key, put beside [`LayerAttempt`] only when
+/// it is not `idempotency-key`: a front end that reads bodies
+/// recognises a keyed write by it.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyHeader(pub(crate) http::HeaderName);
+
+impl KeyHeader {
+    /// Whether `headers` carry a key: under the policy's header if the attempt's `extensions`
+    /// name one, else under `idempotency-key`.
+    pub(crate) fn in_request(headers: &http::HeaderMap, extensions: &http::Extensions) -> bool {
+        match extensions.get::<KeyHeader>() {
+            Some(KeyHeader(name)) => headers.contains_key(name),
+            None => headers.contains_key(crate::policy::DEFAULT_KEY_HEADER),
+        }
+    }
+
+    /// Marks an attempt's `extensions` with the policy's key header, when it is not the
+    /// default.
+    #[inline]
+    pub(crate) fn mark(policy: &crate::RetryPolicy, extensions: &mut http::Extensions) {
+        let headers = policy.headers();
+        if headers.custom_key_header {
+            extensions.insert(KeyHeader(headers.idempotency_key_header.clone()));
+        }
+    }
+}

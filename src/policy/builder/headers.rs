@@ -7,6 +7,7 @@ impl RetryPolicyBuilder {
     ///
     /// Defaults to `idempotency-key`.
     pub fn idempotency_key_header(mut self, name: HeaderName) -> Self {
+        self.headers.custom_key_header = name != DEFAULT_KEY_HEADER;
         self.headers.idempotency_key_header = name;
         self
     }

@@ -7,7 +7,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 
 use super::host_routes::HostRoutes;
 use super::key_trust::KeyTrust;
-use super::{AttemptEvent, AttemptHook, Headers, Inner, RetryPolicy};
+use super::{AttemptEvent, AttemptHook, Headers, Inner, RetryPolicy, DEFAULT_KEY_HEADER};
 use crate::backoff::Backoff;
 pub use crate::build_error::BuildError;
 use crate::classify::response::{ResponseHook, ResponseRules};
@@ -159,7 +159,8 @@ impl RetryPolicyBuilder {
                 replay_header: Some(HeaderName::from_static("idempotent-replayed")),
             },
             headers: Headers {
-                idempotency_key_header: HeaderName::from_static("idempotency-key"),
+                idempotency_key_header: HeaderName::from_static(DEFAULT_KEY_HEADER),
+                custom_key_header: false,
                 request_id_header: Some(HeaderName::from_static("x-request-id")),
                 attempt_header: None,
             },
