@@ -61,6 +61,10 @@ pub(crate) struct Plan {
     pub(super) request_id: Option<Box<str>>,
     /// The caller's per-request settings, if any.
     pub(super) options: Option<RequestOptions>,
+    /// A gRPC call (`content-type: application/grpc…`), with the `grpc-timeout` the caller
+    /// set, if any: it is the call's deadline too.
+    #[cfg(feature = "tonic")]
+    pub(super) grpc: Option<Option<std::time::Duration>>,
 }
 
 impl Plan {
@@ -87,6 +91,12 @@ impl Plan {
             has_key_header,
             request_id: printable(request_id, MAX_REQUEST_ID_LEN),
             options: extensions.get::<RequestOptions>().copied(),
+            #[cfg(feature = "tonic")]
+            grpc: crate::classify::grpc::is_grpc(headers).then(|| {
+                headers
+                    .get(crate::classify::grpc::GRPC_TIMEOUT)
+                    .and_then(crate::classify::grpc::parse_timeout)
+            }),
         }
     }
 

@@ -67,8 +67,14 @@ pub(crate) fn classify(
             _ => with_hint(policy, FailureClass::RetryableResponse, headers, now),
         };
     }
-    // The retry set holds no 2xx and the server's hint is ignored on one: no header to read.
+    // The retry set holds no 2xx and the server's hint is ignored on one: no header to read,
+    // but for gRPC, whose failures are 200s with a `grpc-status` (one lookup, with the
+    // feature only).
     if status.is_success() {
+        #[cfg(feature = "tonic")]
+        if super::grpc::is_grpc(headers) {
+            return super::grpc::classify(verdict, headers, policy.max_retry_after);
+        }
         return FailureClass::Final.into();
     }
     if policy.not_applied_statuses.contains(status) {
