@@ -103,6 +103,7 @@ pub struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
+    trailers: Option<HeaderMap>,
 }
 
 impl StoredResponse {
@@ -112,7 +113,20 @@ impl StoredResponse {
             status,
             headers,
             body,
+            trailers: None,
         }
+    }
+
+    /// The response with the trailers its body ended with (a gRPC response's `grpc-status`),
+    /// replayed after the body.
+    pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
+        self.trailers = Some(trailers);
+        self
+    }
+
+    /// The trailers, if the body ended with some.
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_ref()
     }
 
     /// The status.
@@ -137,7 +151,8 @@ impl StoredResponse {
     /// them, or a 12-byte header could keep a whole read buffer alive.
     pub(crate) fn with_own_body(mut self) -> Self {
         self.body = Bytes::copy_from_slice(&self.body);
-        for value in self.headers.values_mut() {
+        let trailers = self.trailers.iter_mut().flat_map(|t| t.values_mut());
+        for value in self.headers.values_mut().chain(trailers) {
             if let Ok(own) = HeaderValue::from_bytes(value.as_bytes()) {
                 let sensitive = value.is_sensitive();
                 *value = own;
@@ -152,6 +167,7 @@ impl StoredResponse {
         let headers: usize = self
             .headers
             .iter()
+            .chain(self.trailers.iter().flatten())
             .map(|(k, v)| k.as_str().len() + v.len() + 32)
             .sum();
         self.body.len() + headers + 64

@@ -4,7 +4,6 @@
 #![allow(dead_code, unreachable_pub, missing_docs)]
 
 use std::collections::{HashMap, HashSet};
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -131,6 +130,14 @@ impl Lab {
 #[tonic::async_trait]
 impl Ledger for Lab {
     async fn append(&self, req: tonic::Request<Entry>) -> Result<tonic::Response<Receipt>, Status> {
+        // `x-delay-ms`: the handler takes this long before it applies.
+        let delay = req
+            .metadata()
+            .get("x-delay-ms")
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        if let Some(ms) = delay {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         let applied = self.apply(&req.get_ref().id);
         Ok(tonic::Response::new(Receipt { applied }))
     }
@@ -212,20 +219,22 @@ fn trailers_only(status: Status) -> Response<Body> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-impl<S> Service<Request<Body>> for Faults<S>
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<S, RB> Service<Request<Body>> for Faults<S>
 where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
+    S: Service<Request<Body>, Response = Response<RB>> + Clone + Send + 'static,
     S::Future: Send,
+    S::Error: Into<BoxError>,
+    RB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
 {
     type Response = Response<Body>;
-    type Error = std::io::Error;
-    type Future = BoxFuture<Result<Response<Body>, std::io::Error>>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<Body>, BoxError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(|e| match e {})
+        self.inner.poll_ready(cx).map_err(Into::into)
     }
 
     fn call(&mut self, req: Request<Body>) -> Self::Future {
@@ -266,13 +275,13 @@ where
                 }
                 _ => {}
             }
-            let res = inner.call(req).await.unwrap_or_else(|e| match e {});
+            let res = inner.call(req).await.map_err(Into::into)?.map(Body::new);
             match fault {
                 Some(Fault::UnavailableAfterApply) => {
                     Ok(trailers_only(Status::unavailable("lab: after")))
                 }
                 Some(Fault::ResetAfterApply) => {
-                    Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+                    Err(std::io::Error::from(std::io::ErrorKind::ConnectionReset).into())
                 }
                 Some(Fault::SlowAfterApply(d)) => {
                     tokio::time::sleep(d).await;
@@ -306,6 +315,31 @@ where
     let incoming = TcpIncoming::from(listener);
     let routes = tonic::service::Routes::new(LedgerServer::new(lab.clone()));
     let service = outer.layer(lab.layer(routes));
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .serve_with_incoming(service, incoming)
+            .await;
+    });
+    (addr, lab)
+}
+
+/// Starts the lab server with `keyed` between the fault layer and the service (an
+/// `IdempotencyLayer`): a fault after apply breaks the answer after the layer stored it.
+pub async fn serve_keyed<L, RB>(keyed: L) -> (SocketAddr, Lab)
+where
+    L: Layer<tonic::service::Routes>,
+    L::Service: Service<Request<Body>, Response = Response<RB>> + Clone + Send + 'static,
+    <L::Service as Service<Request<Body>>>::Future: Send,
+    <L::Service as Service<Request<Body>>>::Error: Into<BoxError>,
+    RB: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let lab = Lab::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let incoming = TcpIncoming::from(listener);
+    let routes = tonic::service::Routes::new(LedgerServer::new(lab.clone()));
+    let service = lab.layer(keyed.layer(routes));
     tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
             .serve_with_incoming(service, incoming)
