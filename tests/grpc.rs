@@ -272,6 +272,33 @@ async fn a_client_stream_is_replayed_whole_within_the_buffer_and_sent_once_past_
     assert_eq!(lab.attempts("big").len(), 1);
 }
 
+/// The server answers UNAVAILABLE before it reads the stream, while the client is still
+/// sending it: the call is over, so the recording is replayed once the transport gives it
+/// back (an HTTP response before the body's end is not replayed).
+#[tokio::test]
+async fn a_stream_answered_before_its_end_is_replayed() {
+    let (addr, lab) = serve().await;
+    let mut client = client(addr, builder().build().unwrap()).await;
+    let slow_stream = futures_util::stream::unfold(0, |i| async move {
+        if i == 4 {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        Some((entry("early"), i + 1))
+    });
+    let res = client
+        .sum(request(
+            slow_stream,
+            "early",
+            Some(Fault::UnavailableBefore),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(res.get_ref().applied, 1);
+    assert_eq!(lab.attempts("early").len(), 2);
+    assert_eq!(lab.streamed("early"), [4]);
+}
+
 fn tokio_stream_iter(
     entries: Vec<Entry>,
 ) -> impl futures_util::Stream<Item = Entry> + Send + 'static {

@@ -42,6 +42,12 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// Whether `headers` end a gRPC call by themselves: a trailers-only response.
+#[inline]
+pub(crate) fn is_trailers_only(headers: &HeaderMap) -> bool {
+    headers.contains_key(GRPC_STATUS) && is_grpc(headers)
+}
+
 /// The server's pushback: what `grpc-retry-pushback-ms` says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Pushback {
