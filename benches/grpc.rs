@@ -14,7 +14,6 @@ mod common;
 use common::median;
 
 #[path = "../tests/support/grpc/mod.rs"]
-#[allow(dead_code)]
 mod grpc_lab;
 
 use grpc_lab::lab::ledger_client::LedgerClient;

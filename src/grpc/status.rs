@@ -5,7 +5,7 @@ use tonic::{Code, Status};
 
 use crate::Error;
 
-/// Metadata key of the attempts made, in a [`Status`] made by [`status_of`].
+/// Metadata key of the attempts made, in a `tonic::Status` made by [`status_of`].
 pub const ATTEMPTS_KEY: &str = "retry-safety-attempts";
 /// Metadata key saying whether the call may have been applied (`true` or `false`).
 pub const MAY_HAVE_BEEN_APPLIED_KEY: &str = "retry-safety-may-have-been-applied";

@@ -103,7 +103,8 @@ pub struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
-    trailers: Option<HeaderMap>,
+    /// Boxed: most responses have none, and the record stays small in the stores' maps.
+    trailers: Option<Box<HeaderMap>>,
 }
 
 impl StoredResponse {
@@ -120,13 +121,13 @@ impl StoredResponse {
     /// The response with the trailers its body ended with (a gRPC response's `grpc-status`),
     /// replayed after the body.
     pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
-        self.trailers = Some(trailers);
+        self.trailers = Some(Box::new(trailers));
         self
     }
 
     /// The trailers, if the body ended with some.
     pub fn trailers(&self) -> Option<&HeaderMap> {
-        self.trailers.as_ref()
+        self.trailers.as_deref()
     }
 
     /// The status.
@@ -167,7 +168,7 @@ impl StoredResponse {
         let headers: usize = self
             .headers
             .iter()
-            .chain(self.trailers.iter().flatten())
+            .chain(self.trailers.iter().flat_map(|t| t.iter()))
             .map(|(k, v)| k.as_str().len() + v.len() + 32)
             .sum();
         self.body.len() + headers + 64
