@@ -41,7 +41,7 @@ async fn main() {
         .expect("the bench's policy is valid");
     let mut layered = LedgerClient::new(
         ServiceBuilder::new()
-            .map_err(tonic::Status::from)
+            .map_err(tower_retry_safety::grpc::into_status)
             .layer(policy)
             .service(grpc_lab::channel(addr).await),
     );

@@ -129,7 +129,7 @@ async fn run_layer(lab: &Lab, addr: std::net::SocketAddr) -> Row {
         .build()
         .expect("the lab's policy is valid");
     let svc = ServiceBuilder::new()
-        .map_err(tonic::Status::from)
+        .map_err(tower_retry_safety::grpc::into_status)
         .layer(policy)
         .service(channel(addr).await);
     let client = LedgerClient::new(svc);

@@ -36,4 +36,4 @@
 mod body;
 mod status;
 
-pub use status::{status_of, ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};
+pub use status::{into_status, status_of, ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};

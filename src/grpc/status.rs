@@ -19,15 +19,17 @@ pub const MAY_HAVE_BEEN_APPLIED_KEY: &str = "retry-safety-may-have-been-applied"
 /// the method, whether the call may have been applied and what to check, never a header value
 /// or a body byte. The metadata carries [`ATTEMPTS_KEY`] and [`MAY_HAVE_BEEN_APPLIED_KEY`].
 ///
-/// Put `map_err(tonic::Status::from)` over the layer so that a generated client returns it:
+/// Put `map_err(`[`into_status`]`)` over the layer so that a generated client returns it
+/// (tonic would otherwise make its own `Status` from the error, which does not say whether the
+/// call may have been applied):
 ///
 /// ```
 /// use tower::ServiceBuilder;
-/// use tower_retry_safety::RetryPolicy;
+/// use tower_retry_safety::{grpc, RetryPolicy};
 ///
 /// # fn demo(channel: tonic::transport::Channel) -> Result<(), Box<dyn std::error::Error>> {
 /// let svc = ServiceBuilder::new()
-///     .map_err(tonic::Status::from)
+///     .map_err(grpc::into_status)
 ///     .layer(RetryPolicy::builder().build()?)
 ///     .service(channel);
 /// # let _ = svc; Ok(()) }
@@ -53,6 +55,12 @@ pub fn status_of(err: &Error) -> Status {
         MetadataValue::from_static(if err.is_ambiguous() { "true" } else { "false" }),
     );
     status
+}
+
+/// [`status_of`], taking the error: for `map_err`, where `tonic::Status::from` would need
+/// its type spelled out.
+pub fn into_status(err: Error) -> Status {
+    status_of(&err)
 }
 
 impl From<Error> for Status {
