@@ -330,3 +330,31 @@ async fn a_write_that_never_left_is_sent_again_and_the_status_says_so() {
         "false"
     );
 }
+
+/// A failed status the server answered carries the report's gist in its metadata: a
+/// suppressed write says it may have been applied, a read that ran out of retries says how
+/// many attempts it took.
+#[tokio::test]
+async fn a_servers_failed_status_carries_the_attempts_and_whether_it_may_have_applied() {
+    let (addr, _lab) = serve().await;
+    let mut client = client(addr, builder().build().unwrap()).await;
+    let status = client
+        .append(request(
+            entry("gist"),
+            "gist",
+            Some(Fault::UnavailableAfterApply),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(attempts_of(&status), Some("1"));
+    assert_eq!(
+        status.metadata().get(MAY_HAVE_BEEN_APPLIED_KEY).unwrap(),
+        "true"
+    );
+    let ok = client
+        .count(request(CountRequest { id: "fine".into() }, "fine", None))
+        .await
+        .unwrap();
+    assert!(ok.metadata().get(ATTEMPTS_KEY).is_none());
+}

@@ -71,12 +71,20 @@ impl<'a> Outcome<'a> {
 /// A front end's successful outcome: a response, which carries the report in its extensions.
 pub(crate) trait CarriesReport {
     fn extensions_mut(&mut self) -> &mut Extensions;
+    /// A gRPC status drops the extensions: the report's gist goes in its metadata.
+    #[cfg(feature = "tonic")]
+    fn headers_mut(&mut self) -> &mut HeaderMap;
 }
 
 impl<B> CarriesReport for http::Response<B> {
     #[inline]
     fn extensions_mut(&mut self) -> &mut Extensions {
         http::Response::extensions_mut(self)
+    }
+
+    #[cfg(feature = "tonic")]
+    fn headers_mut(&mut self) -> &mut HeaderMap {
+        http::Response::headers_mut(self)
     }
 }
 
@@ -264,7 +272,16 @@ impl Attempts {
                     if !extensions.is_empty() {
                         self.take_body_marks(extensions, reason);
                     }
-                    extensions.insert(self.take_report(reason));
+                    let report = self.take_report(reason);
+                    #[cfg(feature = "tonic")]
+                    if self.grpc {
+                        crate::classify::grpc::mark_status(
+                            res.headers_mut(),
+                            report.attempts(),
+                            report.may_have_been_applied(),
+                        );
+                    }
+                    res.extensions_mut().insert(report);
                 }
                 Ok(res)
             }

@@ -156,6 +156,31 @@ pub(crate) fn parse_timeout(value: &HeaderValue) -> Option<Duration> {
     })
 }
 
+/// Metadata of a failed call's status: the attempts made.
+pub(crate) const ATTEMPTS: HeaderName = HeaderName::from_static("retry-safety-attempts");
+/// Metadata of a failed call's status: whether it may have been applied (`true`, `false`).
+pub(crate) const MAY_HAVE_BEEN_APPLIED: HeaderName =
+    HeaderName::from_static("retry-safety-may-have-been-applied");
+
+/// Puts the report's gist in a trailers-only failure's headers, which tonic turns into its
+/// `Status`'s metadata (the response's extensions, and so the report, do not reach it): a
+/// caller's own retry loop can tell a suppressed write from a call that never ran.
+pub(crate) fn mark_status(headers: &mut HeaderMap, attempts: u32, may_have_been_applied: bool) {
+    let failed = headers
+        .get(GRPC_STATUS)
+        .is_some_and(|v| v.as_bytes() != b"0");
+    if !failed || !is_grpc(headers) {
+        return;
+    }
+    headers.insert(ATTEMPTS, HeaderValue::from(attempts));
+    let applied = if may_have_been_applied {
+        "true"
+    } else {
+        "false"
+    };
+    headers.insert(MAY_HAVE_BEEN_APPLIED, HeaderValue::from_static(applied));
+}
+
 /// Writes what a gRPC server reads about this attempt: the time left as its `grpc-timeout`,
 /// and, on a retry, how many attempts came before (A6's `grpc-previous-rpc-attempts`).
 pub(crate) fn mark_attempt(headers: &mut HeaderMap, number: u32, time_left: Option<Duration>) {

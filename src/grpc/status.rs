@@ -5,9 +5,11 @@ use tonic::{Code, Status};
 
 use crate::Error;
 
-/// Metadata key of the attempts made, in a `tonic::Status` made by [`status_of`].
+/// Metadata key of the attempts made, in a `tonic::Status` made by [`status_of`], and in the
+/// status of a call whose last attempt the server answered with a failed `grpc-status`.
 pub const ATTEMPTS_KEY: &str = "retry-safety-attempts";
-/// Metadata key saying whether the call may have been applied (`true` or `false`).
+/// Metadata key saying whether the call may have been applied (`true` or `false`), in the
+/// same statuses.
 pub const MAY_HAVE_BEEN_APPLIED_KEY: &str = "retry-safety-may-have-been-applied";
 
 /// The `tonic::Status` a caller gets for `err`.
