@@ -39,7 +39,7 @@ impl Attempts {
             Classification::with_retry_after(FailureClass::Ambiguous, None)
         } else {
             self.policy
-                .classify_status(&self.verdict, status, headers, None)
+                .classify_status(&self.verdict, status, headers, None, false)
         };
         self.decide_cut(outcome, Some(status), Some(received))
     }

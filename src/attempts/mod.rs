@@ -186,6 +186,15 @@ impl Attempts {
         }
     }
 
+    /// Whether the request is a gRPC call (always `false` without the feature `tonic`).
+    #[inline]
+    fn is_grpc(&self) -> bool {
+        #[cfg(feature = "tonic")]
+        return self.grpc;
+        #[cfg(not(feature = "tonic"))]
+        false
+    }
+
     /// The request's target: kept once, here, for messages and for resending the request.
     pub(crate) fn target(&self) -> &Target {
         &self.target
@@ -339,9 +348,13 @@ impl Attempts {
             return self.on_body_cut(status, headers, cut.received);
         }
         let body_verdict = extensions.get::<BodyVerdict>().map(|v| v.0);
-        let outcome = self
-            .policy
-            .classify_status(&self.verdict, status, headers, body_verdict);
+        let outcome = self.policy.classify_status(
+            &self.verdict,
+            status,
+            headers,
+            body_verdict,
+            self.is_grpc(),
+        );
         self.decide(outcome, Some(status))
     }
 

@@ -25,7 +25,7 @@ fn trailers_only(status: &str, extra: &[(&'static str, &str)]) -> HeaderMap {
 
 fn class_of(verdict: &RequestVerdict, headers: &HeaderMap) -> Classification {
     let policy = RetryPolicy::builder().build().unwrap();
-    policy.classify_status(verdict, StatusCode::OK, headers, None)
+    policy.classify_status(verdict, StatusCode::OK, headers, None, true)
 }
 
 #[test]

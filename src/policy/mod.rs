@@ -280,15 +280,19 @@ impl RetryPolicy {
         res: &Response<B>,
     ) -> Classification {
         let body_verdict = res.extensions().get::<BodyVerdict>().map(|v| v.0);
-        self.classify_status(verdict, res.status(), res.headers(), body_verdict)
+        // Any response may be a gRPC one here: its content type says (feature `tonic`).
+        self.classify_status(verdict, res.status(), res.headers(), body_verdict, true)
     }
 
+    /// `grpc`: the request was a gRPC call, so a 2xx response's `grpc-status` is read (with
+    /// the feature `tonic`); other requests are spared the look at the content type.
     pub(crate) fn classify_status(
         &self,
         verdict: &RequestVerdict,
         status: http::StatusCode,
         headers: &HeaderMap,
         body_verdict: Option<FailureClass>,
+        grpc: bool,
     ) -> Classification {
         response::classify(
             &self.inner.responses,
@@ -296,6 +300,7 @@ impl RetryPolicy {
             status,
             headers,
             body_verdict,
+            grpc,
             SystemTime::now,
         )
     }
