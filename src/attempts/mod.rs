@@ -188,7 +188,7 @@ impl Attempts {
 
     /// Whether the request is a gRPC call (always `false` without the feature `tonic`).
     #[inline]
-    fn is_grpc(&self) -> bool {
+    pub(crate) fn is_grpc(&self) -> bool {
         #[cfg(feature = "tonic")]
         return self.grpc;
         #[cfg(not(feature = "tonic"))]

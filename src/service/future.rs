@@ -169,7 +169,7 @@ where
                     let resend = this
                         .retry
                         .as_ref()
-                        .map(|r| r.body.check(responded(&result)));
+                        .map(|r| r.body.check(responded(&result, this.attempts.is_grpc())));
                     match this.attempts.on_outcome(Outcome::of(&result), resend) {
                         // Finished here rather than below: the response is then not moved
                         // once more on the common path (one response, no retry).
@@ -306,12 +306,14 @@ where
 /// the server took none of the rest, and A6 retries it, so its body may be replayed once the
 /// transport gives it back.
 #[inline]
-fn responded<B>(result: &Result<Response<B>, BoxError>) -> bool {
+fn responded<B>(result: &Result<Response<B>, BoxError>, grpc: bool) -> bool {
     match result {
         #[cfg(feature = "tonic")]
-        Ok(res) => !crate::classify::grpc::is_trailers_only(res.headers()),
-        #[cfg(not(feature = "tonic"))]
-        Ok(_) => true,
+        Ok(res) if grpc => !crate::classify::grpc::is_trailers_only(res.headers()),
+        Ok(_) => {
+            let _ = grpc;
+            true
+        }
         Err(_) => false,
     }
 }
