@@ -190,7 +190,7 @@ async fn main() {
     let baseline = run_baseline(&lab, addr).await;
     let ours = run_layer(&lab, addr).await;
     println!(
-        "{:<56} {:>20} {:>16} {:>16}",
+        "{:<64} {:>20} {:>16} {:>16}",
         "stack", "writes applied twice", "writes applied", "reads recovered"
     );
     for (name, row) in [
@@ -201,7 +201,7 @@ async fn main() {
         ("tower-retry-safety on the Channel", &ours),
     ] {
         println!(
-            "{:<56} {:>20} {:>16} {:>16}",
+            "{:<64} {:>20} {:>16} {:>16}",
             name,
             format!("{} / {CALLS}", row.writes_twice),
             format!("{} / {CALLS}", row.writes_applied),

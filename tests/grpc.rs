@@ -22,7 +22,7 @@ fn builder() -> RetryPolicyBuilder {
         .jitter(false)
         .backoff(Duration::from_millis(5), Duration::from_millis(20))
         .max_retries(2)
-        .attempt_timeout(Duration::from_millis(300))
+        .attempt_timeout(Duration::from_secs(1))
         .grpc_descriptors(&grpc_lab::descriptor_set())
 }
 
@@ -61,7 +61,7 @@ async fn a_read_by_its_proto_option_recovers_from_every_fault() {
         Fault::UnavailableBefore,
         Fault::ResourceExhaustedBefore,
         Fault::ResetAfterApply,
-        Fault::SlowAfterApply(Duration::from_secs(2)),
+        Fault::SlowAfterApply(Duration::from_secs(3)),
     ];
     for (i, fault) in faults.into_iter().enumerate() {
         let id = format!("read-{i}");
@@ -85,7 +85,7 @@ async fn a_write_that_may_have_been_applied_is_never_sent_again() {
         (Fault::ResourceExhaustedBefore, Code::ResourceExhausted, 0),
         (Fault::ResetAfterApply, Code::Unknown, 1),
         (
-            Fault::SlowAfterApply(Duration::from_secs(2)),
+            Fault::SlowAfterApply(Duration::from_secs(3)),
             Code::DeadlineExceeded,
             1,
         ),

@@ -21,7 +21,7 @@ fn builder() -> RetryPolicyBuilder {
         .jitter(false)
         .backoff(Duration::from_millis(5), Duration::from_millis(20))
         .max_retries(2)
-        .attempt_timeout(Duration::from_millis(300))
+        .attempt_timeout(Duration::from_secs(1))
         .honor_idempotency_key(true)
 }
 
@@ -55,6 +55,15 @@ fn keyed(id: &str, key: &str, fault: Option<Fault>) -> tonic::Request<Entry> {
     req
 }
 
+/// Waits until the server has seen call `id`, then a little more for its key to be claimed
+/// (the handler then sleeps 500 ms: the margin is wide).
+async fn seen(lab: &grpc_lab::Lab, id: &str) {
+    while lab.attempts(id).is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
 #[tokio::test]
 async fn a_keyed_write_lost_after_apply_is_replayed_with_its_grpc_status() {
     let (addr, lab) = serve_keyed(IdempotencyLayer::new(MemoryStore::new())).await;
@@ -62,7 +71,7 @@ async fn a_keyed_write_lost_after_apply_is_replayed_with_its_grpc_status() {
     for (i, fault) in [
         Fault::UnavailableAfterApply,
         Fault::ResetAfterApply,
-        Fault::SlowAfterApply(Duration::from_secs(2)),
+        Fault::SlowAfterApply(Duration::from_secs(3)),
     ]
     .into_iter()
     .enumerate()
@@ -119,7 +128,7 @@ async fn the_layers_answers_are_grpc_statuses() {
     slow.metadata_mut()
         .insert("x-delay-ms", "500".parse().unwrap());
     let running = tokio::spawn(async move { first.append(slow).await });
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    seen(&lab, "slow").await;
     let mut again = keyed("slow", "k-slow", None);
     again.extensions_mut().insert(NoRetry);
     let status = second.append(again).await.unwrap_err();
@@ -162,9 +171,9 @@ async fn our_client_waits_out_an_in_flight_key_and_gets_the_replay() {
     let mut second = client(addr, patient()).await;
     let mut slow = keyed("wait", "k-wait", None);
     slow.metadata_mut()
-        .insert("x-delay-ms", "300".parse().unwrap());
+        .insert("x-delay-ms", "500".parse().unwrap());
     let running = tokio::spawn(async move { first.append(slow).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    seen(&lab, "wait").await;
     // ABORTED with a pushback of 1 s, then the replay of the first call's answer.
     let policy_wait = second.append(keyed("wait", "k-wait", None)).await.unwrap();
     assert_eq!(policy_wait.get_ref().applied, 1);
