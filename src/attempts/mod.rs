@@ -281,16 +281,20 @@ impl Attempts {
                     if !extensions.is_empty() {
                         self.take_body_marks(extensions, reason);
                     }
-                    let report = self.take_report(reason);
+                    #[cfg(not(feature = "tonic"))]
+                    extensions.insert(self.take_report(reason));
                     #[cfg(feature = "tonic")]
-                    if self.grpc {
-                        crate::classify::grpc::mark_status(
-                            res.headers_mut(),
-                            report.attempts(),
-                            report.may_have_been_applied(),
-                        );
+                    {
+                        let report = self.take_report(reason);
+                        if self.grpc {
+                            crate::classify::grpc::mark_status(
+                                res.headers_mut(),
+                                report.attempts(),
+                                report.may_have_been_applied(),
+                            );
+                        }
+                        res.extensions_mut().insert(report);
                     }
-                    res.extensions_mut().insert(report);
                 }
                 Ok(res)
             }
