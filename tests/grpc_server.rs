@@ -185,3 +185,38 @@ async fn our_client_waits_out_an_in_flight_key_and_gets_the_replay() {
     assert_eq!(lab.applied("wait"), 1);
     assert_eq!(lab.attempts("wait").len(), 3);
 }
+
+/// Atomic mode (PostgreSQL): the same replay with its trailers (the record of kind `T` in
+/// the database), and the layer's answers as gRPC statuses.
+#[cfg(feature = "postgres")]
+#[path = "pg/mod.rs"]
+mod pg;
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn atomic_mode_replays_a_keyed_call_with_its_trailers() {
+    use tower_retry_safety::server::PostgresStore;
+    let db = pg::TestDb::new().await;
+    let store = PostgresStore::from_pool(db.pool(4).await);
+    store.migrate().await.unwrap();
+    let (addr, lab) = serve_keyed(IdempotencyLayer::new(store).atomic()).await;
+    let mut client = client(addr, builder().build().unwrap()).await;
+    let res = client
+        .append(keyed(
+            "atomic",
+            "k-atomic",
+            Some(Fault::UnavailableAfterApply),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(res.get_ref().applied, 1);
+    assert_eq!(res.metadata().get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(lab.applied("atomic"), 1);
+    assert_eq!(lab.attempts("atomic").len(), 2);
+    let status = client
+        .append(keyed("other-call", "k-atomic", None))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(lab.applied("other-call"), 0);
+}
