@@ -1,7 +1,31 @@
 //! gRPC over tonic (feature `tonic`): the layer on a `tonic::transport::Channel`.
 //!
 //! tonic is a tower stack over hyper, so the [`RetryPolicy`](crate::RetryPolicy) layer goes
-//! directly on a `Channel`, under the generated client. What changes for gRPC:
+//! directly on a `Channel`, under the generated client:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_retry_safety::{grpc, RetryPolicy};
+//!
+//! # fn demo(
+//! #     channel: tonic::transport::Channel,
+//! #     descriptors: &prost_types::FileDescriptorSet,
+//! # ) -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = RetryPolicy::builder()
+//!     .grpc_descriptors(descriptors) // NO_SIDE_EFFECTS and IDEMPOTENT methods are reads
+//!     .attempt_timeout(Duration::from_millis(500))
+//!     .build()?;
+//! let svc = ServiceBuilder::new()
+//!     .map_err(grpc::into_status)
+//!     .layer(policy)
+//!     .service(channel);
+//! // let client = MyServiceClient::new(svc);
+//! # let _ = svc;
+//! # Ok(()) }
+//! ```
+//!
+//! What changes for gRPC:
 //!
 //! - **The failure class** comes from `grpc-status` in a trailers-only response, per gRFC A6
 //!   and the gRPC status-code guide:
@@ -30,8 +54,15 @@
 //!   reads each method's `idempotency_level` from the service's descriptor set.
 //! - **Bodies**: tonic's `Body` is recorded as it is sent (see
 //!   [`ReplayBody`](crate::ReplayBody)).
-//! - **Errors**: [`status_of`] turns this crate's [`Error`](crate::Error) into a
-//!   `tonic::Status` that says whether the call may have been applied.
+//! - **Errors**: [`into_status`] (for `map_err`) and [`status_of`] turn this crate's
+//!   [`Error`](crate::Error) into a `tonic::Status` that says whether the call may have been
+//!   applied; a failed status the server answered carries [`ATTEMPTS_KEY`] and
+//!   [`MAY_HAVE_BEEN_APPLIED_KEY`] in its metadata too.
+//! - **Server**: [`IdempotencyLayer`](crate::server::IdempotencyLayer) in front of a tonic
+//!   server reads the key from the `idempotency-key` metadata, replays a stored response with
+//!   its trailers (its `grpc-status`), and answers a gRPC call's conflicts as gRPC statuses
+//!   (a key in flight: `ABORTED` with `grpc-retry-pushback-ms`; a key reused with another
+//!   call, or malformed: `INVALID_ARGUMENT`).
 
 mod body;
 mod status;
