@@ -358,3 +358,39 @@ async fn a_servers_failed_status_carries_the_attempts_and_whether_it_may_have_ap
         .unwrap();
     assert!(ok.metadata().get(ATTEMPTS_KEY).is_none());
 }
+
+/// The caller's own timeout (`Request::set_timeout`) is the call's deadline: a handler slower
+/// than it ends the call with DEADLINE_EXCEEDED after one attempt, read or write, since no
+/// time is left for another.
+#[tokio::test]
+async fn a_handler_slower_than_the_callers_deadline_ends_the_call() {
+    let (addr, lab) = serve().await;
+    let mut client = client(addr, builder().build().unwrap()).await;
+    let mut read = request(
+        CountRequest {
+            id: "late-r".into(),
+        },
+        "late-r",
+        Some(Fault::SlowAfterApply(Duration::from_secs(3))),
+    );
+    read.set_timeout(Duration::from_millis(400));
+    let status = client.count(read).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(attempts_of(&status), Some("1"));
+    assert_eq!(lab.attempts("late-r").len(), 1);
+
+    let mut write = request(
+        entry("late-w"),
+        "late-w",
+        Some(Fault::SlowAfterApply(Duration::from_secs(3))),
+    );
+    write.set_timeout(Duration::from_millis(400));
+    let status = client.append(write).await.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(
+        status.metadata().get(MAY_HAVE_BEEN_APPLIED_KEY).unwrap(),
+        "true"
+    );
+    assert_eq!(lab.attempts("late-w").len(), 1);
+    assert_eq!(lab.applied("late-w"), 1);
+}
