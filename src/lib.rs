@@ -155,6 +155,9 @@ mod budget;
 mod build_error;
 pub mod classify;
 mod error;
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+pub mod grpc;
 pub mod peek;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]

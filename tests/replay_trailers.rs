@@ -98,3 +98,44 @@ async fn a_chunked_upload_is_replayed_with_its_trailers() {
         ]
     );
 }
+
+/// The server layer stores a response whose body ends with trailers, and replays them: a
+/// repeat of the key gets the same body and the same trailers (gRPC's status lives there).
+#[tokio::test]
+async fn the_server_layer_replays_a_stored_responses_trailers() {
+    use http_body_util::{Either, Full};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = tower::service_fn(move |_req: Request<Either<Full<Bytes>, Full<Bytes>>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-outcome", HeaderValue::from_static("done"));
+            let frames = vec![
+                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"body"))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            Ok::<_, Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
+        }
+    });
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(handler);
+    let send = || {
+        Request::post("/v1/jobs")
+            .header("idempotency-key", "\"t-1\"")
+            .body(Full::new(Bytes::from_static(b"x")))
+            .unwrap()
+    };
+    for replayed in [false, true] {
+        let res = svc.clone().oneshot(send()).await.unwrap();
+        assert_eq!(res.headers().contains_key("idempotent-replayed"), replayed);
+        let collected = res.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["x-outcome"], "done");
+        assert_eq!(collected.to_bytes(), "body");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -40,7 +40,7 @@ impl Attempts {
             Classification::with_retry_after(FailureClass::Ambiguous, None)
         } else {
             self.policy
-                .classify_status(&self.verdict, status, headers, None)
+                .classify_status(&self.verdict, status, headers, None, false)
         };
         self.decide_cut(outcome, Some(status), Some(received))
     }
@@ -66,6 +66,8 @@ impl Attempts {
             request_id: self.request_id.clone(),
             idempotency_key: self.idempotency_key.clone(),
             last_stop: stop,
+            #[cfg(feature = "tonic")]
+            grpc: self.grpc,
         }
     }
 

@@ -3,6 +3,7 @@
 //! front ends drive this one type, so the decision has one code path.
 
 mod body_cut;
+mod log;
 mod plan;
 
 pub(crate) use plan::Plan;
@@ -70,12 +71,20 @@ impl<'a> Outcome<'a> {
 /// A front end's successful outcome: a response, which carries the report in its extensions.
 pub(crate) trait CarriesReport {
     fn extensions_mut(&mut self) -> &mut Extensions;
+    /// A gRPC status drops the extensions: the report's gist goes in its metadata.
+    #[cfg(feature = "tonic")]
+    fn headers_mut(&mut self) -> &mut HeaderMap;
 }
 
 impl<B> CarriesReport for http::Response<B> {
     #[inline]
     fn extensions_mut(&mut self) -> &mut Extensions {
         http::Response::extensions_mut(self)
+    }
+
+    #[cfg(feature = "tonic")]
+    fn headers_mut(&mut self) -> &mut HeaderMap {
+        http::Response::headers_mut(self)
     }
 }
 
@@ -103,6 +112,9 @@ pub(crate) struct Attempts {
     idempotency_key: Option<Box<str>>,
     /// Why the last decision stopped (kept only for a body that resumes after `finish`).
     last_stop: StopReason,
+    /// A gRPC call: each attempt carries the time left and the attempts before it.
+    #[cfg(feature = "tonic")]
+    grpc: bool,
 }
 
 impl Attempts {
@@ -123,6 +135,8 @@ impl Attempts {
             None
         };
         let max_retries = plan.max_retries(policy);
+        #[cfg(feature = "tonic")]
+        let grpc = plan.grpc;
         let Plan {
             verdict,
             outer_layer,
@@ -140,6 +154,12 @@ impl Attempts {
                     .and_then(|o| o.attempt_timeout)
                     .or(policy.timeouts().1),
             )
+        };
+        // A gRPC caller's own timeout bounds every attempt together, as its deadline.
+        #[cfg(feature = "tonic")]
+        let deadline = match grpc.flatten() {
+            Some(timeout) if !outer_layer => Some(deadline.map_or(timeout, |d| d.min(timeout))),
+            _ => deadline,
         };
         if !outer_layer {
             policy.deposit();
@@ -161,12 +181,23 @@ impl Attempts {
             request_id,
             idempotency_key,
             last_stop: StopReason::Final,
+            #[cfg(feature = "tonic")]
+            grpc: grpc.is_some() && !outer_layer,
         }
     }
 
     /// The policy deciding.
     pub(crate) fn policy(&self) -> &RetryPolicy {
         &self.policy
+    }
+
+    /// Whether the request is a gRPC call (always `false` without the feature `tonic`).
+    #[inline]
+    pub(crate) fn is_grpc(&self) -> bool {
+        #[cfg(feature = "tonic")]
+        return self.grpc;
+        #[cfg(not(feature = "tonic"))]
+        false
     }
 
     /// The request's target: kept once, here, for messages and for resending the request.
@@ -255,7 +286,20 @@ impl Attempts {
                     if !extensions.is_empty() {
                         self.take_body_marks(extensions, reason);
                     }
+                    #[cfg(not(feature = "tonic"))]
                     extensions.insert(self.take_report(reason));
+                    #[cfg(feature = "tonic")]
+                    {
+                        let report = self.take_report(reason);
+                        if self.grpc {
+                            crate::classify::grpc::mark_status(
+                                res.headers_mut(),
+                                report.attempts(),
+                                report.may_have_been_applied(),
+                            );
+                        }
+                        res.extensions_mut().insert(report);
+                    }
                 }
                 Ok(res)
             }
@@ -290,6 +334,10 @@ impl Attempts {
         if let Some(name) = &self.policy.headers().attempt_header {
             headers.insert(name.clone(), HeaderValue::from(number));
         }
+        #[cfg(feature = "tonic")]
+        if self.grpc {
+            crate::classify::grpc::mark_attempt(headers, number, self.time_left());
+        }
     }
 
     /// `extensions` are the response's: a body classifier inside the layer leaves its verdict
@@ -309,9 +357,13 @@ impl Attempts {
             return self.on_body_cut(status, headers, cut.received);
         }
         let body_verdict = extensions.get::<BodyVerdict>().map(|v| v.0);
-        let outcome = self
-            .policy
-            .classify_status(&self.verdict, status, headers, body_verdict);
+        let outcome = self.policy.classify_status(
+            &self.verdict,
+            status,
+            headers,
+            body_verdict,
+            self.is_grpc(),
+        );
         self.decide(outcome, Some(status))
     }
 
@@ -376,80 +428,6 @@ impl Attempts {
         decision
     }
 
-    /// One event per decision that is not the plain end of a request, with OpenTelemetry's
-    /// HTTP field names where one exists. A retry is `debug`; a suppressed retry, and a retry
-    /// that was refused though the failure called for one (budget, body, deadline, a wait too
-    /// long), are `warn`: an operator should see those.
-    fn log(
-        &self,
-        attempt: u32,
-        outcome: &Classification,
-        status: Option<StatusCode>,
-        decision: Decision,
-    ) {
-        let method = &self.target.method;
-        let path = self.target.path();
-        let class = outcome.class().as_str();
-        let status = status.map(|s| s.as_u16());
-        let resend_count = attempt - 1;
-        // The fields every attempt event carries, then the event's own.
-        macro_rules! event {
-            ($level:expr, $($rest:tt)*) => {
-                tracing::event!(
-                    $level,
-                    http.request.method = %method,
-                    url.path = path,
-                    attempt,
-                    http.request.resend_count = resend_count,
-                    error.r#type = class,
-                    http.response.status_code = status,
-                    $($rest)*
-                )
-            };
-        }
-        use tracing::Level;
-        match decision {
-            Decision::Retry { after } => event!(
-                Level::DEBUG,
-                delay_ms = after.as_millis() as u64,
-                "retrying request"
-            ),
-            Decision::Stop(StopReason::SuppressedNotIdempotent) => event!(
-                Level::WARN,
-                verdict_source = self.verdict.source().as_str(),
-                request_id = self.request_id.as_deref(),
-                idempotency_key_untrusted = self.idempotency_key.is_some(),
-                "retry suppressed: the request is not idempotent and may have been applied"
-            ),
-            Decision::Stop(StopReason::Replayed) => event!(
-                Level::DEBUG,
-                request_id = self.request_id.as_deref(),
-                "not retrying request: the response is the server's replay of a stored response"
-            ),
-            Decision::Stop(
-                reason @ (StopReason::Budget
-                | StopReason::BodyNotReplayable
-                | StopReason::Deadline
-                | StopReason::RetryAfterTooLong),
-            ) if outcome.class() != FailureClass::Final
-                || reason == StopReason::RetryAfterTooLong =>
-            {
-                event!(
-                    Level::WARN,
-                    reason = reason.as_str(),
-                    request_id = self.request_id.as_deref(),
-                    "retry refused"
-                )
-            }
-            Decision::Stop(reason) if outcome.class() != FailureClass::Final => event!(
-                Level::DEBUG,
-                reason = reason.as_str(),
-                "not retrying request"
-            ),
-            Decision::Stop(_) => {}
-        }
-    }
-
     /// The report, its parts taken out of `self`, which is spent afterwards.
     #[inline]
     pub(crate) fn take_report(&mut self, stop: StopReason) -> RetryReport {
@@ -491,6 +469,8 @@ impl Attempts {
     }
 }
 
+#[cfg(all(test, feature = "tonic"))]
+mod grpc_tests;
 #[cfg(test)]
 mod report_cells;
 #[cfg(test)]

@@ -20,16 +20,18 @@ pub(super) fn printable(value: Option<&HeaderValue>, max: usize) -> Option<Box<s
     Some(cap(value, max).into())
 }
 
-/// The first values of two headers. A request carries few headers, so one pass comparing
-/// names costs less than two hashed lookups: each lookup hashes the name byte by byte, a
-/// comparison costs a few instructions; around eight names they break even.
+/// A request carries few headers, so one pass comparing names costs less than two hashed
+/// lookups: each lookup hashes the name byte by byte, a comparison costs a few instructions;
+/// around eight names they break even.
+const SCAN_UP_TO: usize = 8;
+
+/// The first values of two headers (see [`SCAN_UP_TO`]).
 #[inline]
 fn two_headers<'h>(
     headers: &'h HeaderMap,
     a: &HeaderName,
     b: Option<&HeaderName>,
 ) -> (Option<&'h HeaderValue>, Option<&'h HeaderValue>) {
-    const SCAN_UP_TO: usize = 8;
     if headers.keys_len() > SCAN_UP_TO {
         return (headers.get(a), b.and_then(|b| headers.get(b)));
     }
@@ -43,6 +45,37 @@ fn two_headers<'h>(
         }
     }
     (found_a, found_b)
+}
+
+/// [`two_headers`] and whether the request is a gRPC call, in the same pass (feature
+/// `tonic`): the content type is compared with the other names rather than looked up.
+#[cfg(feature = "tonic")]
+#[inline]
+#[allow(clippy::type_complexity)]
+fn two_headers_and_grpc<'h>(
+    headers: &'h HeaderMap,
+    a: &HeaderName,
+    b: Option<&HeaderName>,
+) -> (Option<&'h HeaderValue>, Option<&'h HeaderValue>, bool) {
+    use crate::classify::grpc::is_grpc;
+    if headers.keys_len() > SCAN_UP_TO {
+        let (a, b) = two_headers(headers, a, b);
+        return (a, b, is_grpc(headers));
+    }
+    let (mut found_a, mut found_b, mut content_type) = (None, None, None);
+    for (name, value) in headers {
+        if found_a.is_none() && name == a {
+            found_a = Some(value);
+        }
+        if found_b.is_none() && b == Some(name) {
+            found_b = Some(value);
+        }
+        if content_type.is_none() && name == http::header::CONTENT_TYPE {
+            content_type = Some(value);
+        }
+    }
+    let grpc = content_type.is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    (found_a, found_b, grpc)
 }
 
 /// What the front ends decide about a request before its first attempt, in one place so the
@@ -61,6 +94,10 @@ pub(crate) struct Plan {
     pub(super) request_id: Option<Box<str>>,
     /// The caller's per-request settings, if any.
     pub(super) options: Option<RequestOptions>,
+    /// A gRPC call (`content-type: application/grpc…`), with the `grpc-timeout` the caller
+    /// set, if any: it is the call's deadline too.
+    #[cfg(feature = "tonic")]
+    pub(super) grpc: Option<Option<std::time::Duration>>,
 }
 
 impl Plan {
@@ -73,7 +110,14 @@ impl Plan {
         headers: &HeaderMap,
         extensions: &Extensions,
     ) -> Self {
+        #[cfg(not(feature = "tonic"))]
         let (key, request_id) = two_headers(
+            headers,
+            &policy.headers().idempotency_key_header,
+            policy.headers().request_id_header.as_ref(),
+        );
+        #[cfg(feature = "tonic")]
+        let (key, request_id, grpc) = two_headers_and_grpc(
             headers,
             &policy.headers().idempotency_key_header,
             policy.headers().request_id_header.as_ref(),
@@ -87,6 +131,12 @@ impl Plan {
             has_key_header,
             request_id: printable(request_id, MAX_REQUEST_ID_LEN),
             options: extensions.get::<RequestOptions>().copied(),
+            #[cfg(feature = "tonic")]
+            grpc: grpc.then(|| {
+                headers
+                    .get(crate::classify::grpc::GRPC_TIMEOUT)
+                    .and_then(crate::classify::grpc::parse_timeout)
+            }),
         }
     }
 
@@ -151,6 +201,21 @@ mod tests {
             assert_eq!(scanned, (headers.get(&key), headers.get(&id)), "{extra}");
             assert_eq!(scanned.1.unwrap(), "first");
             assert_eq!(two_headers(&headers, &id, None), (headers.get(&id), None));
+            #[cfg(feature = "tonic")]
+            {
+                let (a, b, grpc) = two_headers_and_grpc(&headers, &key, Some(&id));
+                assert_eq!((a, b), scanned);
+                assert!(!grpc);
+                let mut grpc_headers = headers.clone();
+                grpc_headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/grpc+proto"),
+                );
+                assert!(
+                    two_headers_and_grpc(&grpc_headers, &key, Some(&id)).2,
+                    "{extra}"
+                );
+            }
             // The same name asked twice is found twice.
             assert_eq!(
                 two_headers(&headers, &id, Some(&id)),

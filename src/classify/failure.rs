@@ -116,8 +116,9 @@ impl From<FailureClass> for Classification {
 
 /// Classifies an error by walking its `source()` chain down to the concrete types this crate
 /// knows: tower's `Elapsed`, `Overloaded`, buffer and `Optional` errors, hyper-util's client
-/// error, `hyper::Error`, `h2::Error` (feature `h2`), `std::io::Error` and `reqwest::Error`
-/// (feature `reqwest-middleware`).
+/// error, `hyper::Error`, `h2::Error` (feature `h2`), `std::io::Error`, `reqwest::Error`
+/// (feature `reqwest-middleware`), and tonic's `ConnectError` (not sent) and `TimeoutExpired`
+/// (ambiguous; feature `tonic`).
 ///
 /// The first error in the chain that tells something decides. An error that nothing in the
 /// chain explains is [`FailureClass::Ambiguous`]: a write is never assumed not to have happened.
@@ -171,6 +172,16 @@ fn classify_one(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
     #[cfg(feature = "reqwest-middleware")]
     if let Some(err) = err.downcast_ref::<reqwest::Error>() {
         return reqwest_class(err);
+    }
+    // tonic's Channel: its connector failed, so no connection carried the call; or the
+    // call's `grpc-timeout` ran out, whether or not the server had it.
+    #[cfg(feature = "tonic")]
+    if err.is::<tonic::ConnectError>() {
+        return Some(FailureClass::NotSent);
+    }
+    #[cfg(feature = "tonic")]
+    if err.is::<tonic::TimeoutExpired>() {
+        return Some(FailureClass::Ambiguous);
     }
     if let Some(err) = err.downcast_ref::<io::Error>() {
         return io_class(err);

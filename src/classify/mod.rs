@@ -12,6 +12,8 @@
 
 mod body_verdict;
 pub(crate) mod failure;
+#[cfg(feature = "tonic")]
+pub(crate) mod grpc;
 pub(crate) mod host;
 pub(crate) mod idempotency_key;
 mod request;

@@ -58,6 +58,7 @@ pub(crate) fn classify(
     status: StatusCode,
     headers: &HeaderMap,
     body_verdict: Option<FailureClass>,
+    grpc: bool,
     now: impl FnOnce() -> SystemTime,
 ) -> Classification {
     // A replay of a stored response never changes: repeating the key gets it again. This
@@ -78,8 +79,14 @@ pub(crate) fn classify(
             _ => with_hint(policy, FailureClass::RetryableResponse, headers, now),
         };
     }
-    // The retry set holds no 2xx and the server's hint is ignored on one: no header to read.
+    // The retry set holds no 2xx and the server's hint is ignored on one: no header to read,
+    // but for a gRPC call, whose failures are 200s with a `grpc-status` (feature `tonic`).
     if status.is_success() {
+        #[cfg(feature = "tonic")]
+        if grpc && super::grpc::is_grpc(headers) {
+            return super::grpc::classify(verdict, headers, policy.max_retry_after);
+        }
+        let _ = grpc;
         return FailureClass::Final.into();
     }
     if policy.not_applied_statuses.contains(status) {

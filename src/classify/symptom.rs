@@ -25,6 +25,10 @@ impl Symptom {
         if err.is::<tower::timeout::error::Elapsed>() || err.is::<TimedOut>() {
             return Some(Symptom::Timeout);
         }
+        #[cfg(feature = "tonic")]
+        if err.is::<tonic::TimeoutExpired>() {
+            return Some(Symptom::Timeout);
+        }
         if let Some(e) = err.downcast_ref::<hyper::Error>() {
             if e.is_timeout() {
                 return Some(Symptom::Timeout);

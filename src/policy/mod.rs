@@ -286,7 +286,8 @@ impl RetryPolicy {
         res: &Response<B>,
     ) -> Classification {
         let body_verdict = res.extensions().get::<BodyVerdict>().map(|v| v.0);
-        self.classify_status(verdict, res.status(), res.headers(), body_verdict)
+        // Any response may be a gRPC one here: its content type says (feature `tonic`).
+        self.classify_status(verdict, res.status(), res.headers(), body_verdict, true)
     }
 
     /// Whether the server marked this response to the request a replay of its stored one.
@@ -294,12 +295,15 @@ impl RetryPolicy {
         response::is_replay(&self.inner.responses, verdict, headers)
     }
 
+    /// `grpc`: the request was a gRPC call, so a 2xx response's `grpc-status` is read (with
+    /// the feature `tonic`); other requests are spared the look at the content type.
     pub(crate) fn classify_status(
         &self,
         verdict: &RequestVerdict,
         status: http::StatusCode,
         headers: &HeaderMap,
         body_verdict: Option<FailureClass>,
+        grpc: bool,
     ) -> Classification {
         response::classify(
             &self.inner.responses,
@@ -307,6 +311,7 @@ impl RetryPolicy {
             status,
             headers,
             body_verdict,
+            grpc,
             SystemTime::now,
         )
     }

@@ -195,6 +195,11 @@ impl CarriesReport for Response {
     fn extensions_mut(&mut self) -> &mut http::Extensions {
         Response::extensions_mut(self)
     }
+
+    #[cfg(feature = "tonic")]
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        Response::headers_mut(self)
+    }
 }
 
 /// What the adapter keeps to send a request again.

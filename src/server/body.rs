@@ -22,7 +22,7 @@ pin_project! {
 pin_project! {
     #[project = Proj]
     enum Inner<B> {
-        Buffered { data: Option<Bytes> },
+        Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
         // What was read, then the error that stopped the reading or the trailers it met, then
         // the rest of the inner body.
         Stream {
@@ -49,10 +49,15 @@ impl<B> fmt::Debug for ResponseBody<B> {
 
 impl<B> ResponseBody<B> {
     pub(crate) fn full(data: impl Into<Bytes>) -> Self {
-        let data: Bytes = data.into();
+        Self::full_with_trailers(data.into(), None)
+    }
+
+    /// A buffered body that ends with `trailers`, if any.
+    pub(crate) fn full_with_trailers(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         ResponseBody {
             inner: Inner::Buffered {
                 data: (!data.is_empty()).then_some(data),
+                trailers,
             },
         }
     }
@@ -89,7 +94,12 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().inner.project() {
-            Proj::Buffered { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Proj::Buffered { data, trailers } => Poll::Ready(
+                data.take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
             Proj::Stream {
                 prefix,
                 trailers,
@@ -112,7 +122,7 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
-            Inner::Buffered { data } => data.is_none(),
+            Inner::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
             Inner::Stream {
                 prefix,
                 trailers,
@@ -124,7 +134,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.inner {
-            Inner::Buffered { data } => {
+            Inner::Buffered { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Inner::Stream { prefix, rest, .. } => {

@@ -73,8 +73,9 @@ impl Chunks {
 }
 
 pub(crate) enum Buffered<B> {
-    Whole(Bytes),
-    /// Not stored: too large, has trailers, or failed mid-way. Carries what was read, and the
+    /// The whole body, and its trailers if it ended with them (a gRPC response's status).
+    Whole(Bytes, Option<HeaderMap>),
+    /// Not stored: too large, data after its trailers, or failed mid-way. Carries what was read, and the
     /// error that stopped the reading (the client must get it, not a clean end).
     Partial {
         prefix: Bytes,
@@ -91,9 +92,11 @@ where
     B::Error: Into<BoxError>,
 {
     let mut data = Chunks::default();
-    loop {
+    // The frame that ended the data: trailers, or another kind (the result is not held
+    // across the next await: the body's error type need not be `Send`).
+    let trailers = loop {
         match body.frame().await {
-            None => return Buffered::Whole(data.into_bytes()),
+            None => return Buffered::Whole(data.into_bytes(), None),
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(chunk) => {
                     data.push(chunk);
@@ -107,15 +110,7 @@ where
                         };
                     }
                 }
-                Err(frame) => {
-                    return Buffered::Partial {
-                        prefix: data.into_bytes(),
-                        trailers: frame.into_trailers().ok(),
-                        error: None,
-                        rest: body,
-                        why: "it has trailers",
-                    }
-                }
+                Err(frame) => break frame.into_trailers().ok(),
             },
             Some(Err(err)) => {
                 return Buffered::Partial {
@@ -127,5 +122,22 @@ where
                 }
             }
         }
+    };
+    // Trailers end a body (a gRPC status lives there): kept with it when nothing follows
+    // them. A frame after them breaks the body's contract.
+    let error: Option<BoxError> = match trailers {
+        Some(_) => match body.frame().await {
+            None => return Buffered::Whole(data.into_bytes(), trailers),
+            Some(Ok(_)) => Some("the response body went on after its trailers".into()),
+            Some(Err(err)) => Some(err.into()),
+        },
+        None => None,
+    };
+    Buffered::Partial {
+        prefix: data.into_bytes(),
+        trailers,
+        error,
+        rest: body,
+        why: "it is not a body ended by its trailers",
     }
 }

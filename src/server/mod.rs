@@ -31,8 +31,8 @@
 //!   body. Every repeat gets it; the error itself reaches hyper as before. (Keeping the key in
 //!   flight instead would answer 409 until the lease ends and then run the handler again.)
 //! - **The response cannot be stored whole** (over
-//!   [`max_response_bytes`](IdempotencyLayer::max_response_bytes), with trailers, or its body
-//!   fails while being read): the first client gets the whole response, streamed; repeats get
+//!   [`max_response_bytes`](IdempotencyLayer::max_response_bytes), or its body fails while
+//!   being read): the first client gets the whole response, streamed; repeats get
 //!   its status and headers with an empty body and `idempotent-replay-body: omitted`.
 //! - **The store refuses the record** (full, or failing): the key is held in flight (its lease
 //!   renewed) while the record is tried again in the background, until it is stored or the
@@ -175,6 +175,8 @@ mod detach;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
+#[cfg(feature = "tonic")]
+mod grpc;
 mod keyed;
 mod layer;
 mod memory;

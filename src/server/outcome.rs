@@ -8,7 +8,7 @@ use super::layer::Config;
 use super::store::StoredResponse;
 use super::ResponseBody;
 
-/// Set on a stored response whose body was not kept (too large, trailers, or it failed while
+/// Set on a stored response whose body was not kept (too large, data after its trailers, or it failed while
 /// being read): the status and headers are the handler's, the body is empty.
 pub(crate) const BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-replay-body");
 
@@ -76,7 +76,10 @@ pub(crate) fn retry_later<B>(
 
 /// A stored record as a response.
 pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBody<B>> {
-    let mut res = Response::new(ResponseBody::full(stored.body().clone()));
+    let mut res = Response::new(ResponseBody::full_with_trailers(
+        stored.body().clone(),
+        stored.trailers().cloned(),
+    ));
     *res.status_mut() = stored.status();
     *res.headers_mut() = stored.headers().clone();
     res

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! version      u8      1
-//! kind         u8      b'F' in flight, b'C' completed
+//! kind         u8      b'F' in flight, b'C' completed, b'T' completed with trailers
 //! claim token  u64 BE  the claim that holds (or completed) the key
 //! fingerprint  [u8;32] SHA-256 of the request
 //! -- completed entries only --
@@ -10,6 +10,7 @@
 //! headers      u16 BE count, then per header: u16 BE name length, name,
 //!                                             u32 BE value length, value
 //! body         u32 BE length, bytes
+//! trailers     (b'T' only) as headers
 //! ```
 //!
 //! The first ten bytes (version, kind, token) are what the compare-and-set scripts compare: a
@@ -26,6 +27,9 @@ use super::store::{Claim, Entry, Fingerprint, StoredResponse};
 pub(crate) const VERSION: u8 = 1;
 const IN_FLIGHT: u8 = b'F';
 const COMPLETED: u8 = b'C';
+/// A kind of its own, so a server that does not read trailers refuses the record rather
+/// than replay it without them, and a record cut after its body is never read as whole.
+const COMPLETED_WITH_TRAILERS: u8 = b'T';
 /// Version, kind and claim token: what a compare-and-set compares.
 pub(crate) const HOLDER_LEN: usize = 10;
 
@@ -52,7 +56,12 @@ pub(crate) fn encode_completed(
     response: &StoredResponse,
 ) -> Result<Vec<u8>, &'static str> {
     let mut out = Vec::with_capacity(HOLDER_LEN + 32 + response.size());
-    out.extend_from_slice(&[VERSION, COMPLETED]);
+    let kind = if response.trailers().is_some() {
+        COMPLETED_WITH_TRAILERS
+    } else {
+        COMPLETED
+    };
+    out.extend_from_slice(&[VERSION, kind]);
     out.extend_from_slice(&claim.token().to_be_bytes());
     out.extend_from_slice(fingerprint.as_bytes());
     encode_response(response, &mut out)?;
@@ -62,9 +71,22 @@ pub(crate) fn encode_completed(
 /// A completed record's response part: status, headers, body, appended to `out`.
 fn encode_response(response: &StoredResponse, out: &mut Vec<u8>) -> Result<(), &'static str> {
     out.extend_from_slice(&response.status().as_u16().to_be_bytes());
-    let count = u16::try_from(response.headers().len()).map_err(|_| "too many headers")?;
+    encode_fields(response.headers(), out)?;
+    let body_len = u32::try_from(response.body().len()).map_err(|_| "the body is too long")?;
+    out.extend_from_slice(&body_len.to_be_bytes());
+    out.extend_from_slice(response.body());
+    // Trailers follow the body only when there are some (kind `T`), so a record without
+    // them is the same bytes an older server writes and reads.
+    if let Some(trailers) = response.trailers() {
+        encode_fields(trailers, out)?;
+    }
+    Ok(())
+}
+
+fn encode_fields(fields: &HeaderMap, out: &mut Vec<u8>) -> Result<(), &'static str> {
+    let count = u16::try_from(fields.len()).map_err(|_| "too many headers")?;
     out.extend_from_slice(&count.to_be_bytes());
-    for (name, value) in response.headers() {
+    for (name, value) in fields {
         let name = name.as_str().as_bytes();
         let name_len = u16::try_from(name.len()).map_err(|_| "a header name is too long")?;
         let value_len = u32::try_from(value.len()).map_err(|_| "a header value is too long")?;
@@ -73,9 +95,6 @@ fn encode_response(response: &StoredResponse, out: &mut Vec<u8>) -> Result<(), &
         out.extend_from_slice(&value_len.to_be_bytes());
         out.extend_from_slice(value.as_bytes());
     }
-    let body_len = u32::try_from(response.body().len()).map_err(|_| "the body is too long")?;
-    out.extend_from_slice(&body_len.to_be_bytes());
-    out.extend_from_slice(response.body());
     Ok(())
 }
 
@@ -119,6 +138,25 @@ impl<'a> Reader<'a> {
         out.copy_from_slice(self.take(N)?);
         Ok(out)
     }
+
+    /// A count, then each field's name and value (headers, or trailers).
+    fn fields(&mut self) -> Result<HeaderMap, DecodeError> {
+        let count = u16::from_be_bytes(self.array()?);
+        // Not `with_capacity(count)`: it panics past the map's size limit.
+        let mut fields = HeaderMap::new();
+        for _ in 0..count {
+            let len = u16::from_be_bytes(self.array()?);
+            let name = HeaderName::from_bytes(self.take(usize::from(len))?)
+                .map_err(|_| DecodeError::Malformed("header name"))?;
+            let len = u32::from_be_bytes(self.array()?) as usize;
+            let value = HeaderValue::from_bytes(self.take(len)?)
+                .map_err(|_| DecodeError::Malformed("header value"))?;
+            fields
+                .try_append(name, value)
+                .map_err(|_| DecodeError::Malformed("too many headers"))?;
+        }
+        Ok(fields)
+    }
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Entry, DecodeError> {
@@ -132,31 +170,22 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<Entry, DecodeError> {
     let fingerprint = Fingerprint::from_bytes(r.array()?);
     match kind {
         IN_FLIGHT => Ok(Entry::InFlight { fingerprint }),
-        COMPLETED => {
+        COMPLETED | COMPLETED_WITH_TRAILERS => {
             let status = StatusCode::from_u16(u16::from_be_bytes(r.array()?))
                 .map_err(|_| DecodeError::Malformed("status"))?;
-            let count = u16::from_be_bytes(r.array()?);
-            // Not `with_capacity(count)`: it panics past the map's size limit.
-            let mut headers = HeaderMap::new();
-            for _ in 0..count {
-                let len = u16::from_be_bytes(r.array()?);
-                let name = HeaderName::from_bytes(r.take(usize::from(len))?)
-                    .map_err(|_| DecodeError::Malformed("header name"))?;
-                let len = u32::from_be_bytes(r.array()?) as usize;
-                let value = HeaderValue::from_bytes(r.take(len)?)
-                    .map_err(|_| DecodeError::Malformed("header value"))?;
-                headers
-                    .try_append(name, value)
-                    .map_err(|_| DecodeError::Malformed("too many headers"))?;
-            }
+            let headers = r.fields()?;
             let len = u32::from_be_bytes(r.array()?) as usize;
             let body = Bytes::copy_from_slice(r.take(len)?);
+            let mut response = StoredResponse::new(status, headers, body);
+            if kind == COMPLETED_WITH_TRAILERS {
+                response = response.with_trailers(r.fields()?);
+            }
             if !r.0.is_empty() {
                 return Err(DecodeError::Malformed("trailing bytes"));
             }
             Ok(Entry::Completed {
                 fingerprint,
-                response: StoredResponse::new(status, headers, body),
+                response,
             })
         }
         _ => Err(DecodeError::Malformed("kind")),
@@ -192,6 +221,28 @@ mod tests {
                 response
             })
         );
+    }
+
+    #[test]
+    fn trailers_round_trip_and_a_record_cut_before_them_is_an_error() {
+        let fp = Fingerprint::from_bytes([3; 32]);
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        trailers.insert("grpc-message", HeaderValue::from_static("ok"));
+        let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from("m"))
+            .with_trailers(trailers);
+        let bytes = encode_completed(Claim::from_token(9), fp, &response).unwrap();
+        assert_eq!(bytes[1], COMPLETED_WITH_TRAILERS);
+        assert_eq!(
+            decode(&bytes),
+            Ok(Entry::Completed {
+                fingerprint: fp,
+                response
+            })
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
     }
 
     #[test]

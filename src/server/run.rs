@@ -12,7 +12,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use tokio::time::Instant;
@@ -132,15 +132,14 @@ where
 {
     async move {
         match buffered {
-            Buffered::Whole(bytes) => {
+            Buffered::Whole(bytes, trailers) => {
                 if declined {
                     pending.release().await;
                 } else {
-                    let record =
-                        || StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
+                    let record = || whole(&parts, &bytes, trailers.as_ref());
                     pending.keep(record, None).await;
                 }
-                Response::from_parts(parts, ResponseBody::full(bytes))
+                Response::from_parts(parts, ResponseBody::full_with_trailers(bytes, trailers))
             }
             Buffered::Partial {
                 prefix,
@@ -159,6 +158,19 @@ where
                 Response::from_parts(parts, body)
             }
         }
+    }
+}
+
+/// The record of a response read whole, with its trailers.
+pub(crate) fn whole(
+    parts: &http::response::Parts,
+    bytes: &Bytes,
+    trailers: Option<&HeaderMap>,
+) -> StoredResponse {
+    let stored = StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
+    match trailers {
+        Some(trailers) => stored.with_trailers(trailers.clone()),
+        None => stored,
     }
 }
 

@@ -93,20 +93,37 @@ where
         // What needs no await is decided here, so that each kind of request gets a future of
         // its own size: a keyed request's future never holds the inner service's future
         // (that one lives in the keyed call's own box, see `run`).
+        // A gRPC call gets the layer's own answers as gRPC statuses: one header read, for
+        // keyed and refused requests only.
+        #[cfg(feature = "tonic")]
+        let grpc = |req: &Request<B>| crate::classify::grpc::is_grpc(req.headers());
         let key = match key_of(config, &req) {
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::passthrough(inner.call(req.map(Either::Right))),
+            #[cfg(feature = "tonic")]
+            Err(bad) if grpc(&req) => {
+                return ResponseFuture::reply(super::grpc::answer(bad.reply()))
+            }
             Err(bad) => return ResponseFuture::reply(bad.reply()),
         };
+        #[cfg(feature = "tonic")]
+        let grpc = grpc(&req);
         let (parts, body) = req.into_parts();
-        ResponseFuture::keyed(Box::pin(keyed(
+        let call = keyed(
             inner,
             self.renewals.clone(),
             self.config.clone(),
             key,
             parts,
             body,
-        )))
+        );
+        #[cfg(feature = "tonic")]
+        if grpc {
+            return ResponseFuture::keyed(Box::pin(
+                async move { call.await.map(super::grpc::answer) },
+            ));
+        }
+        ResponseFuture::keyed(Box::pin(call))
     }
 }
 

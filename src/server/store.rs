@@ -103,6 +103,8 @@ pub struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
+    /// Boxed: most responses have none, and the record stays small in the stores' maps.
+    trailers: Option<Box<HeaderMap>>,
 }
 
 impl StoredResponse {
@@ -112,7 +114,20 @@ impl StoredResponse {
             status,
             headers,
             body,
+            trailers: None,
         }
+    }
+
+    /// The response with the trailers its body ended with (a gRPC response's `grpc-status`),
+    /// replayed after the body.
+    pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
+        self.trailers = Some(Box::new(trailers));
+        self
+    }
+
+    /// The trailers, if the body ended with some.
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_deref()
     }
 
     /// The status.
@@ -137,7 +152,8 @@ impl StoredResponse {
     /// them, or a 12-byte header could keep a whole read buffer alive.
     pub(crate) fn with_own_body(mut self) -> Self {
         self.body = Bytes::copy_from_slice(&self.body);
-        for value in self.headers.values_mut() {
+        let trailers = self.trailers.iter_mut().flat_map(|t| t.values_mut());
+        for value in self.headers.values_mut().chain(trailers) {
             if let Ok(own) = HeaderValue::from_bytes(value.as_bytes()) {
                 let sensitive = value.is_sensitive();
                 *value = own;
@@ -152,6 +168,7 @@ impl StoredResponse {
         let headers: usize = self
             .headers
             .iter()
+            .chain(self.trailers.iter().flat_map(|t| t.iter()))
             .map(|(k, v)| k.as_str().len() + v.len() + 32)
             .sum();
         self.body.len() + headers + 64

@@ -43,7 +43,7 @@ use super::replay::{Recorded, ReplayBuffer};
     message = "the retry layer cannot send a `{Self}` request body again",
     label = "this body type is not a `ReplayBody`",
     note = "wrap a streaming body in `tower_retry_safety::Replayable::new(body)` and build the client for `Replayable<{Self}>`; it is then recorded up to the policy's `replay_buffer` for retries",
-    note = "bodies that work as they are: `Full<Bytes>`, `Empty<Bytes>`, `Bytes`, `String`, `Vec<u8>`, `BoxBody`, `UnsyncBoxBody`, `hyper::body::Incoming` (sent once), `reqwest::Body` (feature `reqwest-middleware`) and `axum::body::Body` (feature `axum`)"
+    note = "bodies that work as they are: `Full<Bytes>`, `Empty<Bytes>`, `Bytes`, `String`, `Vec<u8>`, `BoxBody`, `UnsyncBoxBody`, `hyper::body::Incoming` (sent once), `reqwest::Body` (feature `reqwest-middleware`), `axum::body::Body` (feature `axum`) and `tonic::body::Body` (feature `tonic`)"
 )]
 pub trait ReplayBody: Sized {
     /// A body that sends the same bytes again, or `None` if this body cannot be copied.
@@ -52,8 +52,9 @@ pub trait ReplayBody: Sized {
     /// Makes a body that cannot be copied ready to be recorded as it streams, so that a retry
     /// can replay it (see [`Replayable`](crate::Replayable)). Called only when the request may be retried and
     /// the policy's replay buffer is on. Defaults to [`Recorded::once`]: the body is sent
-    /// once. `BoxBody`, `UnsyncBoxBody`, [`Replayable`](crate::Replayable) and (with the `reqwest-middleware`
-    /// feature) `reqwest::Body` record themselves with [`Recorded::stream`].
+    /// once. `BoxBody`, `UnsyncBoxBody`, [`Replayable`](crate::Replayable) and (with their
+    /// features) `reqwest::Body`, axum's and tonic's `Body` record themselves with
+    /// [`Recorded::stream`].
     fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
         let _ = buffer;
         Recorded::once(self)

@@ -179,7 +179,10 @@ where
             let (result, reason) = match this.state.as_mut().project() {
                 StateProj::Called { future, timer } => {
                     let result = ready!(poll_attempt(future, timer, this.attempts, cx));
-                    let resend = this.retry.as_ref().map(|r| r.body.check(result.is_ok()));
+                    let resend = this
+                        .retry
+                        .as_ref()
+                        .map(|r| r.body.check(responded(&result, this.attempts.is_grpc())));
                     match this.attempts.on_outcome(Outcome::of(&result), resend) {
                         // Finished here rather than below: the response is then not moved
                         // once more on the common path (one response, no retry).
@@ -332,6 +335,23 @@ fn extend_or_cut(timer: &mut AttemptTimer, attempts: &Attempts) -> Option<TimedO
             *timer = None;
             None
         }
+    }
+}
+
+/// Whether the attempt ended in a response that may have left the body's rest on its way
+/// (see [`NotReplayable::ResponseBeforeEnd`]). A gRPC call answered trailers-only is over:
+/// the server took none of the rest, and A6 retries it, so its body may be replayed once the
+/// transport gives it back.
+#[inline]
+fn responded<B>(result: &Result<Response<B>, BoxError>, grpc: bool) -> bool {
+    match result {
+        #[cfg(feature = "tonic")]
+        Ok(res) if grpc => !crate::classify::grpc::is_trailers_only(res.headers()),
+        Ok(_) => {
+            let _ = grpc;
+            true
+        }
+        Err(_) => false,
     }
 }
 

@@ -42,6 +42,9 @@ struct Rules {
     key_hosts: Vec<String>,
     key_routes: Vec<(Method, String, bool)>,
     mint_idempotency_keys: bool,
+    /// Routes read from gRPC descriptor sets (`grpc_descriptors`), or why one was refused.
+    #[cfg(feature = "tonic")]
+    proto: grpc::ProtoRoutes,
 }
 
 /// How many retries, when, and within what.
@@ -129,6 +132,8 @@ impl RetryPolicyBuilder {
                 key_hosts: Vec::new(),
                 key_routes: Vec::new(),
                 mint_idempotency_keys: false,
+                #[cfg(feature = "tonic")]
+                proto: grpc::ProtoRoutes::default(),
             },
             timing: Timing {
                 max_retries: 2,
@@ -168,7 +173,7 @@ impl RetryPolicyBuilder {
     }
 
     /// Checks every setting and builds the policy.
-    pub fn build(self) -> Result<RetryPolicy, BuildError> {
+    pub fn build(#[allow(unused_mut)] mut self) -> Result<RetryPolicy, BuildError> {
         if self.timing.max_retries > MAX_RETRIES_LIMIT {
             return Err(BuildError::setting(
                 "max_retries",
@@ -227,6 +232,8 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
+        #[cfg(feature = "tonic")]
+        self.rules.proto.add_to(&mut self.rules.routes)?;
         let mut key_trust = KeyTrust {
             everywhere: self.rules.honor_idempotency_key
                 || (self.rules.mint_idempotency_keys && self.rules.key_hosts.is_empty()),
@@ -319,6 +326,8 @@ fn check_tps(ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Result<(), 
     Ok(())
 }
 
+#[cfg(feature = "tonic")]
+mod grpc;
 mod headers;
 mod limits;
 mod responses;

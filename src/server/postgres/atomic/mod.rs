@@ -214,6 +214,9 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = &self.config;
+        // A gRPC call gets the layer's own answers as gRPC statuses (as in lease mode).
+        #[cfg(feature = "tonic")]
+        let grpc = crate::classify::grpc::is_grpc(req.headers());
         let key = match key_of(config, &req) {
             Ok(Some(key)) => key,
             Ok(None) => {
@@ -223,16 +226,25 @@ where
                     Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, None, body)))
                 });
             }
+            #[cfg(feature = "tonic")]
+            Err(bad) if grpc => {
+                return Box::pin(ready(Ok(crate::server::grpc::answer(bad.reply()))))
+            }
             Err(bad) => return Box::pin(ready(Ok(bad.reply()))),
         };
         let (parts, body) = req.into_parts();
-        Box::pin(claim::keyed(
+        let call = claim::keyed(
             inner,
             self.store.clone(),
             self.config.clone(),
             key,
             parts,
             body,
-        ))
+        );
+        #[cfg(feature = "tonic")]
+        if grpc {
+            return Box::pin(async move { call.await.map(crate::server::grpc::answer) });
+        }
+        Box::pin(call)
     }
 }

@@ -20,7 +20,7 @@ use crate::server::outcome::retry_later;
 use crate::server::postgres::sql::{Sql, STILL_LOCKED};
 use crate::server::postgres::{secs, token, PostgresStore};
 use crate::server::record;
-use crate::server::store::{self, Fingerprint, StoredResponse};
+use crate::server::store::{self, Fingerprint};
 use crate::server::ResponseBody;
 use crate::BoxError;
 
@@ -71,12 +71,11 @@ impl Run {
         };
         let (parts, body) = res.into_parts();
         let (stored, res) = match buffer(body, self.config.max_response_bytes).await {
-            Buffered::Whole(bytes) => {
-                let stored =
-                    StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
+            Buffered::Whole(bytes, trailers) => {
+                let stored = crate::server::run::whole(&parts, &bytes, trailers.as_ref());
                 (
                     stored,
-                    Response::from_parts(parts, ResponseBody::full(bytes)),
+                    Response::from_parts(parts, ResponseBody::full_with_trailers(bytes, trailers)),
                 )
             }
             Buffered::Partial {

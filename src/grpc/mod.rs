@@ -1,0 +1,70 @@
+//! gRPC over tonic (feature `tonic`): the layer on a `tonic::transport::Channel`.
+//!
+//! tonic is a tower stack over hyper, so the [`RetryPolicy`](crate::RetryPolicy) layer goes
+//! directly on a `Channel`, under the generated client:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_retry_safety::{grpc, RetryPolicy};
+//!
+//! # fn demo(
+//! #     channel: tonic::transport::Channel,
+//! #     descriptors: &prost_types::FileDescriptorSet,
+//! # ) -> Result<(), Box<dyn std::error::Error>> {
+//! let policy = RetryPolicy::builder()
+//!     .grpc_descriptors(descriptors) // NO_SIDE_EFFECTS and IDEMPOTENT methods are reads
+//!     .attempt_timeout(Duration::from_millis(500))
+//!     .build()?;
+//! let svc = ServiceBuilder::new()
+//!     .map_err(grpc::into_status)
+//!     .layer(policy)
+//!     .service(channel);
+//! // let client = MyServiceClient::new(svc);
+//! # let _ = svc;
+//! # Ok(()) }
+//! ```
+//!
+//! What changes for gRPC:
+//!
+//! - **The failure class** comes from `grpc-status` in a trailers-only response, per gRFC A6
+//!   and the gRPC status-code guide:
+//!
+//!   | `grpc-status` | class |
+//!   |---|---|
+//!   | `OK` | final |
+//!   | `UNAVAILABLE` | retryable response: a read is repeated, a write is not (the call may have run) |
+//!   | `RESOURCE_EXHAUSTED` | retryable response: a throttle; a write is not repeated |
+//!   | `DEADLINE_EXCEEDED` | retryable response, within the caller's deadline |
+//!   | `ABORTED` | retryable response for a keyed call (the server's "original in flight") or with `grpc-retry-pushback-ms`; final otherwise |
+//!   | every other code, and a malformed one | final |
+//!
+//!   A transport error is classified as for HTTP: a call that provably never left (connect
+//!   refused, `REFUSED_STREAM`) is retried for writes too. Response headers without a
+//!   `grpc-status` commit the call: it is never retried after them (A6).
+//! - **The server's hint**: `grpc-retry-pushback-ms` is the wait before the retry; a negative
+//!   or unreadable value means "do not retry"; a wait over
+//!   [`max_retry_after`](crate::RetryPolicyBuilder::max_retry_after) ends the retries.
+//! - **The deadline**: a `grpc-timeout` the caller set (tonic's `Request::set_timeout`) is
+//!   the call's deadline, with the policy's
+//!   [`deadline`](crate::RetryPolicyBuilder::deadline) if shorter; each attempt is sent with
+//!   the time left as its `grpc-timeout`, and a retry with `grpc-previous-rpc-attempts`.
+//! - **The request verdict**: route rules on `/package.Service/Method` (every call is a
+//!   POST), markers and `idempotency-key` metadata work as for HTTP; [`grpc_descriptors`](crate::RetryPolicyBuilder::grpc_descriptors)
+//!   reads each method's `idempotency_level` from the service's descriptor set.
+//! - **Bodies**: tonic's `Body` is recorded as it is sent (see
+//!   [`ReplayBody`](crate::ReplayBody)).
+//! - **Errors**: [`into_status`] (for `map_err`) and [`status_of`] turn this crate's
+//!   [`Error`](crate::Error) into a `tonic::Status` that says whether the call may have been
+//!   applied; a failed status the server answered carries [`ATTEMPTS_KEY`] and
+//!   [`MAY_HAVE_BEEN_APPLIED_KEY`] in its metadata too.
+//! - **Server**: [`IdempotencyLayer`](crate::server::IdempotencyLayer) in front of a tonic
+//!   server reads the key from the `idempotency-key` metadata, replays a stored response with
+//!   its trailers (its `grpc-status`), and answers a gRPC call's conflicts as gRPC statuses
+//!   (a key in flight: `ABORTED` with `grpc-retry-pushback-ms`; a key reused with another
+//!   call, or malformed: `INVALID_ARGUMENT`).
+
+mod body;
+mod status;
+
+pub use status::{into_status, status_of, ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};

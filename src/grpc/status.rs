@@ -1,0 +1,72 @@
+//! This crate's error as a `tonic::Status`.
+
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Status};
+
+use crate::Error;
+
+/// Metadata key of the attempts made, in a `tonic::Status` made by [`status_of`], and in the
+/// status of a call whose last attempt the server answered with a failed `grpc-status`.
+pub const ATTEMPTS_KEY: &str = "retry-safety-attempts";
+/// Metadata key saying whether the call may have been applied (`true` or `false`), in the
+/// same statuses.
+pub const MAY_HAVE_BEEN_APPLIED_KEY: &str = "retry-safety-may-have-been-applied";
+
+/// The `tonic::Status` a caller gets for `err`.
+///
+/// The code says what a caller's own retry loop may do: `UNAVAILABLE` only when no attempt
+/// reached the server (a repeat is harmless); `DEADLINE_EXCEEDED` when the call timed out
+/// after it may have been applied; `UNKNOWN` for any other call that may have been applied,
+/// and `INTERNAL` for an error retrying cannot fix. The message is the error's `Display`:
+/// the method, whether the call may have been applied and what to check, never a header value
+/// or a body byte. The metadata carries [`ATTEMPTS_KEY`] and [`MAY_HAVE_BEEN_APPLIED_KEY`].
+///
+/// Put `map_err(`[`into_status`]`)` over the layer so that a generated client returns it
+/// (tonic would otherwise make its own `Status` from the error, which does not say whether the
+/// call may have been applied):
+///
+/// ```
+/// use tower::ServiceBuilder;
+/// use tower_retry_safety::{grpc, RetryPolicy};
+///
+/// # fn demo(channel: tonic::transport::Channel) -> Result<(), Box<dyn std::error::Error>> {
+/// let svc = ServiceBuilder::new()
+///     .map_err(grpc::into_status)
+///     .layer(RetryPolicy::builder().build()?)
+///     .service(channel);
+/// # let _ = svc; Ok(()) }
+/// ```
+pub fn status_of(err: &Error) -> Status {
+    let code = if !err.is_ambiguous() {
+        // Nothing reached the server (or the service failed before any attempt).
+        if err.failure_class() == Some(crate::FailureClass::Final) {
+            Code::Internal
+        } else {
+            Code::Unavailable
+        }
+    } else if err.is_timeout() {
+        Code::DeadlineExceeded
+    } else {
+        Code::Unknown
+    };
+    let mut status = Status::new(code, err.to_string());
+    let metadata = status.metadata_mut();
+    metadata.insert(ATTEMPTS_KEY, MetadataValue::from(err.attempts()));
+    metadata.insert(
+        MAY_HAVE_BEEN_APPLIED_KEY,
+        MetadataValue::from_static(if err.is_ambiguous() { "true" } else { "false" }),
+    );
+    status
+}
+
+/// [`status_of`], taking the error: for `map_err`, where `tonic::Status::from` would need
+/// its type spelled out.
+pub fn into_status(err: Error) -> Status {
+    status_of(&err)
+}
+
+impl From<Error> for Status {
+    fn from(err: Error) -> Self {
+        status_of(&err)
+    }
+}

@@ -1,0 +1,201 @@
+//! Route rules from a gRPC service's descriptors: each method's `idempotency_level`.
+
+use prost::Message;
+use prost_types::method_options::IdempotencyLevel;
+use prost_types::FileDescriptorSet;
+
+use super::*;
+
+/// The harmless methods' paths read so far, or the first descriptor set that was refused.
+#[derive(Debug, Default)]
+pub(super) struct ProtoRoutes {
+    paths: Vec<String>,
+    refused: Option<BuildError>,
+}
+
+impl ProtoRoutes {
+    /// Adds a rule for each path that has none of its own: a rule given by hand outranks
+    /// the proto.
+    pub(super) fn add_to(
+        &mut self,
+        routes: &mut Vec<(Method, String, Idempotency)>,
+    ) -> Result<(), BuildError> {
+        if let Some(err) = self.refused.take() {
+            return Err(err);
+        }
+        for path in self.paths.drain(..) {
+            if !routes
+                .iter()
+                .any(|(m, t, _)| m == Method::POST && *t == path)
+            {
+                routes.push((Method::POST, path, Idempotency::Idempotent));
+            }
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, set: &FileDescriptorSet) {
+        for file in &set.file {
+            let package = file.package();
+            for service in &file.service {
+                for method in &service.method {
+                    let level = method
+                        .options
+                        .as_ref()
+                        .map_or(IdempotencyLevel::IdempotencyUnknown, |o| {
+                            o.idempotency_level()
+                        });
+                    // IDEMPOTENCY_UNKNOWN says nothing: the call stays a POST, a write.
+                    if level == IdempotencyLevel::IdempotencyUnknown {
+                        continue;
+                    }
+                    let (service, method) = (service.name(), method.name());
+                    // Names from bytes are checked, so no rule can be a template by accident.
+                    if !is_full_name(package) || !is_name(service) || !is_name(method) {
+                        self.refused.get_or_insert(BuildError::setting(
+                            "grpc_descriptors",
+                            format!(
+                                "{package:?}.{service:?}/{method:?} is not a proto name \
+                                 (letters, digits and `_`, dotted in the package)"
+                            ),
+                        ));
+                        continue;
+                    }
+                    let path = if package.is_empty() {
+                        format!("/{service}/{method}")
+                    } else {
+                        format!("/{package}.{service}/{method}")
+                    };
+                    self.paths.push(path);
+                }
+            }
+        }
+    }
+}
+
+fn is_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+fn is_full_name(package: &str) -> bool {
+    package.is_empty() || package.split('.').all(is_name)
+}
+
+impl RetryPolicyBuilder {
+    /// Rules from a gRPC service's descriptors (feature `tonic`): each method whose
+    /// `idempotency_level` is `NO_SIDE_EFFECTS` or `IDEMPOTENT` gets a rule
+    /// [`Idempotent`](Idempotency::Idempotent) for `POST /package.Service/Method`, so the
+    /// proto, not a list by hand, says which calls are safe to repeat. A method without the
+    /// option stays a write. A [`route`](Self::route) given by hand for the same path
+    /// outranks the proto's.
+    ///
+    /// Defaults to none. [`build`](Self::build) refuses a name that is not a proto name.
+    ///
+    /// ```
+    /// use prost_types::{
+    ///     method_options::IdempotencyLevel, FileDescriptorProto, FileDescriptorSet,
+    ///     MethodDescriptorProto, MethodOptions, ServiceDescriptorProto,
+    /// };
+    /// use tower_retry_safety::{Idempotency, RetryPolicy};
+    ///
+    /// let method = |name: &str, level: IdempotencyLevel| MethodDescriptorProto {
+    ///     name: Some(name.into()),
+    ///     options: Some(MethodOptions {
+    ///         idempotency_level: Some(level as i32),
+    ///         ..Default::default()
+    ///     }),
+    ///     ..Default::default()
+    /// };
+    /// let set = FileDescriptorSet {
+    ///     file: vec![FileDescriptorProto {
+    ///         package: Some("lab.v1".into()),
+    ///         service: vec![ServiceDescriptorProto {
+    ///             name: Some("Ledger".into()),
+    ///             method: vec![
+    ///                 method("Count", IdempotencyLevel::NoSideEffects),
+    ///                 method("Append", IdempotencyLevel::IdempotencyUnknown),
+    ///             ],
+    ///             ..Default::default()
+    ///         }],
+    ///         ..Default::default()
+    ///     }],
+    /// };
+    /// let policy = RetryPolicy::builder().grpc_descriptors(&set).build()?;
+    ///
+    /// let count = http::Request::post("http://svc/lab.v1.Ledger/Count").body(())?;
+    /// assert_eq!(policy.classify(&count).idempotency(), Idempotency::Idempotent);
+    /// let append = http::Request::post("http://svc/lab.v1.Ledger/Append").body(())?;
+    /// assert_eq!(policy.classify(&append).idempotency(), Idempotency::NonIdempotent);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn grpc_descriptors(mut self, set: &FileDescriptorSet) -> Self {
+        self.rules.proto.read(set);
+        self
+    }
+
+    /// [`grpc_descriptors`](Self::grpc_descriptors) from an encoded `FileDescriptorSet`
+    /// (what `tonic-prost-build`'s `file_descriptor_set_path` writes, or a reflection
+    /// service serves). [`build`](Self::build) refuses bytes that do not decode.
+    pub fn grpc_descriptor_bytes(mut self, bytes: &[u8]) -> Self {
+        match FileDescriptorSet::decode(bytes) {
+            Ok(set) => self.rules.proto.read(&set),
+            Err(err) => {
+                self.rules.proto.refused.get_or_insert(BuildError::setting(
+                    "grpc_descriptor_bytes",
+                    format!("not an encoded FileDescriptorSet: {err}"),
+                ));
+            }
+        }
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_bytes_and_bad_names_fail_build_naming_the_setting() {
+        let err = RetryPolicy::builder()
+            .grpc_descriptor_bytes(b"\xff\xff\xff")
+            .build()
+            .unwrap_err();
+        assert_eq!(err.setting_name(), "grpc_descriptor_bytes");
+
+        let set = FileDescriptorSet {
+            file: vec![prost_types::FileDescriptorProto {
+                package: Some("lab.v1".into()),
+                service: vec![prost_types::ServiceDescriptorProto {
+                    name: Some("Ledger".into()),
+                    method: vec![prost_types::MethodDescriptorProto {
+                        name: Some("{*any}".into()),
+                        options: Some(prost_types::MethodOptions {
+                            idempotency_level: Some(IdempotencyLevel::Idempotent as i32),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let err = RetryPolicy::builder()
+            .grpc_descriptors(&set)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.setting_name(), "grpc_descriptors");
+        assert!(err.to_string().contains("not a proto name"), "{err}");
+    }
+
+    #[test]
+    fn names_are_proto_names() {
+        assert!(is_name("Ledger") && is_name("_x1") && !is_name("1x") && !is_name(""));
+        assert!(is_full_name("") && is_full_name("a.b_c.D") && !is_full_name("a..b"));
+        assert!(!is_full_name("a/{b}"));
+    }
+}
