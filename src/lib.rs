@@ -154,6 +154,7 @@ mod budget;
 mod build_error;
 pub mod classify;
 mod error;
+mod hedge;
 pub mod peek;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
@@ -170,6 +171,7 @@ pub use classify::{
     VerdictSource,
 };
 pub use error::{Error, MayHaveBeenApplied};
+pub use hedge::Hedge;
 pub use peek::{PeekBody, PeekBodyLayer, PeekedBody};
 pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,

@@ -65,6 +65,7 @@ impl Attempts {
             request_id: self.request_id.clone(),
             idempotency_key: self.idempotency_key.clone(),
             last_stop: stop,
+            hedge: None,
         }
     }
 
@@ -80,6 +81,7 @@ impl Attempts {
             request_id: self.request_id.clone(),
             idempotency_key: self.idempotency_key.clone(),
             body: None,
+            hedging: Default::default(),
         }
     }
 

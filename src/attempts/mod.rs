@@ -3,8 +3,11 @@
 //! front ends drive this one type, so the decision has one code path.
 
 mod body_cut;
+mod hedge;
+mod log;
 mod plan;
 
+pub(crate) use hedge::HedgeStep;
 pub(crate) use plan::Plan;
 use plan::{printable, MAX_REQUEST_ID_LEN};
 
@@ -103,6 +106,9 @@ pub(crate) struct Attempts {
     idempotency_key: Option<Box<str>>,
     /// Why the last decision stopped (kept only for a body that resumes after `finish`).
     last_stop: StopReason,
+    /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
+    /// not hedged pays one word).
+    hedge: Option<Box<hedge::HedgeRun>>,
 }
 
 impl Attempts {
@@ -161,6 +167,7 @@ impl Attempts {
             request_id,
             idempotency_key,
             last_stop: StopReason::Final,
+            hedge: None,
         }
     }
 
@@ -203,6 +210,19 @@ impl Attempts {
     /// it kept can no longer be sent, and why).
     #[inline]
     pub(crate) fn on_outcome(
+        &mut self,
+        outcome: Outcome<'_>,
+        resend: Option<Result<(), NotReplayable>>,
+    ) -> Step {
+        if self.hedge.is_some() {
+            self.record_latency(None, &outcome);
+        }
+        self.decide_outcome(outcome, resend)
+    }
+
+    /// [`on_outcome`](Self::on_outcome) without counting the attempt's latency.
+    #[inline]
+    fn decide_outcome(
         &mut self,
         outcome: Outcome<'_>,
         resend: Option<Result<(), NotReplayable>>,
@@ -277,14 +297,18 @@ impl Attempts {
     /// Marks the start of the next attempt, and numbers it in the request's headers when the
     /// policy has an attempt header.
     #[inline]
-    pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) {
-        let number = self.records.len() + 1;
+    pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) -> u32 {
+        let number = match &mut self.hedge {
+            None => self.records.len() + 1,
+            Some(run) => run.sent(),
+        };
         if number > 1 {
             self.last_attempt_at = SystemTime::now();
         }
         if let Some(name) = &self.policy.headers().attempt_header {
             headers.insert(name.clone(), HeaderValue::from(number));
         }
+        number
     }
 
     /// `extensions` are the response's: a body classifier inside the layer leaves its verdict
@@ -371,80 +395,6 @@ impl Attempts {
         decision
     }
 
-    /// One event per decision that is not the plain end of a request, with OpenTelemetry's
-    /// HTTP field names where one exists. A retry is `debug`; a suppressed retry, and a retry
-    /// that was refused though the failure called for one (budget, body, deadline, a wait too
-    /// long), are `warn`: an operator should see those.
-    fn log(
-        &self,
-        attempt: u32,
-        outcome: &Classification,
-        status: Option<StatusCode>,
-        decision: Decision,
-    ) {
-        let method = &self.target.method;
-        let path = self.target.path();
-        let class = outcome.class().as_str();
-        let status = status.map(|s| s.as_u16());
-        let resend_count = attempt - 1;
-        // The fields every attempt event carries, then the event's own.
-        macro_rules! event {
-            ($level:expr, $($rest:tt)*) => {
-                tracing::event!(
-                    $level,
-                    http.request.method = %method,
-                    url.path = path,
-                    attempt,
-                    http.request.resend_count = resend_count,
-                    error.r#type = class,
-                    http.response.status_code = status,
-                    $($rest)*
-                )
-            };
-        }
-        use tracing::Level;
-        match decision {
-            Decision::Retry { after } => event!(
-                Level::DEBUG,
-                delay_ms = after.as_millis() as u64,
-                "retrying request"
-            ),
-            Decision::Stop(StopReason::SuppressedNotIdempotent) => event!(
-                Level::WARN,
-                verdict_source = self.verdict.source().as_str(),
-                request_id = self.request_id.as_deref(),
-                idempotency_key_untrusted = self.idempotency_key.is_some(),
-                "retry suppressed: the request is not idempotent and may have been applied"
-            ),
-            Decision::Stop(StopReason::Replayed) => event!(
-                Level::DEBUG,
-                request_id = self.request_id.as_deref(),
-                "not retrying request: the response is the server's replay of a stored response"
-            ),
-            Decision::Stop(
-                reason @ (StopReason::Budget
-                | StopReason::BodyNotReplayable
-                | StopReason::Deadline
-                | StopReason::RetryAfterTooLong),
-            ) if outcome.class() != FailureClass::Final
-                || reason == StopReason::RetryAfterTooLong =>
-            {
-                event!(
-                    Level::WARN,
-                    reason = reason.as_str(),
-                    request_id = self.request_id.as_deref(),
-                    "retry refused"
-                )
-            }
-            Decision::Stop(reason) if outcome.class() != FailureClass::Final => event!(
-                Level::DEBUG,
-                reason = reason.as_str(),
-                "not retrying request"
-            ),
-            Decision::Stop(_) => {}
-        }
-    }
-
     /// The report, its parts taken out of `self`, which is spent afterwards.
     #[inline]
     pub(crate) fn take_report(&mut self, stop: StopReason) -> RetryReport {
@@ -460,6 +410,10 @@ impl Attempts {
                 StopReason::BodyNotReplayable => self.not_replayable,
                 _ => None,
             },
+            hedging: self
+                .hedge
+                .as_ref()
+                .map_or_else(Default::default, |h| h.summary()),
         }
     }
 

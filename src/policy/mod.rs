@@ -78,6 +78,7 @@ pub(crate) struct Inner {
     replay_buffer: usize,
     budget: Option<Arc<dyn Budget + Send + Sync>>,
     headers: Headers,
+    hedge: Option<crate::hedge::Hedger>,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -104,6 +105,7 @@ impl fmt::Debug for RetryPolicy {
             .field("replay_header", &i.responses.replay_header)
             .field("request_id_header", &i.headers.request_id_header)
             .field("attempt_header", &i.headers.attempt_header)
+            .field("hedge", &i.hedge)
             .finish()
     }
 }
@@ -137,6 +139,12 @@ impl RetryPolicy {
     #[inline]
     pub(crate) fn replay_buffer(&self) -> usize {
         self.inner.replay_buffer
+    }
+
+    /// The policy's hedging, if it hedges.
+    #[inline]
+    pub(crate) fn hedging(&self) -> Option<&crate::hedge::Hedger> {
+        self.inner.hedge.as_ref()
     }
 
     /// The caller's attempt hook, if any.

@@ -9,6 +9,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::hedged::{self, Hedged};
 use super::replay::{keep_stream, Kept};
 use super::{LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
@@ -48,6 +49,8 @@ pin_project! {
         // Waiting for the inner service to accept the next attempt, with the next attempt's
         // body when it came from the recording (a copy is made once the service is ready).
         Readying { body: Option<B> },
+        // A hedged request: its attempts in flight, boxed (only a hedged request pays for it).
+        Hedged { hedged: Box<Hedged<F>> },
         // The outcome was returned.
         Done,
     }
@@ -55,14 +58,14 @@ pin_project! {
 
 /// The timer that cuts an attempt, and why it would (`None`: no deadline, no per-attempt
 /// timeout).
-type AttemptTimer = Option<(Pin<Box<Sleep>>, TimedOut)>;
+pub(super) type AttemptTimer = Option<(Pin<Box<Sleep>>, TimedOut)>;
 
 /// What a retry needs: a service of its own and a copy of the request. The copy has no URI:
 /// the attempts' target keeps the one copy of it.
-struct Replay<S, B> {
-    service: S,
+pub(super) struct Replay<S, B> {
+    pub(super) service: S,
     parts: Parts,
-    body: Kept<B>,
+    pub(super) body: Kept<B>,
 }
 
 /// The request's parts but its URI, which stays the default (`/`, no allocation).
@@ -87,6 +90,7 @@ where
             } => "waiting before retry",
             State::Waiting { for_body: true, .. } => "waiting for the body",
             State::Readying { .. } => "waiting for the service",
+            State::Hedged { .. } => "hedging",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -131,6 +135,14 @@ where
         let marks_attempts = plan.marks_attempts();
         let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
         let mut attempts = Attempts::start(policy, plan, target, why_not);
+        // One branch when the policy does not hedge.
+        let hedge = match policy.hedging() {
+            None => None,
+            Some(_) => attempts.plan_hedge(
+                || crate::classify::host::of_request(&parts.uri, &parts.headers),
+                matches!(kept, Some(Kept::Copy(_))),
+            ),
+        };
         let retry = kept.map(|body| Replay {
             service: service.clone(),
             parts: parts_without_uri(&parts),
@@ -144,8 +156,14 @@ where
         attempts.next_attempt(&mut parts.headers);
         let timer = attempt_timer(&attempts);
         let future = service.call(Request::from_parts(parts, body));
+        let state = match hedge {
+            None => State::Called { future, timer },
+            Some(delay) => State::Hedged {
+                hedged: Box::new(Hedged::new(future, timer, delay)),
+            },
+        };
         ResponseFuture {
-            state: State::Called { future, timer },
+            state,
             retry,
             attempts,
         }
@@ -214,6 +232,13 @@ where
                         }
                     }
                 }
+                StateProj::Hedged { hedged } => {
+                    let replay = this
+                        .retry
+                        .as_mut()
+                        .expect("a hedged request keeps its body");
+                    ready!(hedged::poll(hedged, replay, this.attempts, cx))
+                }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             return Poll::Ready(stop(this.state, this.retry, this.attempts, result, reason));
@@ -279,7 +304,7 @@ fn poll_wait<B: ReplayBody>(
 /// Polls the attempt in flight, cut by the policy's clock if it runs out first (the attempt is
 /// then dropped with its state: cut, maybe sent).
 #[inline(always)]
-fn poll_attempt<F, R, E>(
+pub(super) fn poll_attempt<F, R, E>(
     future: Pin<&mut F>,
     timer: &mut AttemptTimer,
     cx: &mut Context<'_>,
@@ -300,7 +325,7 @@ where
 
 /// Sends the next attempt with `body`.
 #[inline]
-fn resend<S, B>(
+pub(super) fn resend<S, B>(
     replay: &mut Replay<S, B>,
     attempts: &mut Attempts,
     body: B,
@@ -323,7 +348,10 @@ where
 /// A body that could not be sent again after all: the outcome that stops the retries (the
 /// last attempt's own outcome was already dropped for the retry).
 #[cold]
-fn refused<R>(attempts: &mut Attempts, why: NotReplayable) -> (Result<R, BoxError>, StopReason) {
+pub(super) fn refused<R>(
+    attempts: &mut Attempts,
+    why: NotReplayable,
+) -> (Result<R, BoxError>, StopReason) {
     attempts.refuse_replay(why);
     (Err(why.to_string().into()), StopReason::BodyNotReplayable)
 }

@@ -33,6 +33,7 @@
 
 mod body;
 mod future;
+mod hedged;
 mod layer;
 pub(crate) mod replay;
 pub(crate) mod report;

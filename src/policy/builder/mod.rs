@@ -31,6 +31,7 @@ pub struct RetryPolicyBuilder {
     timing: Timing,
     responses: Responses,
     headers: Headers,
+    hedge: Option<crate::Hedge>,
 }
 
 /// Route rules, host rules and trust in keys, as given (checked in `build`).
@@ -163,6 +164,7 @@ impl RetryPolicyBuilder {
                 request_id_header: Some(HeaderName::from_static("x-request-id")),
                 attempt_header: None,
             },
+            hedge: None,
         }
     }
 
@@ -226,6 +228,7 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
+        let hedge = self.hedge.map(crate::Hedge::build).transpose()?;
         let mut key_trust = KeyTrust {
             everywhere: self.rules.honor_idempotency_key
                 || (self.rules.mint_idempotency_keys && self.rules.key_hosts.is_empty()),
@@ -290,6 +293,7 @@ impl RetryPolicyBuilder {
                 replay_buffer: self.timing.replay_buffer,
                 budget,
                 headers: self.headers,
+                hedge,
             }),
         })
     }
@@ -319,6 +323,7 @@ fn check_tps(ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Result<(), 
 }
 
 mod headers;
+mod hedge;
 mod limits;
 mod responses;
 mod rules;
