@@ -38,7 +38,7 @@ async fn server(seen: Arc<AtomicU64>) -> String {
                 let svc = service_fn(move |_req: Request<Incoming>| {
                     let n = seen.fetch_add(1, Ordering::Relaxed);
                     async move {
-                        let slow = splitmix(n) % 20 == 0;
+                        let slow = splitmix(n).is_multiple_of(20);
                         let ms = if slow { 50 } else { 1 };
                         tokio::time::sleep(Duration::from_millis(ms)).await;
                         Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"ok"))))
