@@ -180,8 +180,8 @@ pub use policy::{
 pub use reqwest::{PeekBodyMiddleware, ReadWholeMiddleware, RetrySafetyMiddleware};
 pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
 pub use service::{
-    AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
-    RetryReport, RetrySafety,
+    attempt_number, AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable,
+    ResponseFuture, RetryReport, RetrySafety,
 };
 /// The trait of retry budgets that [`RetryPolicyBuilder::budget`] takes (tower's), re-exported
 /// so a custom budget needs no `tower` import; [`TpsBudget`] is tower's implementation.

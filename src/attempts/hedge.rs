@@ -17,14 +17,17 @@ pub(crate) struct HedgeRun {
     slot: usize,
     /// When each attempt was sent, in the order sent.
     starts: Vec<Instant>,
+    /// The next send is a hedge (for its span).
+    next_is_hedge: bool,
     summary: HedgeSummary,
 }
 
 impl HedgeRun {
-    /// Marks an attempt sent; its number, from 1.
-    pub(super) fn sent(&mut self) -> u32 {
+    /// Marks an attempt sent; its number, from 1, and whether it is a hedge.
+    pub(super) fn sent(&mut self) -> (u32, bool) {
         self.starts.push(Instant::now());
-        self.starts.len() as u32
+        let hedge = std::mem::take(&mut self.next_is_hedge);
+        (self.starts.len() as u32, hedge)
     }
 
     pub(super) fn summary(&self) -> HedgeSummary {
@@ -72,6 +75,7 @@ impl Attempts {
         self.hedge = Some(Box::new(HedgeRun {
             slot,
             starts: Vec::with_capacity(2),
+            next_is_hedge: false,
             summary: HedgeSummary::default(),
         }));
         if !copyable {
@@ -98,6 +102,7 @@ impl Attempts {
             return false;
         }
         run.summary.hedges += 1;
+        run.next_is_hedge = true;
         true
     }
 
@@ -148,6 +153,7 @@ impl Attempts {
             return self.won(number, responded, reason);
         }
         // Not fatal: a request that may be hedged may be repeated after any other outcome.
+        self.record_span(&classification, status, "keep-waiting");
         self.records.push(AttemptRecord {
             class: classification.class(),
             status,
@@ -168,6 +174,7 @@ impl Attempts {
         if let Some(run) = self.hedge.as_mut() {
             if responded && run.starts.len() > 1 {
                 run.summary.won_by = Some(number);
+                super::won(&self.span);
             }
         }
         HedgeStep::Stop(reason)

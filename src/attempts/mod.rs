@@ -6,10 +6,12 @@ mod body_cut;
 mod hedge;
 mod log;
 mod plan;
+mod span;
 
 pub(crate) use hedge::HedgeStep;
 pub(crate) use plan::Plan;
 use plan::{printable, MAX_REQUEST_ID_LEN};
+pub(crate) use span::{superseded, won};
 
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
@@ -109,6 +111,8 @@ pub(crate) struct Attempts {
     /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
     /// not hedged pays one word).
     hedge: Option<Box<hedge::HedgeRun>>,
+    /// The current attempt's span (`Span::none()` when no subscriber wants it).
+    span: tracing::Span,
 }
 
 impl Attempts {
@@ -168,6 +172,7 @@ impl Attempts {
             idempotency_key,
             last_stop: StopReason::Final,
             hedge: None,
+            span: tracing::Span::none(),
         }
     }
 
@@ -298,10 +303,11 @@ impl Attempts {
     /// policy has an attempt header.
     #[inline]
     pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) -> u32 {
-        let number = match &mut self.hedge {
-            None => self.records.len() + 1,
+        let (number, hedge) = match &mut self.hedge {
+            None => (self.records.len() + 1, false),
             Some(run) => run.sent(),
         };
+        self.open_span(number, hedge);
         if number > 1 {
             self.last_attempt_at = SystemTime::now();
         }
@@ -381,6 +387,13 @@ impl Attempts {
             }
         }
         self.log(attempt, &outcome, status, decision);
+        if !self.span.is_disabled() {
+            let decided = match decision {
+                Decision::Retry { .. } => "retry",
+                Decision::Stop(reason) => reason.as_str(),
+            };
+            self.record_span(&outcome, status, decided);
+        }
         if let Some(hook) = self.policy.on_attempt() {
             (hook.0)(&AttemptEvent {
                 method: &self.target.method,

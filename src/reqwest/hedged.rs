@@ -12,10 +12,11 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 use tokio::time::Sleep;
+use tracing::{Instrument, Span};
 
 use super::{into_box, outcome};
-use crate::attempts::{Attempts, HedgeStep};
-use crate::service::NotReplayable;
+use crate::attempts::{superseded, Attempts, HedgeStep};
+use crate::service::{AttemptNumber, NotReplayable};
 use crate::timed_out::TimedOut;
 
 type Output = (reqwest_middleware::Result<Response>, Extensions);
@@ -23,7 +24,7 @@ type Attempt<'a> = Pin<Box<dyn Future<Output = Output> + Send + 'a>>;
 
 /// What woke the loop.
 enum Event {
-    Done(u32, Output),
+    Done(u32, Output, Span),
     Hedge,
     Backoff,
 }
@@ -41,15 +42,17 @@ pub(super) async fn run(
     delay: Duration,
 ) -> reqwest_middleware::Result<Response> {
     let limit = attempts.attempt_limit();
-    let mut in_flight = vec![(1, launch(next.clone(), first, extensions.clone(), limit))];
+    let span = attempts.span().clone();
+    let first = launch(next.clone(), first, extensions.clone(), limit, span.clone());
+    let mut in_flight = vec![(1, first, span)];
     let mut timer: Option<Pin<Box<Sleep>>> = Some(Box::pin(tokio::time::sleep(delay)));
     let mut backoff: Option<Pin<Box<Sleep>>> = None;
     loop {
         let event = std::future::poll_fn(|cx| {
             for i in 0..in_flight.len() {
                 if let Poll::Ready(out) = in_flight[i].1.as_mut().poll(cx) {
-                    let (number, _) = in_flight.swap_remove(i);
-                    return Poll::Ready(Event::Done(number, out));
+                    let (number, _, span) = in_flight.swap_remove(i);
+                    return Poll::Ready(Event::Done(number, out, span));
                 }
             }
             if let Some(t) = &mut timer {
@@ -68,11 +71,13 @@ pub(super) async fn run(
         })
         .await;
         let send = match event {
-            Event::Done(number, (result, ext)) => {
+            Event::Done(number, (result, ext), span) => {
+                attempts.use_span(span);
                 let others = !in_flight.is_empty();
                 match attempts.on_hedged_outcome(number, outcome(&result), others) {
                     HedgeStep::Stop(reason) => {
-                        attempts.supersede(in_flight.iter().map(|(n, _)| *n));
+                        attempts.supersede(in_flight.iter().map(|(n, ..)| *n));
+                        in_flight.iter().for_each(|(.., span)| superseded(span));
                         drop(in_flight);
                         *extensions = ext;
                         return attempts
@@ -102,7 +107,11 @@ pub(super) async fn run(
         };
         let number = attempts.next_attempt(req.headers_mut());
         let limit = attempts.attempt_limit();
-        in_flight.push((number, launch(next.clone(), req, extensions.clone(), limit)));
+        let mut ext = extensions.clone();
+        ext.insert(AttemptNumber(number));
+        let span = attempts.span().clone();
+        let attempt = launch(next.clone(), req, ext, limit, span.clone());
+        in_flight.push((number, attempt, span));
         if attempts.hedges_left() {
             timer = Some(Box::pin(tokio::time::sleep(delay)));
         }
@@ -115,8 +124,9 @@ fn launch<'a>(
     req: Request,
     mut ext: Extensions,
     limit: Option<(Duration, TimedOut)>,
+    span: Span,
 ) -> Attempt<'a> {
-    Box::pin(async move {
+    let attempt = async move {
         let attempt = next.run(req, &mut ext);
         let result = match limit {
             None => attempt.await,
@@ -126,5 +136,6 @@ fn launch<'a>(
                 .unwrap_or_else(|_| Err(reqwest_middleware::Error::middleware(why))),
         };
         (result, ext)
-    })
+    };
+    Box::pin(attempt.instrument(span))
 }

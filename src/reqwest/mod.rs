@@ -14,10 +14,11 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
+use tracing::Instrument;
 
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::service::replay::{keep_stream, Kept};
-use crate::service::{LayerAttempt, NotReplayable};
+use crate::service::{AttemptNumber, LayerAttempt, NotReplayable};
 use crate::target::Target;
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
@@ -155,8 +156,14 @@ impl Middleware for RetrySafetyMiddleware {
             return hedged::run(&mut attempts, next, req, extensions, copy, delay).await;
         }
         loop {
-            attempts.next_attempt(req.headers_mut());
-            let attempt = next.clone().run(req, extensions);
+            let number = attempts.next_attempt(req.headers_mut());
+            if number > 1 {
+                extensions.insert(AttemptNumber(number));
+            }
+            let attempt = next
+                .clone()
+                .run(req, extensions)
+                .instrument(attempts.span().clone());
             let result = match attempts.attempt_limit() {
                 None => attempt.await,
                 // Cut by the policy's clock: the attempt may have been sent.

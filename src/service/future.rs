@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use super::hedged::{self, Hedged};
 use super::replay::{keep_stream, Kept};
-use super::{LayerAttempt, NotReplayable, ReplayBody};
+use super::{AttemptNumber, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
 use crate::target::Target;
@@ -155,11 +155,15 @@ where
         }
         attempts.next_attempt(&mut parts.headers);
         let timer = attempt_timer(&attempts);
-        let future = service.call(Request::from_parts(parts, body));
+        // Entered for `call` too: a tracing layer further in may open its span there.
+        let future = {
+            let _span = attempts.span().enter();
+            service.call(Request::from_parts(parts, body))
+        };
         let state = match hedge {
             None => State::Called { future, timer },
             Some(delay) => State::Hedged {
-                hedged: Box::new(Hedged::new(future, timer, delay)),
+                hedged: Box::new(Hedged::new(future, timer, delay, attempts.span().clone())),
             },
         };
         ResponseFuture {
@@ -183,7 +187,9 @@ where
         loop {
             let (result, reason) = match this.state.as_mut().project() {
                 StateProj::Called { future, timer } => {
+                    let span = this.attempts.span().enter();
                     let result = ready!(poll_attempt(future, timer, cx));
+                    drop(span);
                     let resend = this.retry.as_ref().map(|r| r.body.check(result.is_ok()));
                     match this.attempts.on_outcome(Outcome::of(&result), resend) {
                         // Finished here rather than below: the response is then not moved
@@ -340,8 +346,10 @@ where
         .expect("the layer's target is made from the request's URI")
         .clone();
     parts.extensions.insert(LayerAttempt);
-    attempts.next_attempt(&mut parts.headers);
+    let number = attempts.next_attempt(&mut parts.headers);
+    parts.extensions.insert(AttemptNumber(number));
     let timer = attempt_timer(attempts);
+    let _span = attempts.span().enter();
     (replay.service.call(Request::from_parts(parts, body)), timer)
 }
 

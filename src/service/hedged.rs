@@ -11,10 +11,11 @@ use std::time::Duration;
 use http::{Request, Response};
 use tokio::time::Sleep;
 use tower_service::Service;
+use tracing::Span;
 
 use super::future::{poll_attempt, refused, resend, AttemptTimer, Replay};
 use super::ReplayBody;
-use crate::attempts::{Attempts, HedgeStep, Outcome};
+use crate::attempts::{superseded, Attempts, HedgeStep, Outcome};
 use crate::policy::StopReason;
 use crate::BoxError;
 
@@ -35,16 +36,18 @@ struct InFlight<F> {
     number: u32,
     future: Pin<Box<F>>,
     timer: AttemptTimer,
+    span: Span,
 }
 
 impl<F> Hedged<F> {
     /// The first attempt is in flight; the first hedge may go after `delay`.
-    pub(super) fn new(future: F, timer: AttemptTimer, delay: Duration) -> Self {
+    pub(super) fn new(future: F, timer: AttemptTimer, delay: Duration, span: Span) -> Self {
         Hedged {
             in_flight: vec![InFlight {
                 number: 1,
                 future: Box::pin(future),
                 timer,
+                span,
             }],
             timer: Some(Box::pin(tokio::time::sleep(delay))),
             delay,
@@ -72,15 +75,20 @@ where
         let mut i = 0;
         while i < h.in_flight.len() {
             let a = &mut h.in_flight[i];
+            let entered = a.span.enter();
             let Poll::Ready(result) = poll_attempt(a.future.as_mut(), &mut a.timer, cx) else {
+                drop(entered);
                 i += 1;
                 continue;
             };
-            let number = h.in_flight.swap_remove(i).number;
+            drop(entered);
+            let done = h.in_flight.swap_remove(i);
+            attempts.use_span(done.span);
             let others = !h.in_flight.is_empty();
-            match attempts.on_hedged_outcome(number, Outcome::of(&result), others) {
+            match attempts.on_hedged_outcome(done.number, Outcome::of(&result), others) {
                 HedgeStep::Stop(reason) => {
                     attempts.supersede(h.in_flight.iter().map(|a| a.number));
+                    h.in_flight.iter().for_each(|a| superseded(&a.span));
                     h.in_flight.clear();
                     return Poll::Ready((result, reason));
                 }
@@ -129,6 +137,7 @@ where
                     number: attempts.sent(),
                     future: Box::pin(future),
                     timer,
+                    span: attempts.span().clone(),
                 });
                 if attempts.hedges_left() {
                     h.timer = Some(Box::pin(tokio::time::sleep(h.delay)));

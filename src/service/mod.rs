@@ -51,3 +51,41 @@ pub use service::RetrySafety;
 /// automatic retry). A unit struct: inserting it allocates no box of its own.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LayerAttempt;
+
+/// The number of a resend, in its request's extensions: 2 for the first resend (a retry or a
+/// hedge), 3 for the next… Read it with [`attempt_number`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttemptNumber(pub(crate) u32);
+
+/// Which attempt of a request this is, as the tower layer or the reqwest adapter sent it (1
+/// for the first), read from the request's extensions by a layer or middleware further in —
+/// tower-http's `trace`, reqwest-tracing — to tag its own span. `None` for a request this
+/// crate did not send.
+///
+/// The first attempt carries no number of its own (only the layer's mark), so that it
+/// allocates nothing more; each resend carries its number.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_retry_safety::{attempt_number, RetryPolicy};
+///
+/// let policy = RetryPolicy::builder().build()?;
+/// let svc = policy.layer(service_fn(|req: http::Request<String>| async move {
+///     let n = attempt_number(req.extensions());
+///     let status = if n == Some(1) { 503 } else { 200 };
+///     http::Response::builder().status(status).body(format!("{n:?}"))
+/// }));
+/// let req = http::Request::get("http://api.example/items").body(String::new())?;
+/// let res = svc.oneshot(req).await?;
+/// assert_eq!(res.body(), "Some(2)");
+/// assert_eq!(attempt_number(&http::Extensions::new()), None);
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub fn attempt_number(extensions: &http::Extensions) -> Option<u32> {
+    match extensions.get::<AttemptNumber>() {
+        Some(n) => Some(n.0),
+        None => extensions.get::<LayerAttempt>().map(|_| 1),
+    }
+}
