@@ -66,7 +66,7 @@ impl Attempts {
             idempotency_key: self.idempotency_key.clone(),
             last_stop: stop,
             hedge: None,
-            span: tracing::Span::none(),
+            span: None,
         }
     }
 

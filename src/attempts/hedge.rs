@@ -174,7 +174,7 @@ impl Attempts {
         if let Some(run) = self.hedge.as_mut() {
             if responded && run.starts.len() > 1 {
                 run.summary.won_by = Some(number);
-                super::won(&self.span);
+                super::won(self.span());
             }
         }
         HedgeStep::Stop(reason)

@@ -111,8 +111,8 @@ pub(crate) struct Attempts {
     /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
     /// not hedged pays one word).
     hedge: Option<Box<hedge::HedgeRun>>,
-    /// The current attempt's span (`Span::none()` when no subscriber wants it).
-    span: tracing::Span,
+    /// The current attempt's span, if a subscriber wants it.
+    span: Option<Box<tracing::Span>>,
 }
 
 impl Attempts {
@@ -172,7 +172,7 @@ impl Attempts {
             idempotency_key,
             last_stop: StopReason::Final,
             hedge: None,
-            span: tracing::Span::none(),
+            span: None,
         }
     }
 
@@ -387,7 +387,7 @@ impl Attempts {
             }
         }
         self.log(attempt, &outcome, status, decision);
-        if !self.span.is_disabled() {
+        if self.span.is_some() {
             let decided = match decision {
                 Decision::Retry { .. } => "retry",
                 Decision::Stop(reason) => reason.as_str(),

@@ -1,6 +1,7 @@
 //! One `tracing` span per attempt, with OpenTelemetry's HTTP client names and the crate's own
-//! decisions. Without a subscriber that wants them, each span is `Span::none()`: a check of
-//! the callsite's cached interest, and every `record` below is skipped by one branch.
+//! decisions. Without a subscriber that wants INFO spans, no span is made: one load of
+//! tracing's global level, and `Attempts` keeps `None` (boxed when there is one, so a request
+//! without spans moves one word, not a `Span`).
 
 use http::StatusCode;
 use tracing::field::Empty;
@@ -9,9 +10,25 @@ use tracing::Span;
 use super::Attempts;
 use crate::classify::{Classification, FailureClass, Idempotency};
 
+/// The span of a request without one, for front ends to enter all the same.
+static NO_SPAN: Span = Span::none();
+
 impl Attempts {
     /// Opens attempt `number`'s span, which follows from the previous attempt's.
+    #[inline]
     pub(super) fn open_span(&mut self, number: u32, hedge: bool) {
+        if !tracing::level_enabled!(tracing::Level::INFO) {
+            // Checked first: dropping `None` is a call the common case need not make.
+            if self.span.is_some() {
+                self.span = None;
+            }
+            return;
+        }
+        self.open_span_slow(number, hedge);
+    }
+
+    #[cold]
+    fn open_span_slow(&mut self, number: u32, hedge: bool) {
         let span = tracing::info_span!(
             target: "tower_retry_safety::attempt",
             "HTTP attempt",
@@ -33,23 +50,34 @@ impl Attempts {
             retry_safety.hedge_won = Empty,
             retry_safety.superseded = Empty,
         );
-        if !span.is_disabled() {
-            span.follows_from(&self.span);
+        if span.is_disabled() {
+            self.span = None;
+            return;
         }
-        self.span = span;
+        if let Some(previous) = &self.span {
+            span.follows_from(&**previous);
+        }
+        self.span = Some(Box::new(span));
     }
 
     /// The current attempt's span: enter it while polling the attempt.
     #[inline]
     pub(crate) fn span(&self) -> &Span {
-        &self.span
+        self.span.as_deref().unwrap_or(&NO_SPAN)
+    }
+
+    /// Enters the current attempt's span, if there is one (guard it while calling or polling
+    /// the attempt). Nothing to do without one: not even entering a disabled span.
+    #[inline]
+    pub(crate) fn enter_span(&self) -> Option<tracing::span::Entered<'_>> {
+        self.span.as_deref().map(Span::enter)
     }
 
     /// Makes `span` the current one: while hedging, the span of the attempt whose outcome is
     /// decided next.
     #[inline]
     pub(crate) fn use_span(&mut self, span: Span) {
-        self.span = span;
+        self.span = (!span.is_disabled()).then(|| Box::new(span));
     }
 
     /// Records an attempt's outcome and what was decided on its span.
@@ -59,10 +87,9 @@ impl Attempts {
         status: Option<StatusCode>,
         decision: &str,
     ) {
-        let span = &self.span;
-        if span.is_disabled() {
+        let Some(span) = &self.span else {
             return;
-        }
+        };
         let class = outcome.class();
         span.record("retry_safety.failure_class", class.as_str());
         span.record("retry_safety.decision", decision);

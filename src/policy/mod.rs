@@ -182,6 +182,7 @@ impl RetryPolicy {
     /// `path` excludes the query string; `has_key` says whether the request carries a
     /// well-formed idempotency key (the caller reads the header once and keeps the key);
     /// `host` is called only if the policy trusts named hosts.
+    #[inline]
     pub(crate) fn classify_parts<'h>(
         &self,
         method: &Method,

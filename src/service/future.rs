@@ -157,7 +157,7 @@ where
         let timer = attempt_timer(&attempts);
         // Entered for `call` too: a tracing layer further in may open its span there.
         let future = {
-            let _span = attempts.span().enter();
+            let _span = attempts.enter_span();
             service.call(Request::from_parts(parts, body))
         };
         let state = match hedge {
@@ -187,7 +187,7 @@ where
         loop {
             let (result, reason) = match this.state.as_mut().project() {
                 StateProj::Called { future, timer } => {
-                    let span = this.attempts.span().enter();
+                    let span = this.attempts.enter_span();
                     let result = ready!(poll_attempt(future, timer, cx));
                     drop(span);
                     let resend = this.retry.as_ref().map(|r| r.body.check(result.is_ok()));
@@ -349,7 +349,7 @@ where
     let number = attempts.next_attempt(&mut parts.headers);
     parts.extensions.insert(AttemptNumber(number));
     let timer = attempt_timer(attempts);
-    let _span = attempts.span().enter();
+    let _span = attempts.enter_span();
     (replay.service.call(Request::from_parts(parts, body)), timer)
 }
 
