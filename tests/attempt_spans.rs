@@ -1,6 +1,8 @@
 //! One span per attempt, captured by a real `tracing` subscriber: OpenTelemetry's HTTP names,
 //! the crate's decisions, `follows_from` links, and spans further in parented to the attempt.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -232,4 +234,46 @@ async fn a_failed_attempt_names_its_error_type() {
         get(&spans[0], "retry_safety.decision").as_deref(),
         Some("retries-exhausted")
     );
+}
+
+/// The reqwest adapter: a span per attempt too, against the loopback fault server (the first
+/// attempt answers 503 after applying; the GET is retried once).
+#[cfg(feature = "reqwest-middleware")]
+#[tokio::test]
+async fn the_reqwest_adapter_opens_a_span_per_attempt() {
+    use support::fault_server::{Fault, FaultServer};
+
+    let server = FaultServer::start().await;
+    let policy = RetryPolicy::builder()
+        .backoff(Duration::from_millis(1), Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(tower_retry_safety::RetrySafetyMiddleware::new(policy))
+        .build();
+    let url = format!("{}?token=secret", server.url("read"));
+    let (spans, _) = capture(async {
+        let res = client
+            .get(url)
+            .header("x-fault", Fault::UnavailableAfterApply.name())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    })
+    .await;
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    let (a, b) = (&spans[0], &spans[1]);
+    assert_eq!(get(a, "url.path").as_deref(), Some("/ops/read"));
+    assert_eq!(get(a, "http.response.status_code").as_deref(), Some("503"));
+    assert_eq!(get(a, "retry_safety.decision").as_deref(), Some("retry"));
+    assert_eq!(get(b, "http.request.resend_count").as_deref(), Some("1"));
+    assert_eq!(get(b, "http.response.status_code").as_deref(), Some("200"));
+    assert_eq!(b.follows, [a.id]);
+    for s in [a, b] {
+        assert!(
+            !format!("{:?}", s.fields).contains("secret"),
+            "no query: {s:?}"
+        );
+    }
 }

@@ -30,6 +30,11 @@
 //! it; an [`Error`](crate::Error) is returned only when the last attempt ended in an error.
 //!
 //! Dropping the response future stops everything: nothing more is sent.
+//!
+//! Each attempt is a `tracing` span (`HTTP attempt`, target `tower_retry_safety::attempt`)
+//! with OpenTelemetry's HTTP client fields and the crate's decisions, entered around the inner
+//! service's `call` and every poll; [`attempt_number`] reads an attempt's number further in.
+//! Without a subscriber that wants INFO spans, none is made.
 
 mod body;
 mod future;
