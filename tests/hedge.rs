@@ -94,6 +94,22 @@ async fn a_fast_read_is_not_hedged() {
         (calls, r.hedges(), r.won_by(), r.superseded()),
         (1, 0, None, 0)
     );
+    // A plain retry of a hedge-able request is no hedge, and wins nothing.
+    let policy = RetryPolicy::builder()
+        .hedge(Hedge::fixed(Duration::from_millis(10)).max_extra_load(1.0))
+        .backoff(Duration::from_millis(1), Duration::from_millis(1))
+        .build()
+        .unwrap();
+    let (res, calls) = run(&policy, get(), |n| {
+        (3, Some(if n == 1 { 503 } else { 200 }))
+    })
+    .await;
+    let res = res.unwrap();
+    let r = report(&res);
+    assert_eq!(
+        (calls, r.hedges(), r.won_by(), r.superseded()),
+        (2, 0, None, 0)
+    );
 }
 
 /// The first attempt answers while the hedge is in flight: it wins, the hedge is dropped.

@@ -172,7 +172,8 @@ impl Attempts {
 
     fn won(&mut self, number: u32, responded: bool, reason: StopReason) -> HedgeStep {
         if let Some(run) = self.hedge.as_mut() {
-            if responded && run.starts.len() > 1 {
+            // Only when a hedge was sent: a plain retry that answers wins nothing.
+            if responded && run.summary.hedges > 0 {
                 run.summary.won_by = Some(number);
                 super::won(self.span());
             }

@@ -18,7 +18,7 @@ pub(crate) const BUCKETS: usize = ((MAX_EXP - SUB_BITS + 1) * SUB as u32) as usi
 /// Every this many samples, each bucket is halved, so the estimate follows a changing latency
 /// rather than averaging the process's whole life.
 const HALVE_EVERY: u64 = 1 << 14;
-/// The quantile is recomputed every this many samples (and at the first hedge-able one).
+/// The quantile is recomputed every this many samples (at every one of the first 64).
 const REFRESH_EVERY: u64 = 16;
 
 /// The bucket of a value in microseconds.
@@ -73,7 +73,9 @@ impl Histogram {
                 let _ = b.fetch_update(Relaxed, Relaxed, |c| Some(c / 2));
             }
         }
-        if n.is_multiple_of(REFRESH_EVERY) || self.cached.load(Relaxed) == 0 {
+        // Every sample while there are few (the first ones would otherwise set the delay for
+        // the next 16), then every 16th.
+        if n < 4 * REFRESH_EVERY || n.is_multiple_of(REFRESH_EVERY) {
             self.cached
                 .store(self.quantile_us(quantile).max(1), Relaxed);
         }
