@@ -11,11 +11,11 @@ use tower_service::Service;
 
 use super::hedged::{self, Hedged};
 use super::replay::{keep_stream, Kept};
-use super::{AttemptNumber, LayerAttempt, NotReplayable, ReplayBody};
+use super::send::{attempt_timer, poll_attempt, refused, resend, AttemptTimer, Replay};
+use super::{LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
 use crate::target::Target;
-use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
 
 pin_project! {
@@ -54,18 +54,6 @@ pin_project! {
         // The outcome was returned.
         Done,
     }
-}
-
-/// The timer that cuts an attempt, and why it would (`None`: no deadline, no per-attempt
-/// timeout).
-pub(super) type AttemptTimer = Option<(Pin<Box<Sleep>>, TimedOut)>;
-
-/// What a retry needs: a service of its own and a copy of the request. The copy has no URI:
-/// the attempts' target keeps the one copy of it.
-pub(super) struct Replay<S, B> {
-    pub(super) service: S,
-    parts: Parts,
-    pub(super) body: Kept<B>,
 }
 
 /// The request's parts but its URI, which stays the default (`/`, no allocation).
@@ -307,63 +295,6 @@ fn poll_wait<B: ReplayBody>(
     }
 }
 
-/// Polls the attempt in flight, cut by the policy's clock if it runs out first (the attempt is
-/// then dropped with its state: cut, maybe sent).
-#[inline(always)]
-pub(super) fn poll_attempt<F, R, E>(
-    future: Pin<&mut F>,
-    timer: &mut AttemptTimer,
-    cx: &mut Context<'_>,
-) -> Poll<Result<R, BoxError>>
-where
-    F: Future<Output = Result<R, E>>,
-    E: Into<BoxError>,
-{
-    if let Poll::Ready(result) = future.poll(cx) {
-        return Poll::Ready(result.map_err(Into::into));
-    }
-    let Some((sleep, why)) = timer else {
-        return Poll::Pending;
-    };
-    ready!(sleep.as_mut().poll(cx));
-    Poll::Ready(Err(Box::new(*why)))
-}
-
-/// Sends the next attempt with `body`.
-#[inline]
-pub(super) fn resend<S, B>(
-    replay: &mut Replay<S, B>,
-    attempts: &mut Attempts,
-    body: B,
-) -> (S::Future, AttemptTimer)
-where
-    S: Service<Request<B>>,
-{
-    let mut parts = replay.parts.clone();
-    parts.uri = attempts
-        .target()
-        .uri()
-        .expect("the layer's target is made from the request's URI")
-        .clone();
-    parts.extensions.insert(LayerAttempt);
-    let number = attempts.next_attempt(&mut parts.headers);
-    parts.extensions.insert(AttemptNumber(number));
-    let timer = attempt_timer(attempts);
-    let _span = attempts.enter_span();
-    (replay.service.call(Request::from_parts(parts, body)), timer)
-}
-
-/// A body that could not be sent again after all: the outcome that stops the retries (the
-/// last attempt's own outcome was already dropped for the retry).
-#[cold]
-pub(super) fn refused<R>(
-    attempts: &mut Attempts,
-    why: NotReplayable,
-) -> (Result<R, BoxError>, StopReason) {
-    attempts.refuse_replay(why);
-    (Err(why.to_string().into()), StopReason::BodyNotReplayable)
-}
-
 /// Records a body that cannot be copied, within the policy's replay buffer.
 #[cold]
 fn record<B: ReplayBody>(
@@ -379,13 +310,4 @@ fn record<B: ReplayBody>(
         Err(why) => *why_not = Err(why),
     }
     body
-}
-
-/// The timer that cuts the next attempt, if the request has a deadline or a per-attempt
-/// timeout.
-#[inline]
-fn attempt_timer(attempts: &Attempts) -> AttemptTimer {
-    attempts
-        .attempt_limit()
-        .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why))
 }

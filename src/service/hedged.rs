@@ -13,7 +13,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 use tracing::Span;
 
-use super::future::{poll_attempt, refused, resend, AttemptTimer, Replay};
+use super::send::{poll_attempt, refused, resend, AttemptTimer, Replay};
 use super::ReplayBody;
 use crate::attempts::{superseded, Attempts, HedgeStep, Outcome};
 use crate::policy::StopReason;

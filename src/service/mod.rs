@@ -42,6 +42,7 @@ mod hedged;
 mod layer;
 pub(crate) mod replay;
 pub(crate) mod report;
+mod send;
 #[allow(clippy::module_inception)]
 mod service;
 
