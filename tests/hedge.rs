@@ -28,10 +28,14 @@ async fn run(
                 let (ms, status) = script(n);
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 match status {
-                    Some(s) => Ok(Response::builder()
-                        .status(s)
-                        .body(format!("attempt {n}"))
-                        .unwrap()),
+                    Some(s) => {
+                        let mut res = Response::builder().status(s);
+                        if s == 429 {
+                            // It asks for a 5 s wait.
+                            res = res.header("retry-after", "5");
+                        }
+                        Ok(res.body(format!("attempt {n}")).unwrap())
+                    }
                     None => Err::<_, std::io::Error>(std::io::Error::other("dropped")),
                 }
             }
@@ -193,6 +197,24 @@ async fn a_retryable_failure_of_the_hedge_sends_the_next_at_once() {
     );
     let statuses: Vec<_> = r.attempt_records().map(|a| a.status()).collect();
     assert_eq!(statuses[0], Some(StatusCode::SERVICE_UNAVAILABLE));
+}
+
+/// A hedge answered 429 with Retry-After is not followed by another send at once: the first
+/// attempt's answer is awaited.
+#[tokio::test(start_paused = true)]
+async fn a_hedge_told_to_wait_sends_nothing_more_at_once() {
+    let (res, calls) = run(&fixed(10), get(), |n| {
+        if n == 1 {
+            (100, Some(200))
+        } else {
+            (2, Some(429))
+        }
+    })
+    .await;
+    let res = res.unwrap();
+    assert_eq!(res.body(), "attempt 1");
+    let r = report(&res);
+    assert_eq!((calls, r.hedges(), r.won_by()), (2, 1, Some(1)));
 }
 
 /// A final outcome ends every attempt: the hedge's 404 is the answer, the first is dropped.

@@ -163,7 +163,10 @@ impl Attempts {
         let sends = self.hedge.as_ref().map_or(0, |r| r.starts.len() as u32);
         // A 409 to a keyed write says the first attempt is still running on the server:
         // another send would get the same, so wait for the first one's answer.
+        // Nor at once when the server asked for a wait (Retry-After): the others may answer
+        // meanwhile, and if none does, the ordinary decision honours the wait.
         let resend_now = status != Some(http::StatusCode::CONFLICT)
+            && classification.retry_after().is_none()
             && sends <= self.max_retries
             && self.time_left() != Some(Duration::ZERO)
             && self.policy.withdraw();
