@@ -454,6 +454,8 @@ impl Attempts {
 }
 
 #[cfg(test)]
+mod hedge_tests;
+#[cfg(test)]
 mod report_cells;
 #[cfg(test)]
 mod tests;
