@@ -381,3 +381,38 @@ async fn the_learned_delay_needs_samples_first() {
     let res = res.unwrap();
     assert_eq!((calls, report(&res).won_by()), (2, Some(2)));
 }
+
+/// The attempt hook names the attempt decided on, in the order sent: the hedge that answered
+/// first is attempt 2, though its outcome came first.
+#[tokio::test(start_paused = true)]
+async fn the_attempt_hook_names_the_hedge_that_answered() {
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let policy = RetryPolicy::builder()
+        .hedge(Hedge::fixed(Duration::from_millis(10)).max_extra_load(1.0))
+        .on_attempt(move |e| {
+            let status = e.status.map(|s| s.as_u16());
+            seen.lock().unwrap().push((e.attempt, status, e.decision));
+        })
+        .build()
+        .unwrap();
+    let script: Script = |n| {
+        if n == 1 {
+            (500, Some(200))
+        } else {
+            (2, Some(200))
+        }
+    };
+    let (res, calls) = run(&policy, get(), script).await;
+    assert_eq!(res.unwrap().body(), "attempt 2");
+    assert_eq!(calls, 2);
+    let events = events.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        [(
+            2,
+            Some(200),
+            tower_retry_safety::Decision::Stop(StopReason::Final)
+        )]
+    );
+}

@@ -19,6 +19,8 @@ pub(crate) struct HedgeRun {
     starts: Vec<Instant>,
     /// The next send is a hedge (for its span).
     next_is_hedge: bool,
+    /// The number of the attempt whose outcome is being decided (for its event and log).
+    pub(super) deciding: Option<u32>,
     summary: HedgeSummary,
 }
 
@@ -76,6 +78,7 @@ impl Attempts {
             slot,
             starts: Vec::with_capacity(2),
             next_is_hedge: false,
+            deciding: None,
             summary: HedgeSummary::default(),
         }));
         if !copyable {
@@ -135,6 +138,9 @@ impl Attempts {
         others_in_flight: bool,
     ) -> HedgeStep {
         self.record_latency(Some(number), &outcome);
+        if let Some(run) = self.hedge.as_mut() {
+            run.deciding = Some(number);
+        }
         let responded = matches!(outcome, Outcome::Response { .. });
         if !others_in_flight {
             return match self.decide_outcome(outcome, Some(Ok(()))) {
@@ -153,7 +159,19 @@ impl Attempts {
             return self.won(number, responded, reason);
         }
         // Not fatal: a request that may be hedged may be repeated after any other outcome.
+        // Not decided by the retry table, so no attempt event: the report and the span say it.
+        if let Some(run) = self.hedge.as_mut() {
+            run.deciding = None;
+        }
         self.record_span(&classification, status, "keep-waiting");
+        tracing::debug!(
+            http.request.method = %self.target.method,
+            url.path = self.target.path(),
+            attempt = number,
+            error.r#type = classification.class().as_str(),
+            http.response.status_code = status.map(|s| s.as_u16()),
+            "hedged attempt failed; waiting for the attempts still in flight"
+        );
         self.records.push(AttemptRecord {
             class: classification.class(),
             status,

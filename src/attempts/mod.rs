@@ -386,6 +386,12 @@ impl Attempts {
                 last.delay = Some(after);
             }
         }
+        // While hedging, outcomes come in any order: name the attempt decided on, not the
+        // count of outcomes.
+        let attempt = match &mut self.hedge {
+            None => attempt,
+            Some(run) => run.deciding.take().unwrap_or(attempt),
+        };
         self.log(attempt, &outcome, status, decision);
         if self.span.is_some() {
             let decided = match decision {

@@ -38,6 +38,14 @@ const FLOOR: Duration = Duration::from_millis(1);
 /// that resets their stream; on HTTP/1 dropping a request in flight closes its connection, so
 /// the pool opens a new one.
 ///
+/// The report counts hedges ([`RetryReport::hedges`](crate::RetryReport::hedges)), names the
+/// attempt that answered ([`won_by`](crate::RetryReport::won_by)) and the ones dropped
+/// ([`superseded`](crate::RetryReport::superseded)). The
+/// [`on_attempt`](crate::RetryPolicyBuilder::on_attempt) hook is called for each attempt the
+/// retry table decides on, numbered in the order sent; an attempt that failed while others ran
+/// (nothing to decide: the others are awaited) and the dropped ones appear in the report and
+/// in their spans, not in the hook.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_retry_safety::{Hedge, RetryPolicy};
