@@ -182,3 +182,39 @@ fn outcomes_while_others_run() {
     );
     assert!(report.may_have_been_applied());
 }
+
+/// The learned delay counts responses, attempts cut by a timeout and superseded attempts (as
+/// lower bounds), not fast failures (errors but timeouts, 5xx, 429).
+#[test]
+fn what_the_learned_delay_counts() {
+    let p = policy(Hedge::learned().max_extra_load(1.0));
+    let h = p.hedging().unwrap();
+    let slot = h.slot(|| Some(("api.example", None)));
+    let counted = || h.recorded(slot);
+    let none = HeaderMap::new();
+    let (mut a, _) = start(&p, get(), true);
+    let step = status(&mut a, 1, 503, &none, false);
+    assert!(matches!(step, HedgeStep::Wait(_)), "{step:?}");
+    assert_eq!(counted(), 0, "a 503 is a fast failure");
+
+    let (mut a, _) = start(&p, get(), true);
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    a.on_hedged_outcome(1, Outcome::Error(&refused), false);
+    assert_eq!(counted(), 0, "a refused connection is a fast failure");
+
+    let (mut a, _) = start(&p, get(), true);
+    let cut = crate::timed_out::TimedOut::Attempt;
+    a.on_hedged_outcome(1, Outcome::Error(&cut), false);
+    assert_eq!(counted(), 1, "an attempt cut by the timeout");
+
+    let (mut a, _) = start(&p, get(), true);
+    assert!(a.may_hedge());
+    a.next_attempt(&mut HeaderMap::new());
+    assert_eq!(
+        status(&mut a, 2, 200, &none, true),
+        HedgeStep::Stop(StopReason::Final)
+    );
+    assert_eq!(counted(), 2, "the winner");
+    a.supersede([1].into_iter());
+    assert_eq!(counted(), 3, "the superseded first attempt");
+}

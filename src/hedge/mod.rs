@@ -212,6 +212,12 @@ impl Hedger {
         }
     }
 
+    /// Latencies counted for a slot (learned delay only).
+    #[cfg(test)]
+    pub(crate) fn recorded(&self, slot: usize) -> u64 {
+        self.table.as_ref().map_or(0, |t| t.get(slot).recorded())
+    }
+
     pub(crate) fn max_hedges(&self) -> u32 {
         self.setting.max_hedges
     }
