@@ -33,8 +33,10 @@ const FLOOR: Duration = Duration::from_millis(1);
 /// never exceed that share of hedge-able requests.
 ///
 /// The first success wins. A failure that could be retried (not sent, a retryable status, a
-/// 409 "still in flight" for a keyed write) sends the next attempt at once while the others
-/// keep running; a final outcome ends them all. The attempts that lose are dropped: on HTTP/2
+/// reset) sends the next attempt at once while the others keep running (a retry: it spends the
+/// retry budget, not a hedge token) — unless the server asked for a wait (Retry-After), or
+/// answered a keyed write's hedge with 409 "still in flight": then the attempts in flight are
+/// awaited. A final outcome ends them all. The attempts that lose are dropped: on HTTP/2
 /// that resets their stream; on HTTP/1 dropping a request in flight closes its connection, so
 /// the pool opens a new one.
 ///
