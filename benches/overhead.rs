@@ -8,7 +8,8 @@
 //!
 //! Instructions per request, free of timing noise: `OVERHEAD_ONLY=<variant>:<n>` sends `n` GETs
 //! through one variant (`bare`, `tower_retry`, `floor`, `layer`, `layer_no_budget`,
-//! `layer_tps`: the layer with tower's budget) and nothing else, so under
+//! `layer_tps`: the layer with tower's budget, `layer_spans_off`: the layer under a subscriber
+//! that wants no INFO span, so its per-attempt spans are off) and nothing else, so under
 //! `valgrind --tool=callgrind` the difference between `n` and `0` divided by `n` is the count
 //! (`scripts/instructions.sh` does this for every variant).
 
@@ -180,6 +181,13 @@ where
     black_box(res.expect("ok"));
 }
 
+/// A subscriber that wants no INFO span: the layer's per-attempt spans are off, as in a
+/// service that logs at WARN.
+fn spans_off() -> impl tracing::Subscriber + Send + Sync {
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::WARN)
+}
+
 struct Variant {
     name: &'static str,
     samples: Vec<f64>,
@@ -247,6 +255,10 @@ async fn main() {
                 "layer" => one(&mut layer, Kind::Get).await,
                 "layer_no_budget" => one(&mut layer_no_budget, Kind::Get).await,
                 "layer_tps" => one(&mut layer_tps, Kind::Get).await,
+                "layer_spans_off" => {
+                    let _off = tracing::subscriber::set_default(spans_off());
+                    one(&mut layer, Kind::Get).await
+                }
                 other => panic!("unknown variant {other}"),
             }
         }
@@ -289,6 +301,11 @@ async fn main() {
             samples: vec![],
             allocs: 0.0,
         },
+        Variant {
+            name: "layer_get_spans_off",
+            samples: vec![],
+            allocs: 0.0,
+        },
     ];
 
     // Warm up, then count allocations per request (request construction included, alike
@@ -305,6 +322,10 @@ async fn main() {
     v[4].allocs = count_allocs!(layer_no_budget, Kind::Get);
     v[5].allocs = count_allocs!(floor, Kind::Get);
     v[6].allocs = count_allocs!(layer_tps, Kind::Get);
+    v[7].allocs = {
+        let _off = tracing::subscriber::set_default(spans_off());
+        count_allocs!(layer, Kind::Get)
+    };
     // The marker is the caller's allocation: compare with the same request sent bare.
     let never_retried_bare = count_allocs!(bare, Kind::NeverRetried);
     let never_retried = count_allocs!(layer, Kind::NeverRetried);
@@ -320,6 +341,10 @@ async fn main() {
         measure!(v[4], batch, layer_no_budget, Kind::Get);
         measure!(v[5], batch, floor, Kind::Get);
         measure!(v[6], batch, layer_tps, Kind::Get);
+        {
+            let _off = tracing::subscriber::set_default(spans_off());
+            measure!(v[7], batch, layer, Kind::Get);
+        }
         if Instant::now() > deadline {
             break;
         }
@@ -348,6 +373,7 @@ async fn main() {
     pair("layer_get_no_budget/tower_retry", 4, 1, "");
     pair("layer_post/tower_retry", 3, 1, "");
     pair("layer_get_tps/tower_retry", 6, 1, "");
+    pair("layer_get_spans_off/layer_get", 7, 2, "");
     pair("floor/tower_retry", 5, 1, "");
     pair(
         "layer_get/floor",

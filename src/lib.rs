@@ -158,6 +158,7 @@ mod error;
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
+mod hedge;
 pub mod peek;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
@@ -174,6 +175,7 @@ pub use classify::{
     VerdictSource,
 };
 pub use error::{Error, MayHaveBeenApplied};
+pub use hedge::Hedge;
 pub use peek::{PeekBody, PeekBodyLayer, PeekedBody};
 pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
@@ -182,8 +184,8 @@ pub use policy::{
 pub use reqwest::{PeekBodyMiddleware, ReadWholeMiddleware, RetrySafetyMiddleware};
 pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
 pub use service::{
-    AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable, ResponseFuture,
-    RetryReport, RetrySafety,
+    attempt_number, AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable,
+    ResponseFuture, RetryReport, RetrySafety,
 };
 /// The trait of retry budgets that [`RetryPolicyBuilder::budget`] takes (tower's), re-exported
 /// so a custom budget needs no `tower` import; [`TpsBudget`] is tower's implementation.

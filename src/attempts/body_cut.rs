@@ -68,6 +68,8 @@ impl Attempts {
             last_stop: stop,
             #[cfg(feature = "tonic")]
             grpc: self.grpc,
+            hedge: None,
+            span: None,
         }
     }
 
@@ -83,6 +85,7 @@ impl Attempts {
             request_id: self.request_id.clone(),
             idempotency_key: self.idempotency_key.clone(),
             body: None,
+            hedging: Default::default(),
         }
     }
 

@@ -3,11 +3,15 @@
 //! front ends drive this one type, so the decision has one code path.
 
 mod body_cut;
+mod hedge;
 mod log;
 mod plan;
+mod span;
 
+pub(crate) use hedge::HedgeStep;
 pub(crate) use plan::Plan;
 use plan::{printable, MAX_REQUEST_ID_LEN};
+pub(crate) use span::{superseded, won};
 
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
@@ -115,6 +119,11 @@ pub(crate) struct Attempts {
     /// A gRPC call: each attempt carries the time left and the attempts before it.
     #[cfg(feature = "tonic")]
     grpc: bool,
+    /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
+    /// not hedged pays one word).
+    hedge: Option<Box<hedge::HedgeRun>>,
+    /// The current attempt's span, if a subscriber wants it.
+    span: Option<Box<tracing::Span>>,
 }
 
 impl Attempts {
@@ -183,6 +192,8 @@ impl Attempts {
             last_stop: StopReason::Final,
             #[cfg(feature = "tonic")]
             grpc: grpc.is_some() && !outer_layer,
+            hedge: None,
+            span: None,
         }
     }
 
@@ -239,6 +250,19 @@ impl Attempts {
     /// it kept can no longer be sent, and why).
     #[inline]
     pub(crate) fn on_outcome(
+        &mut self,
+        outcome: Outcome<'_>,
+        resend: Option<Result<(), NotReplayable>>,
+    ) -> Step {
+        if self.hedge.is_some() {
+            self.record_latency(None, &outcome);
+        }
+        self.decide_outcome(outcome, resend)
+    }
+
+    /// [`on_outcome`](Self::on_outcome) without counting the attempt's latency.
+    #[inline]
+    fn decide_outcome(
         &mut self,
         outcome: Outcome<'_>,
         resend: Option<Result<(), NotReplayable>>,
@@ -326,8 +350,12 @@ impl Attempts {
     /// Marks the start of the next attempt, and numbers it in the request's headers when the
     /// policy has an attempt header.
     #[inline]
-    pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) {
-        let number = self.records.len() + 1;
+    pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) -> u32 {
+        let (number, hedge) = match &mut self.hedge {
+            None => (self.records.len() + 1, false),
+            Some(run) => run.sent(),
+        };
+        self.open_span(number, hedge);
         if number > 1 {
             self.last_attempt_at = SystemTime::now();
         }
@@ -338,6 +366,7 @@ impl Attempts {
         if self.grpc {
             crate::classify::grpc::mark_attempt(headers, number, self.time_left());
         }
+        number
     }
 
     /// `extensions` are the response's: a body classifier inside the layer leaves its verdict
@@ -413,7 +442,20 @@ impl Attempts {
                 last.delay = Some(after);
             }
         }
+        // While hedging, outcomes come in any order: name the attempt decided on, not the
+        // count of outcomes.
+        let attempt = match &mut self.hedge {
+            None => attempt,
+            Some(run) => run.deciding.take().unwrap_or(attempt),
+        };
         self.log(attempt, &outcome, status, decision);
+        if self.span.is_some() {
+            let decided = match decision {
+                Decision::Retry { .. } => "retry",
+                Decision::Stop(reason) => reason.as_str(),
+            };
+            self.record_span(&outcome, status, decided);
+        }
         if let Some(hook) = self.policy.on_attempt() {
             (hook.0)(&AttemptEvent {
                 method: &self.target.method,
@@ -443,6 +485,10 @@ impl Attempts {
                 StopReason::BodyNotReplayable => self.not_replayable,
                 _ => None,
             },
+            hedging: self
+                .hedge
+                .as_ref()
+                .map_or_else(Default::default, |h| h.summary()),
         }
     }
 
@@ -471,6 +517,8 @@ impl Attempts {
 
 #[cfg(all(test, feature = "tonic"))]
 mod grpc_tests;
+#[cfg(test)]
+mod hedge_tests;
 #[cfg(test)]
 mod report_cells;
 #[cfg(test)]

@@ -84,6 +84,7 @@ pub(crate) struct Inner {
     replay_buffer: usize,
     budget: Option<Arc<dyn Budget + Send + Sync>>,
     headers: Headers,
+    hedge: Option<crate::hedge::Hedger>,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -110,6 +111,7 @@ impl fmt::Debug for RetryPolicy {
             .field("replay_header", &i.responses.replay_header)
             .field("request_id_header", &i.headers.request_id_header)
             .field("attempt_header", &i.headers.attempt_header)
+            .field("hedge", &i.hedge)
             .finish()
     }
 }
@@ -143,6 +145,12 @@ impl RetryPolicy {
     #[inline]
     pub(crate) fn replay_buffer(&self) -> usize {
         self.inner.replay_buffer
+    }
+
+    /// The policy's hedging, if it hedges.
+    #[inline]
+    pub(crate) fn hedging(&self) -> Option<&crate::hedge::Hedger> {
+        self.inner.hedge.as_ref()
     }
 
     /// The caller's attempt hook, if any.
@@ -180,6 +188,7 @@ impl RetryPolicy {
     /// `path` excludes the query string; `has_key` says whether the request carries a
     /// well-formed idempotency key (the caller reads the header once and keeps the key);
     /// `host` is called only if the policy trusts named hosts.
+    #[inline]
     pub(crate) fn classify_parts<'h>(
         &self,
         method: &Method,

@@ -1,6 +1,7 @@
 //! The reqwest-middleware adapter: the same [`RetryPolicy`] in any reqwest-middleware stack.
 
 mod body;
+mod hedged;
 mod lookup;
 mod peek;
 mod read_whole;
@@ -13,11 +14,12 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
+use tracing::Instrument;
 
 use crate::attempt_clock::{timed, AttemptClock};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::service::replay::{keep_stream, Kept};
-use crate::service::{KeyHeader, LayerAttempt, NotReplayable};
+use crate::service::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable};
 use crate::target::Target;
 use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
@@ -34,6 +36,14 @@ use crate::{BoxError, Error, RetryPolicy};
 /// `timeout` (on the `Client` or the `RequestBuilder`) applies to each attempt: an attempt
 /// that times out after connecting is ambiguous, one that times out while connecting is not
 /// sent. Turn off reqwest's built-in retries if you enable them, so they do not compound.
+///
+/// # Hedging
+///
+/// With [`RetryPolicyBuilder::hedge`](crate::RetryPolicyBuilder::hedge), a slow request that
+/// a repeat cannot harm gets backup attempts as in the tower layer (see
+/// [`Hedge`](crate::Hedge)). Each attempt runs through its own clone of the rest of the chain
+/// with a copy of the request's extensions; the winner's extensions become the caller's. A
+/// request whose body is a stream is not hedged.
 ///
 /// # Markers
 ///
@@ -135,8 +145,23 @@ impl Middleware for RetrySafetyMiddleware {
             extensions.insert(LayerAttempt);
             KeyHeader::mark(policy, extensions);
         }
-        loop {
+        // One branch when the policy does not hedge.
+        let hedge = match policy.hedging() {
+            None => None,
+            Some(_) => attempts.plan_hedge(
+                || Some((req.url().host_str()?, req.url().port_or_known_default())),
+                matches!(kept, Some(KeptRequest::Copy(_))),
+            ),
+        };
+        if let (Some(delay), Some(KeptRequest::Copy(copy))) = (hedge, &kept) {
             attempts.next_attempt(req.headers_mut());
+            return hedged::run(&mut attempts, next, req, extensions, copy, delay).await;
+        }
+        loop {
+            let number = attempts.next_attempt(req.headers_mut());
+            if number > 1 {
+                extensions.insert(AttemptNumber(number));
+            }
             // With a clock, the attempt's clock, for a middleware that reads the body.
             let limit = attempts.attempt_limit();
             let clock = limit.map(|_| attempts.clock());
@@ -145,7 +170,10 @@ impl Middleware for RetrySafetyMiddleware {
             } else {
                 extensions.remove::<AttemptClock>();
             }
-            let attempt = next.clone().run(req, extensions);
+            let attempt = next
+                .clone()
+                .run(req, extensions)
+                .instrument(attempts.span().clone());
             let result = match limit {
                 None => attempt.await,
                 // Cut by the policy's clock: the attempt may have been sent.
@@ -156,16 +184,7 @@ impl Middleware for RetrySafetyMiddleware {
                 }
             };
             let resend = kept.as_ref().map(|k| k.check(result.is_ok()));
-            let outcome = match &result {
-                Ok(res) => Outcome::Response {
-                    status: res.status(),
-                    headers: res.headers(),
-                    extensions: res.extensions(),
-                },
-                Err(reqwest_middleware::Error::Reqwest(err)) => Outcome::Error(err),
-                Err(reqwest_middleware::Error::Middleware(err)) => Outcome::Error(&**err),
-            };
-            let reason = match attempts.on_outcome(outcome, resend) {
+            let reason = match attempts.on_outcome(outcome(&result), resend) {
                 Step::Wait(after) => {
                     drop(result);
                     tokio::time::sleep(after).await;
@@ -187,6 +206,19 @@ impl Middleware for RetrySafetyMiddleware {
                 .finish(result.map_err(into_box), reason)
                 .map_err(reqwest_middleware::Error::middleware);
         }
+    }
+}
+
+/// How an attempt ended, as the decision reads it.
+fn outcome(result: &reqwest_middleware::Result<Response>) -> Outcome<'_> {
+    match result {
+        Ok(res) => Outcome::Response {
+            status: res.status(),
+            headers: res.headers(),
+            extensions: res.extensions(),
+        },
+        Err(reqwest_middleware::Error::Reqwest(err)) => Outcome::Error(err),
+        Err(reqwest_middleware::Error::Middleware(err)) => Outcome::Error(&**err),
     }
 }
 

@@ -36,4 +36,5 @@ pub use report::BodyReport;
 pub use service::ReadWhole;
 
 pub(crate) use resumer::ResumeSlot;
+#[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::ReadPlan;

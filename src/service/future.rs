@@ -9,13 +9,13 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
+use super::hedged::{self, Hedged};
 use super::replay::{keep_stream, Kept};
+use super::send::{attempt_timer, poll_attempt, refused, resend, AttemptTimer, Replay};
 use super::{KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
-use crate::attempt_clock::{when_fired, AttemptClock, Fired};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
 use crate::target::Target;
-use crate::timed_out::TimedOut;
 use crate::{BoxError, Error, RetryPolicy};
 
 pin_project! {
@@ -49,32 +49,11 @@ pin_project! {
         // Waiting for the inner service to accept the next attempt, with the next attempt's
         // body when it came from the recording (a copy is made once the service is ready).
         Readying { body: Option<B> },
+        // A hedged request: its attempts in flight, boxed (only a hedged request pays for it).
+        Hedged { hedged: Box<Hedged<F>> },
         // The outcome was returned.
         Done,
     }
-}
-
-pin_project! {
-    /// The timer that cuts an attempt, why it would, and the attempt's clock when the attempt
-    /// has a per-attempt timeout (a body read inside the attempt is timed frame by frame).
-    struct Timer {
-        #[pin]
-        sleep: Sleep,
-        why: TimedOut,
-        clock: Option<AttemptClock>,
-    }
-}
-
-/// The timer that cuts an attempt (`None`: no deadline, no per-attempt timeout). Boxed: only a
-/// request with a clock pays for its size.
-type AttemptTimer = Option<Pin<Box<Timer>>>;
-
-/// What a retry needs: a service of its own and a copy of the request. The copy has no URI:
-/// the attempts' target keeps the one copy of it.
-struct Replay<S, B> {
-    service: S,
-    parts: Parts,
-    body: Kept<B>,
 }
 
 /// The request's parts but its URI, which stays the default (`/`, no allocation).
@@ -99,6 +78,7 @@ where
             } => "waiting before retry",
             State::Waiting { for_body: true, .. } => "waiting for the body",
             State::Readying { .. } => "waiting for the service",
+            State::Hedged { .. } => "hedging",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -143,6 +123,14 @@ where
         let marks_attempts = plan.marks_attempts();
         let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
         let mut attempts = Attempts::start(policy, plan, target, why_not);
+        // One branch when the policy does not hedge.
+        let hedge = match policy.hedging() {
+            None => None,
+            Some(_) => attempts.plan_hedge(
+                || crate::classify::host::of_request(&parts.uri, &parts.headers),
+                matches!(kept, Some(Kept::Copy(_))),
+            ),
+        };
         let retry = kept.map(|body| Replay {
             service: service.clone(),
             parts: parts_without_uri(&parts),
@@ -156,9 +144,19 @@ where
         }
         attempts.next_attempt(&mut parts.headers);
         let timer = attempt_timer(&attempts, &mut parts.extensions);
-        let future = service.call(Request::from_parts(parts, body));
+        // Entered for `call` too: a tracing layer further in may open its span there.
+        let future = {
+            let _span = attempts.enter_span();
+            service.call(Request::from_parts(parts, body))
+        };
+        let state = match hedge {
+            None => State::Called { future, timer },
+            Some(delay) => State::Hedged {
+                hedged: Box::new(Hedged::new(future, timer, delay, attempts.span().clone())),
+            },
+        };
         ResponseFuture {
-            state: State::Called { future, timer },
+            state,
             retry,
             attempts,
         }
@@ -178,7 +176,9 @@ where
         loop {
             let (result, reason) = match this.state.as_mut().project() {
                 StateProj::Called { future, timer } => {
+                    let span = this.attempts.enter_span();
                     let result = ready!(poll_attempt(future, timer, this.attempts, cx));
+                    drop(span);
                     let resend = this
                         .retry
                         .as_ref()
@@ -229,6 +229,13 @@ where
                             Err(why) => refused(this.attempts, why),
                         }
                     }
+                }
+                StateProj::Hedged { hedged } => {
+                    let replay = this
+                        .retry
+                        .as_mut()
+                        .expect("a hedged request keeps its body");
+                    ready!(hedged::poll(hedged, replay, this.attempts, cx))
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
@@ -292,52 +299,6 @@ fn poll_wait<B: ReplayBody>(
     }
 }
 
-/// Polls the attempt in flight, cut by the policy's clock if it runs out first (the attempt is
-/// then dropped with its state: cut, maybe sent).
-#[inline(always)]
-fn poll_attempt<F, R, E>(
-    future: Pin<&mut F>,
-    timer: &mut AttemptTimer,
-    attempts: &Attempts,
-    cx: &mut Context<'_>,
-) -> Poll<Result<R, BoxError>>
-where
-    F: Future<Output = Result<R, E>>,
-    E: Into<BoxError>,
-{
-    if let Poll::Ready(result) = future.poll(cx) {
-        return Poll::Ready(result.map_err(Into::into));
-    }
-    loop {
-        let Some(running) = timer.as_mut() else {
-            return Poll::Pending;
-        };
-        ready!(running.as_mut().project().sleep.poll(cx));
-        if let Some(why) = extend_or_cut(timer, attempts) {
-            return Poll::Ready(Err(Box::new(why)));
-        }
-    }
-}
-
-/// The attempt's timer fired: the error that cuts the attempt, or `None` when only the
-/// deadline (the timer reset to it) or nothing cuts it any more.
-#[cold]
-fn extend_or_cut(timer: &mut AttemptTimer, attempts: &Attempts) -> Option<TimedOut> {
-    let fired = timer.as_mut()?.as_mut().project();
-    match when_fired(*fired.why, fired.clock.as_ref(), attempts.time_left()) {
-        Fired::Cut(why) => Some(why),
-        Fired::Until(left) => {
-            fired.sleep.reset(Instant::now() + left);
-            *fired.why = TimedOut::Deadline;
-            None
-        }
-        Fired::Never => {
-            *timer = None;
-            None
-        }
-    }
-}
-
 /// Whether the attempt ended in a response that may have left the body's rest on its way
 /// (see [`NotReplayable::ResponseBeforeEnd`]). A gRPC call answered trailers-only is over:
 /// the server took none of the rest, and A6 retries it, so its body may be replayed once the
@@ -355,37 +316,6 @@ fn responded<B>(result: &Result<Response<B>, BoxError>, grpc: bool) -> bool {
     }
 }
 
-/// Sends the next attempt with `body`.
-#[inline]
-fn resend<S, B>(
-    replay: &mut Replay<S, B>,
-    attempts: &mut Attempts,
-    body: B,
-) -> (S::Future, AttemptTimer)
-where
-    S: Service<Request<B>>,
-{
-    let mut parts = replay.parts.clone();
-    parts.uri = attempts
-        .target()
-        .uri()
-        .expect("the layer's target is made from the request's URI")
-        .clone();
-    parts.extensions.insert(LayerAttempt);
-    KeyHeader::mark(attempts.policy(), &mut parts.extensions);
-    attempts.next_attempt(&mut parts.headers);
-    let timer = attempt_timer(attempts, &mut parts.extensions);
-    (replay.service.call(Request::from_parts(parts, body)), timer)
-}
-
-/// A body that could not be sent again after all: the outcome that stops the retries (the
-/// last attempt's own outcome was already dropped for the retry).
-#[cold]
-fn refused<R>(attempts: &mut Attempts, why: NotReplayable) -> (Result<R, BoxError>, StopReason) {
-    attempts.refuse_replay(why);
-    (Err(why.to_string().into()), StopReason::BodyNotReplayable)
-}
-
 /// Records a body that cannot be copied, within the policy's replay buffer.
 #[cold]
 fn record<B: ReplayBody>(
@@ -401,18 +331,4 @@ fn record<B: ReplayBody>(
         Err(why) => *why_not = Err(why),
     }
     body
-}
-
-/// The timer that cuts the next attempt, if the request has a deadline or a per-attempt
-/// timeout; the attempt's clock then goes in its `extensions`.
-#[inline]
-fn attempt_timer(attempts: &Attempts, extensions: &mut http::Extensions) -> AttemptTimer {
-    let (limit, why) = attempts.attempt_limit()?;
-    let clock = attempts.clock();
-    extensions.insert(clock.clone());
-    Some(Box::pin(Timer {
-        sleep: tokio::time::sleep(limit),
-        why,
-        clock: Some(clock),
-    }))
 }

@@ -30,12 +30,19 @@
 //! it; an [`Error`](crate::Error) is returned only when the last attempt ended in an error.
 //!
 //! Dropping the response future stops everything: nothing more is sent.
+//!
+//! Each attempt is a `tracing` span (`HTTP attempt`, target `tower_retry_safety::attempt`)
+//! with OpenTelemetry's HTTP client fields and the crate's decisions, entered around the inner
+//! service's `call` and every poll; [`attempt_number`] reads an attempt's number further in.
+//! Without a subscriber that wants INFO spans, none is made.
 
 mod body;
 mod future;
+mod hedged;
 mod layer;
 pub(crate) mod replay;
 pub(crate) mod report;
+mod send;
 #[allow(clippy::module_inception)]
 mod service;
 
@@ -75,5 +82,43 @@ impl KeyHeader {
         if headers.custom_key_header {
             extensions.insert(KeyHeader(headers.idempotency_key_header.clone()));
         }
+    }
+}
+
+/// The number of a resend, in its request's extensions: 2 for the first resend (a retry or a
+/// hedge), 3 for the next… Read it with [`attempt_number`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttemptNumber(pub(crate) u32);
+
+/// Which attempt of a request this is, as the tower layer or the reqwest adapter sent it (1
+/// for the first), read from the request's extensions by a layer or middleware further in —
+/// tower-http's `trace`, reqwest-tracing — to tag its own span. `None` for a request this
+/// crate did not send.
+///
+/// The first attempt carries no number of its own (only the layer's mark), so that it
+/// allocates nothing more; each resend carries its number.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+/// use tower::{service_fn, Layer, ServiceExt};
+/// use tower_retry_safety::{attempt_number, RetryPolicy};
+///
+/// let policy = RetryPolicy::builder().build()?;
+/// let svc = policy.layer(service_fn(|req: http::Request<String>| async move {
+///     let n = attempt_number(req.extensions());
+///     let status = if n == Some(1) { 503 } else { 200 };
+///     http::Response::builder().status(status).body(format!("{n:?}"))
+/// }));
+/// let req = http::Request::get("http://api.example/items").body(String::new())?;
+/// let res = svc.oneshot(req).await?;
+/// assert_eq!(res.body(), "Some(2)");
+/// assert_eq!(attempt_number(&http::Extensions::new()), None);
+/// # Ok(()) }
+/// # tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(demo()).unwrap();
+/// ```
+pub fn attempt_number(extensions: &http::Extensions) -> Option<u32> {
+    match extensions.get::<AttemptNumber>() {
+        Some(n) => Some(n.0),
+        None => extensions.get::<LayerAttempt>().map(|_| 1),
     }
 }

@@ -107,6 +107,20 @@ pub struct RetryReport {
     pub(crate) idempotency_key: Option<Box<str>>,
     /// Why the body could not be sent again, when that stopped the retries.
     pub(crate) body: Option<NotReplayable>,
+    pub(crate) hedging: HedgeSummary,
+}
+
+/// What hedging did for a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HedgeSummary {
+    /// Backup attempts sent because the ones in flight were slow.
+    pub(crate) hedges: u32,
+    /// The attempt (numbered in the order sent) whose response was returned, when hedges
+    /// were sent.
+    pub(crate) won_by: Option<u32>,
+    /// Attempts still in flight when another's outcome was returned: dropped, their outcome
+    /// unknown.
+    pub(crate) superseded: u32,
 }
 
 impl RetryReport {
@@ -117,9 +131,31 @@ impl RetryReport {
         res.extensions().get()
     }
 
-    /// How many attempts were made (1 when there was no retry).
+    /// How many attempts were sent (1 when there was no retry and no hedge), counting the
+    /// attempts that lost to a hedge and were dropped
+    /// ([`superseded`](Self::superseded)), which have no record.
     pub fn attempts(&self) -> u32 {
-        self.records.len()
+        self.records.len() + self.hedging.superseded
+    }
+
+    /// How many backup attempts were sent because the attempts in flight were slow (see
+    /// [`Hedge`](crate::Hedge)); 0 without hedging.
+    pub fn hedges(&self) -> u32 {
+        self.hedging.hedges
+    }
+
+    /// When hedges were sent and a response was returned: which attempt's it is, numbered
+    /// from 1 in the order the attempts were sent (1 is the first attempt, 2 the first hedge
+    /// or retry…).
+    pub fn won_by(&self) -> Option<u32> {
+        self.hedging.won_by
+    }
+
+    /// Attempts still in flight when another attempt's outcome was returned: they were
+    /// dropped, and their outcome is unknown. Each counts as maybe applied in
+    /// [`may_have_been_applied`](Self::may_have_been_applied).
+    pub fn superseded(&self) -> u32 {
+        self.hedging.superseded
     }
 
     /// True when a retry was withheld because the request is not idempotent and may have
@@ -159,9 +195,11 @@ impl RetryReport {
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
     /// ```
     pub fn may_have_been_applied(&self) -> bool {
-        self.records
-            .iter()
-            .any(AttemptRecord::may_have_been_applied)
+        self.hedging.superseded > 0
+            || self
+                .records
+                .iter()
+                .any(AttemptRecord::may_have_been_applied)
     }
 
     /// True when the response is the server's replay of its stored response to an earlier
@@ -241,6 +279,7 @@ impl fmt::Debug for RetryReport {
             .field("request_id", &self.request_id)
             .field("idempotency_key", &self.idempotency_key)
             .field("body_not_replayable", &self.body)
+            .field("hedging", &self.hedging)
             .field("may_have_been_applied", &self.may_have_been_applied())
             .field(
                 "idempotency_key_untrusted",
@@ -281,6 +320,13 @@ impl fmt::Display for RetryReport {
         let plural = if attempts == 1 { "" } else { "s" };
         let status = self.records.iter().last().and_then(|r| r.status);
         write!(f, "{attempts} attempt{plural}")?;
+        if self.hedging.hedges > 0 {
+            write!(f, " ({} hedged", self.hedging.hedges)?;
+            if let Some(won) = self.hedging.won_by {
+                write!(f, ", attempt {won} answered first")?;
+            }
+            f.write_str(")")?;
+        }
         if let Some(status) = status {
             write!(f, ", last answered {status}")?;
         }

@@ -31,6 +31,7 @@ pub struct RetryPolicyBuilder {
     timing: Timing,
     responses: Responses,
     headers: Headers,
+    hedge: Option<crate::Hedge>,
 }
 
 /// Route rules, host rules and trust in keys, as given (checked in `build`).
@@ -169,6 +170,7 @@ impl RetryPolicyBuilder {
                 request_id_header: Some(HeaderName::from_static("x-request-id")),
                 attempt_header: None,
             },
+            hedge: None,
         }
     }
 
@@ -234,6 +236,7 @@ impl RetryPolicyBuilder {
         }
         #[cfg(feature = "tonic")]
         self.rules.proto.add_to(&mut self.rules.routes)?;
+        let hedge = self.hedge.map(crate::Hedge::build).transpose()?;
         let mut key_trust = KeyTrust {
             everywhere: self.rules.honor_idempotency_key
                 || (self.rules.mint_idempotency_keys && self.rules.key_hosts.is_empty()),
@@ -298,6 +301,7 @@ impl RetryPolicyBuilder {
                 replay_buffer: self.timing.replay_buffer,
                 budget,
                 headers: self.headers,
+                hedge,
             }),
         })
     }
@@ -329,6 +333,7 @@ fn check_tps(ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Result<(), 
 #[cfg(feature = "tonic")]
 mod grpc;
 mod headers;
+mod hedge;
 mod limits;
 mod responses;
 mod rules;

@@ -1,0 +1,151 @@
+//! The layer's hedging state: several attempts of one request in flight, a timer for the next
+//! hedge, a backoff when none is left running. Every decision is the core's
+//! ([`Attempts::on_hedged_outcome`], [`Attempts::may_hedge`]); this only sends, polls and
+//! drops.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::Sleep;
+use tower_service::Service;
+use tracing::Span;
+
+use super::send::{poll_attempt, refused, resend, AttemptTimer, Replay};
+use super::ReplayBody;
+use crate::attempts::{superseded, Attempts, HedgeStep, Outcome};
+use crate::policy::StopReason;
+use crate::BoxError;
+
+/// The attempts of a hedged request.
+pub(super) struct Hedged<F> {
+    in_flight: Vec<InFlight<F>>,
+    /// Fires the next hedge, while hedges are left.
+    timer: Option<Pin<Box<Sleep>>>,
+    delay: Duration,
+    /// The wait before a retry, when no attempt is left running.
+    backoff: Option<Pin<Box<Sleep>>>,
+    /// Send an attempt as soon as the service is ready.
+    send: bool,
+}
+
+struct InFlight<F> {
+    /// Numbered from 1 in the order sent.
+    number: u32,
+    future: Pin<Box<F>>,
+    timer: AttemptTimer,
+    span: Span,
+}
+
+impl<F> Hedged<F> {
+    /// The first attempt is in flight; the first hedge may go after `delay`.
+    pub(super) fn new(future: F, timer: AttemptTimer, delay: Duration, span: Span) -> Self {
+        Hedged {
+            in_flight: vec![InFlight {
+                number: 1,
+                future: Box::pin(future),
+                timer,
+                span,
+            }],
+            timer: Some(Box::pin(tokio::time::sleep(delay))),
+            delay,
+            backoff: None,
+            send: false,
+        }
+    }
+}
+
+/// Polls every attempt in flight, sends hedges and retries; ready with the request's outcome.
+/// The attempts still running then are dropped here: on HTTP/2 that resets their streams, on
+/// HTTP/1 it closes their connections.
+pub(super) fn poll<S, B, ResBody>(
+    h: &mut Hedged<S::Future>,
+    replay: &mut Replay<S, B>,
+    attempts: &mut Attempts,
+    cx: &mut Context<'_>,
+) -> Poll<(Result<Response<ResBody>, BoxError>, StopReason)>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: ReplayBody,
+{
+    loop {
+        let mut i = 0;
+        while i < h.in_flight.len() {
+            let a = &mut h.in_flight[i];
+            let entered = a.span.enter();
+            let Poll::Ready(result) = poll_attempt(a.future.as_mut(), &mut a.timer, attempts, cx)
+            else {
+                drop(entered);
+                i += 1;
+                continue;
+            };
+            drop(entered);
+            let done = h.in_flight.swap_remove(i);
+            attempts.use_span(done.span);
+            let others = !h.in_flight.is_empty();
+            match attempts.on_hedged_outcome(done.number, Outcome::of(&result), others) {
+                HedgeStep::Stop(reason) => {
+                    attempts.supersede(h.in_flight.iter().map(|a| a.number));
+                    h.in_flight.iter().for_each(|a| superseded(&a.span));
+                    h.in_flight.clear();
+                    return Poll::Ready((result, reason));
+                }
+                HedgeStep::KeepWaiting { resend_now } => h.send |= resend_now,
+                HedgeStep::Wait(after) => {
+                    h.timer = None;
+                    h.backoff = Some(Box::pin(tokio::time::sleep(after)));
+                }
+            }
+        }
+        if let Some(timer) = &mut h.timer {
+            if timer.as_mut().poll(cx).is_ready() {
+                h.timer = None;
+                if !h.send && !h.in_flight.is_empty() && attempts.may_hedge() {
+                    h.send = true;
+                }
+            }
+        }
+        if let Some(backoff) = &mut h.backoff {
+            if backoff.as_mut().poll(cx).is_ready() {
+                h.backoff = None;
+                h.send = true;
+            }
+        }
+        if !h.send {
+            return Poll::Pending;
+        }
+        // The clone may be a handle to a shared resource: `call` only once it is ready.
+        let ready = match replay.service.poll_ready(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(ready) => ready,
+        };
+        h.send = false;
+        let body = match ready {
+            Ok(()) => replay.body.copy(),
+            Err(err) if h.in_flight.is_empty() => {
+                return Poll::Ready((Err(err.into()), StopReason::ServiceNotReady))
+            }
+            // The attempts in flight may still answer.
+            Err(_) => return Poll::Pending,
+        };
+        match body {
+            Ok(body) => {
+                let (future, timer) = resend(replay, attempts, body);
+                h.in_flight.push(InFlight {
+                    number: attempts.sent(),
+                    future: Box::pin(future),
+                    timer,
+                    span: attempts.span().clone(),
+                });
+                if attempts.hedges_left() {
+                    h.timer = Some(Box::pin(tokio::time::sleep(h.delay)));
+                }
+            }
+            Err(why) if h.in_flight.is_empty() => return Poll::Ready(refused(attempts, why)),
+            Err(_) => return Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! What the layer's two states that send share: the retry's service and copy, sending an
+//! attempt, polling one against its timer, and a body that could not be sent again.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use http::request::Parts;
+use http::Request;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use super::replay::Kept;
+use super::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable};
+use crate::attempt_clock::{when_fired, AttemptClock, Fired};
+use crate::attempts::Attempts;
+use crate::policy::StopReason;
+use crate::timed_out::TimedOut;
+use crate::BoxError;
+
+pin_project! {
+    /// The timer that cuts an attempt, why it would, and the attempt's clock (a body read
+    /// inside the attempt is timed frame by frame).
+    pub(super) struct Timer {
+        #[pin]
+        sleep: Sleep,
+        why: TimedOut,
+        clock: Option<AttemptClock>,
+    }
+}
+
+/// The timer that cuts an attempt (`None`: no deadline, no per-attempt timeout). Boxed: only a
+/// request with a clock pays for its size.
+pub(super) type AttemptTimer = Option<Pin<Box<Timer>>>;
+
+/// What a retry needs: a service of its own and a copy of the request. The copy has no URI:
+/// the attempts' target keeps the one copy of it.
+pub(super) struct Replay<S, B> {
+    pub(super) service: S,
+    pub(super) parts: Parts,
+    pub(super) body: Kept<B>,
+}
+
+/// Polls the attempt in flight, cut by the policy's clock if it runs out first (the attempt is
+/// then dropped with its state: cut, maybe sent).
+#[inline(always)]
+pub(super) fn poll_attempt<F, R, E>(
+    future: Pin<&mut F>,
+    timer: &mut AttemptTimer,
+    attempts: &Attempts,
+    cx: &mut Context<'_>,
+) -> Poll<Result<R, BoxError>>
+where
+    F: Future<Output = Result<R, E>>,
+    E: Into<BoxError>,
+{
+    if let Poll::Ready(result) = future.poll(cx) {
+        return Poll::Ready(result.map_err(Into::into));
+    }
+    loop {
+        let Some(running) = timer.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(running.as_mut().project().sleep.poll(cx));
+        if let Some(why) = extend_or_cut(timer, attempts) {
+            return Poll::Ready(Err(Box::new(why)));
+        }
+    }
+}
+
+/// The attempt's timer fired: the error that cuts the attempt, or `None` when only the
+/// deadline (the timer reset to it) or nothing cuts it any more.
+#[cold]
+fn extend_or_cut(timer: &mut AttemptTimer, attempts: &Attempts) -> Option<TimedOut> {
+    let fired = timer.as_mut()?.as_mut().project();
+    match when_fired(*fired.why, fired.clock.as_ref(), attempts.time_left()) {
+        Fired::Cut(why) => Some(why),
+        Fired::Until(left) => {
+            fired.sleep.reset(Instant::now() + left);
+            *fired.why = TimedOut::Deadline;
+            None
+        }
+        Fired::Never => {
+            *timer = None;
+            None
+        }
+    }
+}
+
+/// Sends the next attempt with `body`.
+#[inline]
+pub(super) fn resend<S, B>(
+    replay: &mut Replay<S, B>,
+    attempts: &mut Attempts,
+    body: B,
+) -> (S::Future, AttemptTimer)
+where
+    S: Service<Request<B>>,
+{
+    let mut parts = replay.parts.clone();
+    parts.uri = attempts
+        .target()
+        .uri()
+        .expect("the layer's target is made from the request's URI")
+        .clone();
+    parts.extensions.insert(LayerAttempt);
+    KeyHeader::mark(attempts.policy(), &mut parts.extensions);
+    let number = attempts.next_attempt(&mut parts.headers);
+    parts.extensions.insert(AttemptNumber(number));
+    let timer = attempt_timer(attempts, &mut parts.extensions);
+    let _span = attempts.enter_span();
+    (replay.service.call(Request::from_parts(parts, body)), timer)
+}
+
+/// A body that could not be sent again after all: the outcome that stops the retries (the
+/// last attempt's own outcome was already dropped for the retry).
+#[cold]
+pub(super) fn refused<R>(
+    attempts: &mut Attempts,
+    why: NotReplayable,
+) -> (Result<R, BoxError>, StopReason) {
+    attempts.refuse_replay(why);
+    (Err(why.to_string().into()), StopReason::BodyNotReplayable)
+}
+
+/// The timer that cuts the next attempt, if the request has a deadline or a per-attempt
+/// timeout; the attempt's clock then goes in its `extensions`.
+#[inline]
+pub(super) fn attempt_timer(
+    attempts: &Attempts,
+    extensions: &mut http::Extensions,
+) -> AttemptTimer {
+    let (limit, why) = attempts.attempt_limit()?;
+    let clock = attempts.clock();
+    extensions.insert(clock.clone());
+    Some(Box::pin(Timer {
+        sleep: tokio::time::sleep(limit),
+        why,
+        clock: Some(clock),
+    }))
+}
