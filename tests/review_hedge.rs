@@ -1152,3 +1152,179 @@ async fn losers_leave_no_streams_or_connections_behind() {
         );
     }
 }
+
+/// A service whose clones turn not ready (`poll_ready` pending) from `close` ms to `open` ms
+/// after the request starts, whatever is in flight.
+#[derive(Clone)]
+struct Gate<S> {
+    inner: S,
+    open: Arc<std::sync::atomic::AtomicBool>,
+    waker: Arc<Mutex<Option<std::task::Waker>>>,
+}
+
+impl<S> Gate<S> {
+    fn new(inner: S, close: u64, open: u64) -> Self {
+        let gate = Gate {
+            inner,
+            open: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            waker: Arc::default(),
+        };
+        let (flag, waker) = (gate.open.clone(), gate.waker.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(close)).await;
+            flag.store(false, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(open - close)).await;
+            flag.store(true, Ordering::SeqCst);
+            if let Some(w) = waker.lock().unwrap().take() {
+                w.wake();
+            }
+        });
+        gate
+    }
+}
+
+impl<S: Service<Request<String>>> Service<Request<String>> for Gate<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        if !self.open.load(Ordering::SeqCst) {
+            *self.waker.lock().unwrap() = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<String>) -> S::Future {
+        self.inner.call(req)
+    }
+}
+
+/// `max_retries(1)`: at most two sends. The hedge is granted at 10 ms but the service is not
+/// ready until 60 ms; meanwhile (50 ms) the first attempt fails 503 and the core decides a
+/// 100 ms backoff. The pending hedge still goes out at 60 ms, and when the backoff ends
+/// (150 ms) the retry goes out too, while the hedge is in flight.
+///
+/// Today: 3 sends (at 0, 60 and 150 ms) with `max_retries(1)`, and the retry budget withdrawn
+/// for both; expected 2. Proposed fix: in `service/hedged.rs`, on `HedgeStep::Wait` clear
+/// `h.send` (refunding the granted hedge's token and budget), so a wait is never followed by
+/// two sends; more simply, let a granted hedge lapse when any outcome arrives before it went.
+#[ignore = "open defect: a hedge pending poll_ready plus the backoff's retry make 3 sends with max_retries(1)"]
+#[tokio::test(start_paused = true)]
+async fn a_late_ready_hedge_and_the_backoff_retry_do_not_both_go() {
+    let policy = RetryPolicy::builder()
+        .hedge(Hedge::fixed(Duration::from_millis(10)).max_extra_load(1.0))
+        .max_retries(1)
+        .backoff(Duration::from_millis(100), Duration::from_millis(100))
+        .jitter(false)
+        .no_budget()
+        .build()
+        .unwrap();
+    let seen = Seen::default();
+    let inner = Gate::new(
+        scripted(&seen, |n| match n {
+            1 => (50, Some(503), None),
+            2 => (1_000, Some(200), None),
+            _ => (1, Some(200), None),
+        }),
+        5,
+        60,
+    );
+    let res = policy.layer(inner).oneshot(get()).await;
+    let at = seen.at.lock().unwrap().clone();
+    assert!(res.is_ok(), "calls at {at:?}");
+    assert!(
+        at.len() <= 2,
+        "{} sends with max_retries(1), at {at:?}",
+        at.len()
+    );
+}
+
+/// The learned delay is kept per host; the same host spelled as an absolute URI
+/// (`http://api.example/…`, port 80 by its scheme) and as an origin-form URI with a `Host:
+/// api.example` header (no port) lands in two slots, so what one learned does not apply to
+/// the other.
+///
+/// Today: after 5 samples through absolute URIs (`min_samples(5)`), a slow origin-form request
+/// to the same host is not hedged (1 call; expected 2). Proposed fix: in `HostTable::hash`,
+/// hash the effective port (the scheme's default when the request has none, 80 for a `Host`
+/// header without scheme is a guess, so rather drop the port when it is the scheme default),
+/// and strip a trailing dot.
+#[ignore = "open defect: one host spelled two ways gets two latency slots (1 call, expected 2)"]
+#[tokio::test(start_paused = true)]
+async fn one_host_spelled_two_ways_shares_its_learned_delay() {
+    let policy = RetryPolicy::builder()
+        .hedge(Hedge::learned().min_samples(5).max_extra_load(1.0))
+        .no_budget()
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        run(&policy, get(), fast).await.0.unwrap();
+    }
+    let origin_form = Request::get("/items")
+        .header("host", "api.example")
+        .body(String::new())
+        .unwrap();
+    let (res, seen) = run(&policy, origin_form, |n| {
+        if n == 1 {
+            (500, Some(200), None)
+        } else {
+            (1, Some(200), None)
+        }
+    })
+    .await;
+    res.unwrap();
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 2);
+}
+
+/// Control for the test above: the same spelling learns and hedges.
+#[tokio::test(start_paused = true)]
+async fn the_learned_delay_applies_to_the_host_it_learned() {
+    let policy = RetryPolicy::builder()
+        .hedge(Hedge::learned().min_samples(5).max_extra_load(1.0))
+        .no_budget()
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        run(&policy, get(), fast).await.0.unwrap();
+    }
+    let other_case = Request::get("http://API.Example/items")
+        .body(String::new())
+        .unwrap();
+    let (res, seen) = run(&policy, other_case, |n| {
+        if n == 1 {
+            (500, Some(200), None)
+        } else {
+            (1, Some(200), None)
+        }
+    })
+    .await;
+    assert_eq!(report(&res.unwrap()).won_by(), Some(2));
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 2);
+    // Origin-form requests learn for their own spelling and are hedged by it.
+    let origin_form = || {
+        Request::get("/items")
+            .header("host", "api.example")
+            .body(String::new())
+            .unwrap()
+    };
+    for _ in 0..5 {
+        run(&policy, origin_form(), fast).await.0.unwrap();
+    }
+    let (_, seen) = run(&policy, origin_form(), |n| {
+        if n == 1 {
+            (500, Some(200), None)
+        } else {
+            (1, Some(200), None)
+        }
+    })
+    .await;
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 2);
+    // Another host has learned nothing: not hedged.
+    let other = Request::get("http://other.example/items")
+        .body(String::new())
+        .unwrap();
+    let (_, seen) = run(&policy, other, |_| (500, Some(200), None)).await;
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+}
