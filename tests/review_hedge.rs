@@ -1463,3 +1463,122 @@ async fn reqwest_inner_middleware_sees_the_hedge_number() {
     assert_eq!(*numbers.lock().unwrap(), [Some(1), Some(2)]);
     assert_eq!(server.stats("numbered").attempts, 2);
 }
+
+/// Fails a `call` not preceded by a successful `poll_ready` on the same clone (tower's
+/// contract); a clone starts not ready.
+struct ReadyCheck<S> {
+    inner: S,
+    ready: bool,
+    violations: Arc<AtomicU32>,
+}
+
+impl<S: Clone> Clone for ReadyCheck<S> {
+    fn clone(&self) -> Self {
+        ReadyCheck {
+            inner: self.inner.clone(),
+            ready: false,
+            violations: self.violations.clone(),
+        }
+    }
+}
+
+impl<S: Service<Request<String>>> Service<Request<String>> for ReadyCheck<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        let ready = self.inner.poll_ready(cx);
+        self.ready = matches!(ready, Poll::Ready(Ok(())));
+        ready
+    }
+
+    fn call(&mut self, req: Request<String>) -> S::Future {
+        if !std::mem::take(&mut self.ready) {
+            self.violations.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.call(req)
+    }
+}
+
+/// Each clone is made ready before each call: a first attempt, two hedges and a retry sent
+/// at once after a failed hedge, all through readied clones.
+#[tokio::test(start_paused = true)]
+async fn every_call_follows_a_ready_poll_on_its_clone() {
+    let policy = RetryPolicy::builder()
+        .hedge(
+            Hedge::fixed(Duration::from_millis(10))
+                .max_extra_load(1.0)
+                .max_hedges(2),
+        )
+        .max_retries(5)
+        .no_budget()
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        run(&policy, get(), fast).await.0.unwrap();
+    }
+    let seen = Seen::default();
+    let violations = Arc::new(AtomicU32::new(0));
+    let svc = policy.layer(ReadyCheck {
+        inner: scripted(&seen, |n| match n {
+            1 => (500, Some(200), None),
+            2 => (2, Some(503), None),
+            _ => (100, Some(200), None),
+        }),
+        ready: false,
+        violations: violations.clone(),
+    });
+    let res = svc.oneshot(get()).await.unwrap();
+    assert_eq!(res.body(), "attempt 3");
+    assert_eq!(*seen.at.lock().unwrap(), [0, 10, 12, 22]);
+    assert_eq!(violations.load(Ordering::SeqCst), 0);
+}
+
+/// The reqwest adapter's hedge spans (all but `server.address`, see
+/// `reqwest_hedge_spans_name_the_server`): the method, `url.path` without the query, no
+/// secret, `resend_count` only on the hedge, the hedge linked to the first attempt, winner
+/// and loser marked.
+#[tokio::test]
+async fn reqwest_hedge_spans_have_the_conventions_fields_and_no_secret() {
+    use tower_retry_safety::RetrySafetyMiddleware;
+    let server = FaultServer::start().await;
+    let policy = RetryPolicy::builder()
+        .hedge(Hedge::fixed(Duration::from_millis(5)).max_extra_load(1.0))
+        .no_budget()
+        .build()
+        .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetrySafetyMiddleware::new(policy))
+        .build();
+    let url = format!("{}?token={SECRET}", server.url("read"));
+    let spans = capture(async {
+        let res = client
+            .get(&url)
+            .header("x-fault", Fault::SlowAfterApply.name())
+            .header("authorization", format!("Bearer {SECRET}"))
+            .header("idempotency-key", format!("\"{SECRET}\""))
+            .send()
+            .await
+            .unwrap();
+        let r = RetryReport::of_reqwest(&res).unwrap();
+        assert_eq!((r.hedges(), r.won_by()), (1, Some(2)));
+    })
+    .await;
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    assert_no_secret(&spans);
+    let (first, hedge) = (&spans[0].fields, &spans[1].fields);
+    for f in [first, hedge] {
+        assert_eq!(f["http.request.method"], "GET");
+        assert_eq!(f["url.path"], "/ops/read");
+    }
+    assert!(
+        !first.contains_key("http.request.resend_count"),
+        "{first:?}"
+    );
+    assert_eq!(hedge["http.request.resend_count"], "1");
+    assert_eq!(hedge["http.response.status_code"], "200");
+    assert_eq!(hedge["retry_safety.hedge_won"], "true");
+    assert_eq!(first["retry_safety.superseded"], "true");
+    assert_eq!(spans[1].follows, [spans[0].id]);
+}
