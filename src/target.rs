@@ -17,7 +17,11 @@ pub(crate) struct Target {
 enum TargetPath {
     /// Cloning a `Uri` shares its bytes; the path is cut out only when printed.
     Uri(Uri),
-    Text(Box<str>),
+    /// The reqwest adapter's: the path and the host, cut out of its URL.
+    Text {
+        path: Box<str>,
+        host: Option<Box<str>>,
+    },
 }
 
 impl Target {
@@ -30,10 +34,21 @@ impl Target {
     }
 
     #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
-    pub(crate) fn from_path(method: Method, path: &str) -> Self {
+    pub(crate) fn from_path(method: Method, host: Option<&str>, path: &str) -> Self {
         Target {
             method,
-            path: TargetPath::Text(cap(path, MAX_PATH_LEN).into()),
+            path: TargetPath::Text {
+                path: cap(path, MAX_PATH_LEN).into(),
+                host: host.map(|h| cap(h, MAX_PATH_LEN).into()),
+            },
+        }
+    }
+
+    /// The host the request went to, if known.
+    pub(crate) fn host(&self) -> Option<&str> {
+        match &self.path {
+            TargetPath::Uri(uri) => uri.host(),
+            TargetPath::Text { host, .. } => host.as_deref(),
         }
     }
 
@@ -41,7 +56,7 @@ impl Target {
     pub(crate) fn uri(&self) -> Option<&Uri> {
         match &self.path {
             TargetPath::Uri(uri) => Some(uri),
-            TargetPath::Text(_) => None,
+            TargetPath::Text { .. } => None,
         }
     }
 
@@ -49,7 +64,7 @@ impl Target {
     pub(crate) fn path(&self) -> &str {
         match &self.path {
             TargetPath::Uri(uri) => cap(uri.path(), MAX_PATH_LEN),
-            TargetPath::Text(text) => text,
+            TargetPath::Text { path, .. } => path,
         }
     }
 }

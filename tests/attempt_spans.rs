@@ -72,6 +72,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ca
 async fn capture<F: std::future::Future<Output = ()>>(f: F) -> (Vec<Captured>, Vec<Captured>) {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
+    support::spans::keep_interest_per_event();
     let guard = tracing::subscriber::set_default(subscriber);
     f.await;
     drop(guard);

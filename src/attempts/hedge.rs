@@ -20,6 +20,10 @@ pub(crate) struct HedgeRun {
     starts: Vec<Instant>,
     /// The next send is a hedge (for its span).
     next_is_hedge: bool,
+    /// No more hedges: an attempt was told to wait (a keyed write's 409: the first attempt
+    /// still runs on the server; a `Retry-After`), and another send would only be told the
+    /// same, or go before the server's wait.
+    held: bool,
     /// The number of the attempt whose outcome is being decided (for its event and log).
     pub(super) deciding: Option<u32>,
     summary: HedgeSummary,
@@ -79,6 +83,7 @@ impl Attempts {
             slot,
             starts: Vec::with_capacity(2),
             next_is_hedge: false,
+            held: false,
             deciding: None,
             summary: HedgeSummary::default(),
         }));
@@ -98,6 +103,9 @@ impl Attempts {
         let (Some(hedger), Some(run)) = (self.policy.hedging(), self.hedge.as_mut()) else {
             return false;
         };
+        if run.held {
+            return false;
+        }
         if !hedger.tokens().withdraw() {
             return false;
         }
@@ -108,6 +116,19 @@ impl Attempts {
         run.summary.hedges += 1;
         run.next_is_hedge = true;
         true
+    }
+
+    /// A hedge granted by [`may_hedge`](Self::may_hedge) was not sent after all (the service
+    /// refused it, or a wait was decided first): it is not counted, and its token is given
+    /// back (the retry budget keeps what it gave: it has no refund).
+    pub(crate) fn cancel_hedge(&mut self) {
+        let (Some(hedger), Some(run)) = (self.policy.hedging(), self.hedge.as_mut()) else {
+            return;
+        };
+        if std::mem::take(&mut run.next_is_hedge) {
+            run.summary.hedges -= 1;
+            hedger.tokens().refund();
+        }
     }
 
     /// How many attempts were sent so far (the number of the last one).
@@ -183,9 +204,14 @@ impl Attempts {
         // A 409 to a keyed write says the first attempt is still running on the server:
         // another send would get the same, so wait for the first one's answer.
         // Nor at once when the server asked for a wait (Retry-After): the others may answer
-        // meanwhile, and if none does, the ordinary decision honours the wait.
-        let resend_now = status != Some(http::StatusCode::CONFLICT)
-            && classification.retry_after().is_none()
+        // meanwhile, and if none does, the ordinary decision honours the wait. No more hedges
+        // either, for the same reasons.
+        let hold =
+            status == Some(http::StatusCode::CONFLICT) || classification.retry_after().is_some();
+        if let (true, Some(run)) = (hold, self.hedge.as_mut()) {
+            run.held = true;
+        }
+        let resend_now = !hold
             && sends <= self.max_retries
             && self.time_left() != Some(Duration::ZERO)
             && self.policy.withdraw();

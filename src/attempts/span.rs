@@ -36,7 +36,7 @@ impl Attempts {
             otel.kind = "client",
             http.request.method = %self.target.method,
             url.path = self.target.path(),
-            server.address = self.target.uri().and_then(|u| u.host()),
+            server.address = self.target.host(),
             http.request.resend_count = (number > 1).then_some(number - 1),
             http.response.status_code = Empty,
             error.r#type = Empty,

@@ -159,12 +159,14 @@ impl HostTable {
         HOSTS
     }
 
+    /// One host however it is spelled: case, a trailing dot, and the default ports (a
+    /// `Host` header without a port, an absolute URI whose port comes from its scheme).
     fn hash(&self, (host, port): (&str, Option<u16>)) -> u64 {
         let mut h = self.hasher.build_hasher();
-        for b in host.bytes() {
+        for b in host.strip_suffix('.').unwrap_or(host).bytes() {
             b.to_ascii_lowercase().hash(&mut h);
         }
-        port.hash(&mut h);
+        port.filter(|p| *p != 80 && *p != 443).hash(&mut h);
         std::hash::Hasher::finish(&h)
     }
 
@@ -287,7 +289,10 @@ mod tests {
         let b = t.slot(Some(("b.example", Some(443))));
         assert_ne!(a, b);
         assert_eq!(t.slot(Some(("A.EXAMPLE", Some(443)))), a);
-        assert_ne!(t.slot(Some(("a.example", Some(80)))), a);
+        // The default ports and a trailing dot spell the same host; another port is another.
+        assert_eq!(t.slot(Some(("a.example", Some(80)))), a);
+        assert_eq!(t.slot(Some(("a.example.", None))), a);
+        assert_ne!(t.slot(Some(("a.example", Some(8443)))), a);
         assert_eq!(t.slot(None), HOSTS);
         let slots: std::collections::HashSet<_> = (0..40)
             .map(|i| t.slot(Some((&format!("h{i}.example"), None))))

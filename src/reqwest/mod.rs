@@ -134,7 +134,8 @@ impl Middleware for RetrySafetyMiddleware {
         } else {
             Err(NotReplayable::Stream)
         };
-        let target = Target::from_path(req.method().clone(), req.url().path());
+        let url = req.url();
+        let target = Target::from_path(req.method().clone(), url.host_str(), url.path());
         let marks_attempts = plan.marks_attempts();
         let (kept, why_not) = match kept {
             Ok(kept) => (Some(kept), Ok(())),

@@ -97,6 +97,11 @@ where
                 HedgeStep::Wait(after) => {
                     h.timer = None;
                     h.backoff = Some(Box::pin(tokio::time::sleep(after)));
+                    // A hedge granted but not yet sent (the service was not ready) does not
+                    // go as well as the retry.
+                    if std::mem::take(&mut h.send) {
+                        attempts.cancel_hedge();
+                    }
                 }
             }
         }
@@ -128,8 +133,11 @@ where
             Err(err) if h.in_flight.is_empty() => {
                 return Poll::Ready((Err(err.into()), StopReason::ServiceNotReady))
             }
-            // The attempts in flight may still answer.
-            Err(_) => return Poll::Pending,
+            // The attempts in flight may still answer; the hedge is not sent.
+            Err(_) => {
+                attempts.cancel_hedge();
+                return Poll::Pending;
+            }
         };
         match body {
             Ok(body) => {

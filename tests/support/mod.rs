@@ -8,3 +8,4 @@ pub mod read_whole;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod script;
+pub mod spans;
