@@ -85,9 +85,27 @@ pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBo
     res
 }
 
+/// Whether a handler's answer is a server error: a 5xx, or a gRPC call's trailers-only status
+/// that maps to one (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
+/// DATA_LOSS, as gRPC's HTTP mapping has them), which a gRPC server answers with a 200.
+pub(crate) fn is_server_error(status: StatusCode, headers: &HeaderMap) -> bool {
+    if status.is_server_error() {
+        return true;
+    }
+    #[cfg(feature = "tonic")]
+    if status.is_success() && crate::classify::grpc::is_trailers_only(headers) {
+        let code = headers
+            .get("grpc-status")
+            .and_then(crate::classify::grpc::status_code);
+        return matches!(code, Some(2 | 4 | 12 | 13 | 14 | 15));
+    }
+    let _ = headers;
+    false
+}
+
 pub(crate) fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
     let mut res = stored_response(&stored);
-    let server_error = res.status().is_server_error();
+    let server_error = is_server_error(res.status(), res.headers());
     let headers = res.headers_mut();
     headers.insert(
         config.replay_header.clone(),

@@ -112,7 +112,8 @@ where
                 return Err(err);
             }
         };
-        let declined = parts.status.is_server_error() && !store_server_errors;
+        let declined =
+            outcome::is_server_error(parts.status, &parts.headers) && !store_server_errors;
         Ok(finish(pending, parts, buffered, declined).await)
     }
 }

@@ -103,7 +103,8 @@ impl Run {
         let Some(mut tx) = tx else {
             return Ok(self.handler_kept_the_transaction(None).await);
         };
-        if stored.status().is_server_error() && !self.config.store_server_errors {
+        let server_error = outcome::is_server_error(stored.status(), stored.headers());
+        if server_error && !self.config.store_server_errors {
             if self.abandon(tx).await {
                 return Ok(unknown_response());
             }
