@@ -1104,3 +1104,104 @@ async fn a_stream_answered_early_that_outgrows_the_buffer_is_never_replayed_cut(
         }
     }
 }
+
+/// A keyed gRPC write whose answer is over `max_response_bytes`: the layer keeps its head
+/// only (`idempotent-replay-body: omitted`), and a repeat of the key replays it. For gRPC
+/// that head is a 200 with `content-type: application/grpc`, no message and no
+/// `grpc-status`: the client must still learn that the call ran and was not repeated.
+///
+/// Open defect (wrong replay): the replay is a status-less gRPC response; tonic turns it into
+/// `UNKNOWN` "protocol error: missing grpc-status trailer, stream was terminated without a
+/// final status (possible truncation by a proxy or load balancer)" (counts: applied 1,
+/// attempts 2). Nothing in the code or message says the call ran; only the raw
+/// `idempotent-replay-body: omitted` header does, and `retry-safety-may-have-been-applied`
+/// is absent because `mark_status` only marks a trailers-only failure. Fix: in
+/// `server::grpc::answer`, turn a replay with `idempotent-replay-body` (and the "outcome
+/// unknown" 500) into a trailers-only status that says the first call ran (e.g. `UNKNOWN`
+/// or `DATA_LOSS` with "applied; its answer was too large to keep"), and let the client's
+/// `mark_status` see it.
+#[tokio::test]
+#[ignore = "open defect: a gRPC answer too large to keep replays as a status-less response (tonic: UNKNOWN 'missing grpc-status trailer ... truncation by a proxy')"]
+async fn a_keyed_answer_too_large_to_keep_replays_as_a_status_that_says_it_ran() {
+    let (addr, lab) =
+        serve_keyed(IdempotencyLayer::new(MemoryStore::new()).max_response_bytes(4)).await;
+    let mut client = client(addr, keyed_builder().build().unwrap()).await;
+    let mut req = keyed(entry("big"), "big", "k-big");
+    req.metadata_mut().insert(
+        "x-fault",
+        Fault::UnavailableAfterApply.header().parse().unwrap(),
+    );
+    let res = within("big", client.append(req)).await;
+    assert_eq!(lab.applied("big"), 1);
+    assert_eq!(lab.attempts("big").len(), 2);
+    let status = res.expect_err("no stored message to replay");
+    assert_eq!(
+        status
+            .metadata()
+            .get(MAY_HAVE_BEEN_APPLIED_KEY)
+            .map(|v| v.to_str().unwrap().to_owned()),
+        Some("true".to_owned()),
+        "the replayed call does not say it ran: {status:?}"
+    );
+}
+
+/// A raw HTTP/2 server that takes each stream (counting it applied), then sends GOAWAY
+/// naming that stream as processed and closes without an answer.
+async fn serve_goaway() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let applied = Arc::new(AtomicUsize::new(0));
+    let counter = applied.clone();
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let applied = counter.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(socket).await else {
+                    return;
+                };
+                if let Some(Ok((req, respond))) = conn.accept().await {
+                    applied.fetch_add(1, Ordering::SeqCst);
+                    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                    while conn.accept().await.is_some() {}
+                    drop((req, respond));
+                }
+            });
+        }
+    });
+    (addr, applied)
+}
+
+/// GOAWAY mid-call, after the server took (applied) the stream: a write is sent once; a read
+/// (Count) is retried on a new connection up to its limit (3 attempts).
+#[tokio::test]
+async fn a_write_cut_by_goaway_after_apply_is_sent_once() {
+    let (addr, applied) = serve_goaway().await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let svc = ServiceBuilder::new()
+        .map_err(tonic::Status::from as fn(_) -> _)
+        .layer(builder().build().unwrap())
+        .service(channel);
+    let mut client = LedgerClient::new(svc);
+    let status = within(
+        "goaway write",
+        client.append(request(entry("g"), "g", None)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(applied.load(Ordering::SeqCst), 1, "{status:?}");
+    assert_eq!(
+        status.metadata().get(MAY_HAVE_BEEN_APPLIED_KEY).unwrap(),
+        "true",
+        "{status:?}"
+    );
+    applied.store(0, Ordering::SeqCst);
+    let status = within(
+        "goaway read",
+        client.count(request(CountRequest { id: "g".into() }, "g", None)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(applied.load(Ordering::SeqCst), 3, "{status:?}");
+}
