@@ -1205,3 +1205,39 @@ async fn a_write_cut_by_goaway_after_apply_is_sent_once() {
     .unwrap_err();
     assert_eq!(applied.load(Ordering::SeqCst), 3, "{status:?}");
 }
+
+#[cfg(feature = "postgres")]
+#[path = "pg/mod.rs"]
+mod pg;
+
+/// A record with trailers (repeated names, a percent-encoded message) round-trips through
+/// PostgreSQL (non-atomic `PostgresStore`), as through Redis.
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn postgres_keeps_trailers() {
+    use tower_retry_safety::server::{
+        Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore, PostgresStore, StoredResponse,
+    };
+    let db = pg::TestDb::new().await;
+    let store = PostgresStore::from_pool(db.pool(2).await);
+    store.migrate().await.unwrap();
+    let fp = Fingerprint::of(&Method::POST, "/lab.v1.Ledger/Append", b"x");
+    let Begin::Started(claim) = store.begin("t", fp, Duration::from_secs(30)).await.unwrap() else {
+        panic!("free key")
+    };
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("9"));
+    trailers.insert("grpc-message", HeaderValue::from_static("m%20x"));
+    trailers.append("x-custom", HeaderValue::from_static("a"));
+    trailers.append("x-custom", HeaderValue::from_static("b"));
+    let stored = StoredResponse::new(http::StatusCode::OK, HeaderMap::new(), Bytes::new())
+        .with_trailers(trailers.clone());
+    store
+        .complete("t", claim, fp, stored, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let Some(StoreEntry::Completed { response, .. }) = store.get("t").await.unwrap() else {
+        panic!("completed")
+    };
+    assert_eq!(response.trailers(), Some(&trailers));
+}
