@@ -2,7 +2,11 @@
 //! count side effects, with a reviewer's layer (`Rev`) that answers as a misbehaving or
 //! unusual server would (odd `grpc-status` spellings, a status after messages, a stream
 //! answered before its end, custom trailers, a handler's own UNAVAILABLE behind the
-//! server's `IdempotencyLayer`).
+//! server's `IdempotencyLayer`). No gRPC write without a trusted key was sent twice. The three
+//! defects it found are fixed and their tests run: a hand-written catch-all write rule lost to
+//! the proto's exact paths; a handler's UNAVAILABLE was stored even with
+//! `store_server_errors(false)`; an answer too large to keep replayed as a status-less
+//! response.
 #![cfg(feature = "tonic")]
 
 #[path = "support/grpc/mod.rs"]
@@ -538,7 +542,7 @@ fn a_hand_written_write_rule_outranks_the_proto_and_packages_stay_apart() {
 /// (`POST /lab.v1.Ledger/{*rest}` NonIdempotent), and the proto marking `Count`
 /// NO_SIDE_EFFECTS (and `Put` IDEMPOTENT).
 ///
-/// Open defect (weaker, does not fail closed): the proto wins. `ProtoRoutes::add_to` skips a
+/// Found by the review, fixed (weaker, did not fail closed): the proto won. `ProtoRoutes::add_to` skips a
 /// proto path only when a hand rule has the very same template; otherwise it adds a static
 /// `Idempotent` rule, and a static rule outranks a catch-all within one spelling. So the
 /// user's explicit "this whole service writes" is silently overridden for every method the
@@ -548,7 +552,6 @@ fn a_hand_written_write_rule_outranks_the_proto_and_packages_stay_apart() {
 /// and skip a proto path that any hand `NonIdempotent` rule matches (or consult proto rules
 /// only when no hand rule matches), or refuse the combination in `build()`.
 #[test]
-#[ignore = "open defect: a hand-written NonIdempotent catch-all loses to the proto's static rule (not fail-closed)"]
 fn a_hand_written_catch_all_write_rule_against_the_proto() {
     let policy = builder()
         .route(
@@ -809,24 +812,27 @@ async fn concurrent_repeats_of_a_key_run_once() {
 }
 
 /// A handler's own UNAVAILABLE before it applied anything (its database was down), behind
-/// the server layer: for HTTP a 503 frees the key (`store_server_errors` is off by default)
-/// so that the repeat runs. For gRPC the same failure is an HTTP 200 with `grpc-status: 14`.
+/// the server layer told so (`store_server_errors(false)`: the handler promises a server error
+/// applied nothing, as for an HTTP 5xx). For gRPC the same failure is an HTTP 200 with
+/// `grpc-status: 14`.
 ///
-/// Open defect (weaker): the layer stores it like a success, so the client's keyed retry
-/// gets the stored UNAVAILABLE replayed (marked `idempotent-replayed`, final) and the key is
-/// burnt: counts today are 0 applied, 2 attempts, the call fails; expected 1 applied and
-/// the call recovered. Fix: in `server::run::finish`, for a gRPC call treat a trailers-only
-/// `grpc-status` of UNAVAILABLE / RESOURCE_EXHAUSTED (the codes a server uses for "nothing
-/// ran") like a 5xx, declined unless `store_server_errors`, and keep UNKNOWN/INTERNAL/…
-/// stored (they may follow an apply).
+/// What happened (the review's finding): the layer stored it like a success even so, so the
+/// client's keyed retry got the stored UNAVAILABLE replayed (marked `idempotent-replayed`,
+/// final) and the key was burnt: 0 applied, 2 attempts, the call failed. Fixed: a
+/// trailers-only status that gRPC maps to a 5xx (UNAVAILABLE among them) is a server error for
+/// `store_server_errors` (`server::outcome::is_server_error`), in lease and atomic mode.
+///
+/// (The review read `store_server_errors` as off by default; it is on: by default a server
+/// error is stored and replayed, the key kept, the write not run again; see the next test.)
 #[tokio::test]
-#[ignore = "open defect: a handler's UNAVAILABLE behind IdempotencyLayer is stored and replayed, burning the key (HTTP 503 is not stored)"]
 async fn a_handlers_unavailable_before_apply_does_not_burn_the_key() {
     let rev = Rev::default();
     let layer = {
         let rev = rev.clone();
         tower::layer::layer_fn(move |routes| {
-            IdempotencyLayer::new(MemoryStore::new()).layer(rev.layer(routes))
+            IdempotencyLayer::new(MemoryStore::new())
+                .store_server_errors(false)
+                .layer(rev.layer(routes))
         })
     };
     let (addr, lab) = serve_keyed(layer).await;
@@ -841,6 +847,30 @@ async fn a_handlers_unavailable_before_apply_does_not_burn_the_key() {
         "the key was burnt by a stored UNAVAILABLE: {res:?}"
     );
     assert_eq!(lab.applied("down"), 1);
+}
+
+/// The default keeps a handler's UNAVAILABLE, as it keeps an HTTP 5xx: the server cannot know
+/// that nothing was applied, so the repeat gets the stored answer and the handler does not run
+/// again (2 attempts, 0 applied, the call fails with the replayed UNAVAILABLE).
+#[tokio::test]
+async fn by_default_a_handlers_unavailable_is_kept_and_replayed() {
+    let rev = Rev::default();
+    let layer = {
+        let rev = rev.clone();
+        tower::layer::layer_fn(move |routes| {
+            IdempotencyLayer::new(MemoryStore::new()).layer(rev.layer(routes))
+        })
+    };
+    let (addr, lab) = serve_keyed(layer).await;
+    let mut client = client(addr, keyed_builder().build().unwrap()).await;
+    let mut req = keyed(entry("kept"), "kept", "k-kept");
+    req.metadata_mut()
+        .insert("x-rev", "unavailable-first".parse().unwrap());
+    let res = within("kept", client.append(req)).await;
+    assert_eq!(lab.attempts("kept").len(), 2);
+    let status = res.expect_err("the stored UNAVAILABLE is replayed");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(lab.applied("kept"), 0);
 }
 
 /// Malformed key metadata (non-ASCII bytes, too long, empty) is answered INVALID_ARGUMENT;
@@ -1110,7 +1140,7 @@ async fn a_stream_answered_early_that_outgrows_the_buffer_is_never_replayed_cut(
 /// that head is a 200 with `content-type: application/grpc`, no message and no
 /// `grpc-status`: the client must still learn that the call ran and was not repeated.
 ///
-/// Open defect (wrong replay): the replay is a status-less gRPC response; tonic turns it into
+/// Found by the review, fixed (wrong replay): the replay was a status-less gRPC response; tonic turns it into
 /// `UNKNOWN` "protocol error: missing grpc-status trailer, stream was terminated without a
 /// final status (possible truncation by a proxy or load balancer)" (counts: applied 1,
 /// attempts 2). Nothing in the code or message says the call ran; only the raw
@@ -1121,7 +1151,6 @@ async fn a_stream_answered_early_that_outgrows_the_buffer_is_never_replayed_cut(
 /// or `DATA_LOSS` with "applied; its answer was too large to keep"), and let the client's
 /// `mark_status` see it.
 #[tokio::test]
-#[ignore = "open defect: a gRPC answer too large to keep replays as a status-less response (tonic: UNKNOWN 'missing grpc-status trailer ... truncation by a proxy')"]
 async fn a_keyed_answer_too_large_to_keep_replays_as_a_status_that_says_it_ran() {
     let (addr, lab) =
         serve_keyed(IdempotencyLayer::new(MemoryStore::new()).max_response_bytes(4)).await;

@@ -9,20 +9,28 @@
 //! | 413, a body over the layer's limit | `RESOURCE_EXHAUSTED` | what gRPC answers a message over its size limit |
 //! | 503, the store cannot track the key (nothing ran) | `UNAVAILABLE`, with pushback | |
 //! | 500, the stored "outcome unknown" record | `UNKNOWN` | the handler may have applied; a client must not repeat it |
+//! | a replay whose answer was too large to keep (`idempotent-replay-body`) | `UNKNOWN` | the handler ran; its message and status are gone |
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
+use super::outcome::BODY_OMITTED;
 use super::ResponseBody;
 use crate::classify::grpc::{GRPC_STATUS, PUSHBACK};
 use crate::classify::retry_after::parse_retry_after;
 
 /// `res` for a gRPC call: unchanged if it is one already (a success, or a `grpc-status`).
 pub(crate) fn answer<B>(res: Response<ResponseBody<B>>) -> Response<ResponseBody<B>> {
-    if res.status().is_success() || res.headers().contains_key(GRPC_STATUS) {
+    // A replay whose answer was not kept whole has no message and no status left to give.
+    let omitted = res.headers().contains_key(BODY_OMITTED);
+    if res.headers().contains_key(GRPC_STATUS) || (res.status().is_success() && !omitted) {
         return res;
     }
     let (code, message): (u16, &str) = match res.status().as_u16() {
+        _ if omitted => (
+            2,
+            "the first call with this idempotency-key ran, and its answer was too large to keep for a replay; check its effect before calling again with a new key",
+        ),
         400 => (3, "missing or malformed idempotency-key metadata"),
         409 => (
             10,

@@ -23,11 +23,17 @@ impl ProtoRoutes {
         if let Some(err) = self.refused.take() {
             return Err(err);
         }
+        // The hand rules for POST, to find the ones a proto path falls under: a catch-all
+        // such as `/pkg.Service/{*rest}` given by hand outranks the proto's exact paths
+        // (matching would prefer the exact one).
+        let mut hand = RouteTable::default();
+        for (method, template, idempotency) in routes.iter() {
+            if *method == Method::POST {
+                hand.insert(method.clone(), template, *idempotency)?;
+            }
+        }
         for path in self.paths.drain(..) {
-            if !routes
-                .iter()
-                .any(|(m, t, _)| m == Method::POST && *t == path)
-            {
+            if hand.lookup(&Method::POST, &path).is_none() {
                 routes.push((Method::POST, path, Idempotency::Idempotent));
             }
         }
