@@ -16,7 +16,7 @@ use std::error::Error as StdError;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -28,8 +28,8 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use support::cut_server::{Cut, CutServer, Options};
+use support::raw_server::{cl, head, rep, Act, Raw, RawCounts, Seen};
 use support::read_whole::{find_cut, read_all};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::resume::{BodyReport, NoResume};
@@ -39,179 +39,6 @@ use tower_retry_safety::{
 };
 
 type Incoming = hyper::body::Incoming;
-
-// ---------------------------------------------------------------------------------------------
-// A scripted raw HTTP/1.1 server.
-// ---------------------------------------------------------------------------------------------
-
-/// What the server does, in order, for one request.
-#[derive(Clone, Debug)]
-enum Act {
-    /// Write these bytes (and flush).
-    W(Vec<u8>),
-    /// Pause.
-    Pause(u64),
-    /// Close the connection (a cut).
-    Close,
-}
-
-/// A request as the server saw it.
-#[derive(Clone, Debug)]
-#[allow(dead_code)]
-struct Seen {
-    method: String,
-    head: String,
-    range: Option<u64>,
-}
-
-type Script = Arc<dyn Fn(u32, &Seen) -> Vec<Act> + Send + Sync>;
-
-#[derive(Default)]
-struct RawCounts {
-    requests: AtomicU32,
-    ranges: AtomicU32,
-    writes: AtomicU32,
-    seen: Mutex<Vec<Seen>>,
-}
-
-struct Raw {
-    addr: std::net::SocketAddr,
-    counts: Arc<RawCounts>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Raw {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Raw {
-    async fn start(script: impl Fn(u32, &Seen) -> Vec<Act> + Send + Sync + 'static) -> Raw {
-        let script: Script = Arc::new(script);
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let counts = Arc::new(RawCounts::default());
-        let c = counts.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let script = script.clone();
-                let counts = c.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    'conn: loop {
-                        // Read a head.
-                        let end = loop {
-                            if let Some(end) = find(&buf, b"\r\n\r\n") {
-                                break end;
-                            }
-                            let mut chunk = [0u8; 4096];
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => break 'conn,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                        buf.drain(..end + 4);
-                        let lower = head.to_ascii_lowercase();
-                        let len: usize = lower
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        while buf.len() < len {
-                            let mut chunk = [0u8; 4096];
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => break 'conn,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        buf.drain(..len);
-                        let method = head.split(' ').next().unwrap_or("").to_string();
-                        let range = lower
-                            .lines()
-                            .find_map(|l| l.strip_prefix("range: bytes="))
-                            .and_then(|v| v.trim().strip_suffix('-')?.parse().ok());
-                        let n = counts.requests.fetch_add(1, Ordering::SeqCst) + 1;
-                        if range.is_some() {
-                            counts.ranges.fetch_add(1, Ordering::SeqCst);
-                        }
-                        if method == "POST" || method == "PATCH" {
-                            counts.writes.fetch_add(1, Ordering::SeqCst);
-                        }
-                        let seen = Seen {
-                            method,
-                            head,
-                            range,
-                        };
-                        counts.seen.lock().unwrap().push(seen.clone());
-                        for act in script(n, &seen) {
-                            match act {
-                                Act::W(bytes) => {
-                                    if stream.write_all(&bytes).await.is_err() {
-                                        break 'conn;
-                                    }
-                                    let _ = stream.flush().await;
-                                }
-                                Act::Pause(ms) => {
-                                    tokio::time::sleep(Duration::from_millis(ms)).await
-                                }
-                                Act::Close => {
-                                    tokio::time::sleep(Duration::from_millis(20)).await;
-                                    let _ = stream.shutdown().await;
-                                    break 'conn;
-                                }
-                            }
-                        }
-                    }
-                });
-            }
-        });
-        Raw { addr, counts, task }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-    fn requests(&self) -> u32 {
-        self.counts.requests.load(Ordering::SeqCst)
-    }
-    fn ranges(&self) -> u32 {
-        self.counts.ranges.load(Ordering::SeqCst)
-    }
-    fn writes(&self) -> u32 {
-        self.counts.writes.load(Ordering::SeqCst)
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-/// A response head with these header lines.
-fn head(status: &str, lines: &[String]) -> Vec<u8> {
-    let mut s = format!("HTTP/1.1 {status}\r\n");
-    for l in lines {
-        s.push_str(l);
-        s.push_str("\r\n");
-    }
-    s.push_str("\r\n");
-    s.into_bytes()
-}
-
-fn cl(n: usize) -> String {
-    format!("content-length: {n}")
-}
-
-/// Representation `v`: bytes that differ between versions.
-fn rep(len: usize, v: u8) -> Vec<u8> {
-    (0..len)
-        .map(|i| ((i % 251) as u8).wrapping_add(v.wrapping_mul(97)))
-        .collect()
-}
 
 fn chunked(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::classify::Idempotency;
+use crate::service::RetryReport;
 
 /// What an attempt ended in, for the report's cells.
 enum Outcome {

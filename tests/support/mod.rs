@@ -4,6 +4,7 @@ pub mod fault_server;
 #[cfg(feature = "redis")]
 pub mod fleet;
 pub mod logs;
+pub mod raw_server;
 pub mod read_whole;
 #[cfg(feature = "redis")]
 pub mod redis;
