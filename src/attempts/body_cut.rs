@@ -4,7 +4,7 @@
 use http::{Extensions, HeaderMap, StatusCode};
 
 use super::Attempts;
-use crate::attempt_clock::AttemptClock;
+use crate::attempt_clock::{AttemptClock, FrameClock};
 use crate::classify::{Classification, FailureClass};
 use crate::policy::{Decision, StopReason};
 use crate::resume::cut::BodyCut;
@@ -93,12 +93,22 @@ impl Attempts {
     /// per-attempt timeout, the deadline, and whether a failure of this attempt could be
     /// followed by another.
     pub(crate) fn clock(&self) -> AttemptClock {
-        let deadline = self.deadline.zip(self.started).map(|(d, s)| s + d);
         let may_repeat = !self.outer_layer
             && self.not_replayable.is_none()
             && self.verdict.repeat_is_harmless()
             && self.records.len() < self.max_retries;
-        AttemptClock::new(self.attempt_timeout, deadline, may_repeat)
+        AttemptClock::new(self.attempt_timeout, self.deadline_at(), may_repeat)
+    }
+
+    /// The clock of a body streaming to the caller after the head: each wait for a frame
+    /// bounded by the per-attempt timeout, the whole by the deadline (`None`: neither).
+    pub(crate) fn frame_clock(&self) -> Option<FrameClock> {
+        FrameClock::new(self.attempt_timeout, self.deadline_at())
+    }
+
+    /// When the request's deadline passes, if it has one.
+    fn deadline_at(&self) -> Option<tokio::time::Instant> {
+        self.deadline.zip(self.started).map(|(d, s)| s + d)
     }
 
     /// Whether the server marked `headers`' response a replay of its stored response to this

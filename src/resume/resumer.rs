@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 use super::cut::{BodyCutError, NoResume};
 use super::range::Expect;
 use super::BodyReport;
+use crate::attempt_clock::FrameClock;
 use crate::attempts::{Attempts, Outcome, Step};
 use crate::policy::StopReason;
 use crate::timed_out::TimedOut;
@@ -81,7 +82,7 @@ pub(crate) struct Resume<B> {
     /// While the body streams: the policy's clock, as for an attempt, restarted by every frame
     /// (the per-attempt timeout bounds each wait for a frame; the deadline stays absolute).
     /// Set at the first wait, once the retry layer has handed over its bookkeeping.
-    idle: Option<(Pin<Box<Sleep>>, TimedOut)>,
+    idle: Option<FrameClock>,
     /// Where the caller reads the report with the resumes (the response's extensions hold a
     /// clone).
     report: BodyReport,
@@ -143,32 +144,18 @@ impl<B> Resume<B> {
     /// the policy has one (a per-attempt timeout, a deadline) and it did.
     pub(crate) fn poll_idle(&mut self, cx: &mut Context<'_>) -> Poll<TimedOut> {
         if self.idle.is_none() {
-            let limit = self.attempts().and_then(|a| a.attempt_limit());
-            let Some((limit, why)) = limit else {
-                return Poll::Pending;
-            };
-            self.idle = Some((Box::pin(tokio::time::sleep(limit)), why));
+            self.idle = self.attempts().and_then(|a| a.frame_clock());
         }
-        let Some((sleep, why)) = self.idle.as_mut() else {
-            return Poll::Pending;
-        };
-        ready!(sleep.as_mut().poll(cx));
-        let why = *why;
-        self.idle = None;
-        Poll::Ready(why)
+        match self.idle.as_mut() {
+            Some(idle) => idle.poll(cx),
+            None => Poll::Pending,
+        }
     }
 
     /// A frame came: the wait for the next one starts now.
     pub(crate) fn on_frame(&mut self) {
-        if self.idle.is_some() {
-            let limit = self.attempts.as_ref().and_then(Attempts::attempt_limit);
-            match (limit, self.idle.as_mut()) {
-                (Some((limit, why)), Some(idle)) => {
-                    idle.0.as_mut().reset(tokio::time::Instant::now() + limit);
-                    idle.1 = why;
-                }
-                _ => self.idle = None,
-            }
+        if let Some(idle) = self.idle.as_mut() {
+            idle.on_frame();
         }
     }
 
