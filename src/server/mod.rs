@@ -49,24 +49,26 @@
 //!
 //! **Renewal guarantee.** While a handler runs, its claim is renewed every quarter of the
 //! lease (at most a third apart) by a task of the layer's own on the handler's runtime, on its
-//! own timer, and also from the handler's own task each time the handler is polled a quarter
-//! lease or more after the last renewal. On a multi-thread runtime a handler keeps its claim,
-//! even one that never yields, while another worker is free. On a current-thread runtime one
-//! thread runs everything, and it reads its timers and sockets only when no task is ready to
-//! run, or else once every `event_interval` task polls (61 by default); a task that yields
-//! (`tokio::task::yield_now`) is run again only after that read. So the claim is kept as long
-//! as the thread **reads its timers and comes back to the handler** at least once per half
-//! lease of clock time with [`MemoryStore`], and once per quarter lease with `RedisStore` (a
-//! renewal there also takes a turn of redis-rs's connection task). That time is the handler's
-//! own work between two `.await`s **plus that of every other task busy on the thread
-//! meanwhile**: three handlers at once, each working 0.25 lease between awaits, come back to
-//! each one every 0.75 lease, which `MemoryStore` still holds; but two tasks that wake each
-//! other directly (a channel, a `Notify`), 8 ms of work a turn, keep the queue from emptying
-//! and push the timer read to every 61 polls, about 490 ms, and a claim of a 400 ms lease
-//! lapses (`tests/review_round2.rs` keeps both cases; `event_interval(4)` holds them). Outside
-//! a tokio runtime nothing is renewed. Serve keyed handlers from a multi-thread runtime, or
-//! build a current-thread one with a low `event_interval`; the layer logs a warning that says
-//! so, once per runtime, when it first claims a key on a current-thread one.
+//! own timer, and also from the task of any of the layer's handlers on that runtime, each time
+//! one is polled or claims a key after the claim has gone a quarter lease unrenewed. On a multi-thread runtime
+//! a handler keeps its claim, even one that never yields, while another worker is free. On a
+//! current-thread runtime one thread runs everything, and it reads its timers and sockets only
+//! when no task is ready to run, or else once every `event_interval` task polls (61 by
+//! default); a task that yields (`tokio::task::yield_now`) is run again only after that read.
+//! So the claim is kept as long as the thread **reads its timers or comes back to one of the
+//! layer's handlers** at least once per half lease of clock time with [`MemoryStore`], and
+//! once per quarter lease with `RedisStore` (a renewal there also takes a turn of redis-rs's
+//! connection task). That time is a handler's own work between two `.await`s **plus that of
+//! every other task busy on the thread meanwhile**: three handlers at once, each working 0.4
+//! lease between awaits, come back to each one only every 1.2 leases, but each renews the
+//! others' claims, which are kept; two tasks that wake each other directly (a channel, a
+//! `Notify`), 8 ms of work a turn, keep the queue from emptying and push the timer read to
+//! every 61 polls, about 490 ms, and a claim of a 400 ms lease whose handler waits on I/O
+//! lapses (`tests/lease_renewal.rs` and `tests/review_round2.rs` keep these cases;
+//! `event_interval(4)` holds the last). Outside a tokio runtime nothing is renewed. Serve keyed
+//! handlers from a multi-thread runtime, or build a current-thread one with a low
+//! `event_interval`; the layer logs a warning that says so, once per runtime, when it first
+//! claims a key on a current-thread one.
 //!
 //! The lease bounds the windows in which "never twice" cannot hold, and they are these:
 //!

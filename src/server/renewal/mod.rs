@@ -15,9 +15,12 @@
 //! A ticker is a task like any other: on a current-thread runtime it runs only when the thread
 //! comes round to it, and the thread's timers are read only once every task ready to run has
 //! had its turn. Several busy handlers on one thread can so keep it waiting for the sum of
-//! their stretches. So a claim is also renewed from its handler's own task: each time the
-//! handler is polled, a claim that has gone a quarter lease unrenewed is renewed there and
-//! then. Whichever renews first, the other sees it (the claim's slot keeps when it was last
+//! their stretches. So claims are also renewed from handlers' own tasks: each time a handler
+//! is polled, or a key claimed, and some claim on its runtime has gone a quarter lease
+//! unrenewed, every such claim is renewed there and then, its own and its neighbours' alike (at
+//! most once a tick from each handler). With three busy handlers on one thread, a claim is then
+//! renewed at the end of whichever stretch follows its quarter lease, not only when the thread
+//! comes back round to its own handler (CI once saw a claim lapse that way). Whoever renews first, the others see it (the claim's slot keeps when it was last
 //! renewed), so a claim is renewed once per quarter lease, not twice.
 //!
 //! Registering a claim is a push under a lock; a claim that ends before its first renewal
@@ -166,7 +169,7 @@ impl<St: IdempotencyStore> Renewals<St> {
             held.ticking = true;
             if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
                 // Once per layer and runtime: the bound the server docs state.
-                tracing::warn!("IdempotencyLayer serves keyed requests on a current-thread runtime: a claim is kept only while the thread reads its timers and comes back to the handler at least once per half lease (see the server docs, \"Renewal guarantee\"); a multi-thread runtime keeps claims whatever the handlers do");
+                tracing::warn!("IdempotencyLayer serves keyed requests on a current-thread runtime: a claim is kept only while the thread reads its timers or comes back to one of the layer's handlers at least once per half lease (see the server docs, \"Renewal guarantee\"); a multi-thread runtime keeps claims whatever the handlers do");
             }
             Some(first)
         } else {
@@ -201,7 +204,23 @@ impl<St: IdempotencyStore> Renewals<St> {
             }
         }
         held.due.push(Reverse((due, index, serial)));
+        // A claim is a moment the thread is on one of the layer's tasks: the claims on this
+        // runtime that are due are renewed now, and the handler's task looks again when the
+        // first of them falls due (not before a tick from now), not only when its own does.
+        let neighbours = self.take_due_in(held, now);
+        let soonest = held.due.peek().map_or(due, |Reverse((at, _, _))| *at);
+        let next = soonest.max(now + self.tick).min(due);
         drop(runtimes);
+        for (key, shown, claim) in neighbours {
+            send_renewal(
+                &self.store,
+                self.lease,
+                key,
+                shown,
+                claim,
+                &mut Context::from_waker(Waker::noop()),
+            );
+        }
         if late {
             let (renewals, key, shown) = (self.clone(), key.clone(), shown.clone());
             drop(handle.spawn(async move {
@@ -223,7 +242,7 @@ impl<St: IdempotencyStore> Renewals<St> {
             index,
             serial,
             spawned: start_ticker || late,
-            next: due,
+            next,
         })
     }
 
@@ -248,9 +267,14 @@ impl<St: IdempotencyStore> Renewals<St> {
     /// renewal).
     fn take_due(&self, runtime: RuntimeId, now: Instant) -> Vec<(Arc<str>, Arc<str>, Claim)> {
         let mut runtimes = self.lock();
-        let Some(held) = runtimes.iter_mut().find(|h| h.runtime == runtime) else {
-            return Vec::new();
-        };
+        match runtimes.iter_mut().find(|h| h.runtime == runtime) {
+            Some(held) => self.take_due_in(held, now),
+            None => Vec::new(),
+        }
+    }
+
+    /// [`take_due`](Self::take_due) on the claims of one runtime, under the lock.
+    fn take_due_in(&self, held: &mut Held, now: Instant) -> Vec<(Arc<str>, Arc<str>, Claim)> {
         let mut due = Vec::new();
         while let Some(&Reverse((at, index, serial))) = held.due.peek() {
             if at > now {
@@ -293,24 +317,31 @@ impl<St: IdempotencyStore> Renewals<St> {
         Ok((slot.key.clone(), slot.shown.clone(), slot.claim))
     }
 
-    /// For a claim's handler's task: the claim to renew if it is due at `now`, or when it will
-    /// be.
-    fn take_if_due(
+    /// For a handler's task at `now`: every claim on `runtime` that is due (the ticker's work,
+    /// done early), and when this handler's task should look again: when the next claim on the
+    /// runtime falls due, but not before a tick from now, and never after its own claim falls
+    /// due. `None` when the runtime's ticker has ended (it is shutting down).
+    #[allow(clippy::type_complexity)]
+    fn take_due_from_handler(
         &self,
         runtime: RuntimeId,
-        index: usize,
-        serial: u64,
+        own: (usize, u64),
         now: Instant,
-    ) -> Result<(Arc<str>, Arc<str>, Claim), Option<Instant>> {
+    ) -> Option<(Vec<(Arc<str>, Arc<str>, Claim)>, Instant)> {
         let mut runtimes = self.lock();
-        let slot = runtimes
-            .iter_mut()
-            .find(|h| h.runtime == runtime)
-            .and_then(|held| held.slots.get_mut(index))
-            .and_then(Option::as_mut)
-            .filter(|s| s.serial == serial)
-            .ok_or(None)?;
-        self.renew_if_due(slot, now).map_err(Some)
+        let held = runtimes.iter_mut().find(|h| h.runtime == runtime)?;
+        let due = self.take_due_in(held, now);
+        let (index, serial) = own;
+        let own_due = held
+            .slots
+            .get(index)
+            .and_then(Option::as_ref)
+            .filter(|s| s.serial == serial)?
+            .renewed
+            + self.lease / EVERY;
+        // The queue's first entry may be early (a claim renewed since, or ended): early is safe.
+        let first = held.due.peek().map_or(own_due, |Reverse((at, _, _))| *at);
+        Some((due, first.max(now + self.tick).min(own_due)))
     }
 }
 
@@ -350,9 +381,9 @@ impl<St: IdempotencyStore> Renewal<St> {
         self.spawned
     }
 
-    /// Runs `work` (the handler and its response body), renewing the claim from this task
-    /// too, on each poll, if a quarter lease has passed since the last renewal (see the
-    /// module's docs for why the ticker alone is not enough). The first poll reads no clock
+    /// Runs `work` (the handler and its response body), renewing from this task too, on each
+    /// poll, every claim on the runtime that has gone a quarter lease unrenewed, this one's
+    /// included (see the module's docs for why the ticker alone is not enough). The first poll reads no clock
     /// when it follows the claim at once; a task that yielded since (it spawned a task) may
     /// come back to it late.
     pub(crate) fn during<F: Future>(&mut self, work: F) -> During<'_, St, F> {
@@ -371,21 +402,22 @@ impl<St: IdempotencyStore> Renewal<St> {
         if now < self.next {
             return;
         }
-        match renewals.take_if_due(*runtime, self.index, self.serial, now) {
-            Ok((key, shown, claim)) => {
-                self.next = now + renewals.lease / EVERY;
-                send_renewal(
-                    &renewals.store,
-                    renewals.lease,
-                    key,
-                    shown,
-                    claim,
-                    &mut Context::from_waker(Waker::noop()),
-                );
+        match renewals.take_due_from_handler(*runtime, (self.index, self.serial), now) {
+            Some((due, next)) => {
+                self.next = next;
+                for (key, shown, claim) in due {
+                    send_renewal(
+                        &renewals.store,
+                        renewals.lease,
+                        key,
+                        shown,
+                        claim,
+                        &mut Context::from_waker(Waker::noop()),
+                    );
+                }
             }
-            Err(Some(next)) => self.next = next,
             // Its runtime's ticker ended (the runtime is shutting down).
-            Err(None) => self.next = now + renewals.lease,
+            None => self.next = now + renewals.lease,
         }
     }
 
