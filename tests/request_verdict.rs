@@ -105,6 +105,24 @@ fn key_outranks_method_when_honoured() {
     assert!(v.is_keyed());
 }
 
+/// A read is idempotent by its method: a trusted key keeps that verdict (and says it is keyed),
+/// so what takes only requests idempotent of themselves, like hedging, still takes it.
+#[test]
+fn a_keyed_read_stays_idempotent_by_its_method() {
+    for method in [Method::GET, Method::PUT, Method::DELETE] {
+        let mut r = req(method.clone(), "/v1/messages");
+        r.headers_mut()
+            .insert("idempotency-key", "\"8e03978e-40d5\"".parse().unwrap());
+        let v = policy().classify(&r);
+        assert_eq!(
+            (v.idempotency(), v.source()),
+            (Idempotent, VerdictSource::Method),
+            "{method}"
+        );
+        assert!(v.is_keyed(), "{method}");
+    }
+}
+
 #[test]
 fn key_is_ignored_unless_honoured() {
     let p = RetryPolicy::builder().build().unwrap();

@@ -600,16 +600,9 @@ async fn hedges_stay_within_the_extra_load_with_many_hedges_allowed() {
 }
 
 /// A GET is idempotent by its method; a key its target is trusted to honour makes a repeat no
-/// more harmful. Yet `classify_parts` rewrites the verdict's source to `IdempotencyKey` and
-/// `Hedger::may_hedge` refuses that source unless `keyed_writes(true)`: adding a trusted key
-/// to a read switches hedging off for it.
-///
-/// Today: the slow keyed GET is sent once (`hedges() == 0`), the same GET without a key is
-/// hedged. Safe (no double apply), but weaker than the spec ("idempotent requests, by
-/// method, rule or marker"). Proposed fix: in `may_hedge`, treat a verdict whose source is
-/// `IdempotencyKey` as idempotent when the request's method is idempotent (keep the method's
-/// idempotency beside the verdict), or hedge any `is_keyed()` verdict whose method is safe.
-#[ignore = "open defect: a GET with a trusted key is never hedged (1 call, expected 2)"]
+/// more harmful. `classify_parts` used to rewrite the verdict's source to `IdempotencyKey`, and
+/// `Hedger::may_hedge` refuses that source unless `keyed_writes(true)`: adding a trusted key to a
+/// read switched hedging off for it (1 call, not 2). A keyed read now keeps its method's verdict.
 #[tokio::test(start_paused = true)]
 async fn a_read_with_a_trusted_key_is_still_hedged() {
     let policy = RetryPolicy::builder()

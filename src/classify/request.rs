@@ -95,7 +95,8 @@ pub enum VerdictSource {
     /// A route rule (method and path template) of the policy.
     Route,
     /// A well-formed `Idempotency-Key` header, honoured because the policy was told the target
-    /// honours keys.
+    /// honours keys, on a request whose method alone would make it a write (a keyed GET or
+    /// PUT stays [`Method`](Self::Method), and [`is_keyed`](RequestVerdict::is_keyed)).
     IdempotencyKey,
     /// The request method, per RFC 9110.
     Method,

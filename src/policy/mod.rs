@@ -226,8 +226,14 @@ impl RetryPolicy {
         let verdict = RequestVerdict::new(idempotency, source)
             .with_key_trust(trusted)
             .with_key(has_key);
-        if verdict.is_keyed() && source == VerdictSource::Method {
-            // The key decides where only the method spoke.
+        if verdict.is_keyed()
+            && source == VerdictSource::Method
+            && idempotency == Idempotency::NonIdempotent
+        {
+            // The key decides where only the method spoke, and called it a write. A read's
+            // verdict stays the method's (keyed too): a key makes a read no more repeatable,
+            // and hedging, which takes only requests idempotent of themselves (or keyed writes
+            // when told to), still takes it.
             return RequestVerdict::new(Idempotency::Idempotent, VerdictSource::IdempotencyKey)
                 .with_key_trust(true)
                 .with_key(true);
