@@ -1,14 +1,14 @@
 //! Adversarial review of safe hedging and the per-attempt spans (issue 25): real hyper
 //! servers on 127.0.0.1 that count side effects, and paused tokio time for the timing logic.
-//! It found nine defects, none a write applied twice. Eight are fixed, and their tests, which
+//! It found nine defects, none a write applied twice. All nine are fixed, and their tests, which
 //! failed before, run (each doc comment says what happened; "Today:" is the review's word):
 //! hedges kept firing after a keyed hedge's 409 and inside a `Retry-After` (the core now holds
 //! hedging: `HedgeRun::held`); a hedge granted while the service was not ready went out beside
 //! the backoff's retry, and one never sent was reported (`Attempts::cancel_hedge`); the reqwest
 //! adapter's spans had no `server.address` (its target keeps the URL's host); one host spelled
-//! two ways had two latency slots (a trailing dot and the default ports are one host). The test
-//! marked `#[ignore = "open defect: …"]` fails today: a GET with a trusted key is not hedged (on
-//! the safe side). The others are attacks that held.
+//! two ways had two latency slots (a trailing dot and the default ports are one host); a GET
+//! with a trusted key was not hedged (on the safe side: a keyed read now keeps its method's
+//! verdict). The others are attacks that held.
 
 mod support;
 

@@ -6,9 +6,8 @@
 //! and writes applied (every `POST`/`PATCH` it reads counts as a write applied). HTTP/2 tests
 //! use hyper's server with a body that fails after some bytes (hyper then resets the stream).
 //!
-//! Ten of the twelve defects it found are fixed and their tests run. The two tests still
-//! marked `#[ignore = "open defect: …"]` fail today; each says what happens, the counts and the
-//! fix proposed (issue 23 stays open for them).
+//! All twelve defects it found are fixed and their tests, which failed before, run; each says
+//! what happened and the counts.
 
 mod support;
 
