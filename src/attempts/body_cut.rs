@@ -5,17 +5,20 @@ use http::{Extensions, HeaderMap, StatusCode};
 
 use super::Attempts;
 use crate::attempt_clock::{AttemptClock, FrameClock};
-use crate::classify::{Classification, FailureClass};
+use crate::classify::{BodyVerdict, Classification, FailureClass};
 use crate::policy::{Decision, StopReason};
 use crate::resume::cut::BodyCut;
 use crate::resume::ResumeSlot;
 use crate::service::RetryReport;
 
 impl Attempts {
-    /// The marks a body-reading front end left on the response: used up here. A body that
-    /// streams on may be resumed: its resumes are decided by a continuation of `self`.
+    /// The marks a body classifier or a body-reading front end left on the response: used up
+    /// here, by the layer that decided on them (an outer retry layer must not take them for its
+    /// own). A body that streams on may be resumed: its resumes are decided by a continuation
+    /// of `self`.
     #[cold]
     pub(super) fn take_body_marks(&self, extensions: &mut Extensions, reason: StopReason) {
+        BodyVerdict::take(extensions);
         BodyCut::take(extensions);
         if let Some(slot) = ResumeSlot::take(extensions) {
             slot.fill(self.continuation(reason));
@@ -57,9 +60,8 @@ impl Attempts {
             not_replayable: self.not_replayable,
             outer_layer: self.outer_layer,
             max_retries: self.max_retries,
-            deadline: self.deadline,
             attempt_timeout: self.attempt_timeout,
-            started: self.started,
+            deadline_at: self.deadline_at,
             first_attempt_at: self.first_attempt_at,
             last_attempt_at: self.last_attempt_at,
             records: self.records.clone(),
@@ -108,7 +110,7 @@ impl Attempts {
 
     /// When the request's deadline passes, if it has one.
     fn deadline_at(&self) -> Option<tokio::time::Instant> {
-        self.deadline.zip(self.started).map(|(d, s)| s + d)
+        self.deadline_at
     }
 
     /// Whether the server marked `headers`' response a replay of its stored response to this

@@ -105,10 +105,10 @@ pub(crate) struct Attempts {
     max_retries: u32,
     /// The request's deadline and per-attempt timeout: its options or the policy's. Only the
     /// outermost layer keeps them; an inner one leaves the time to it.
-    deadline: Option<Duration>,
     attempt_timeout: Option<Duration>,
-    /// When the first attempt started; read only when there is a deadline.
-    started: Option<Instant>,
+    /// When the deadline passes: the clock is read at the first attempt only when there is
+    /// one. A deadline too far to be a time has none.
+    deadline_at: Option<Instant>,
     first_attempt_at: SystemTime,
     last_attempt_at: SystemTime,
     records: Records,
@@ -181,9 +181,8 @@ impl Attempts {
             not_replayable,
             outer_layer,
             max_retries,
-            deadline,
             attempt_timeout,
-            started: deadline.map(|_| Instant::now()),
+            deadline_at: deadline.and_then(|d| Instant::now().checked_add(d)),
             first_attempt_at: now,
             last_attempt_at: now,
             records: Records::default(),
@@ -219,9 +218,8 @@ impl Attempts {
     /// Time before the request's deadline, if it has one.
     #[inline]
     pub(crate) fn time_left(&self) -> Option<Duration> {
-        self.deadline
-            .zip(self.started)
-            .map(|(deadline, started)| deadline.saturating_sub(started.elapsed()))
+        self.deadline_at
+            .map(|at| at.saturating_duration_since(Instant::now()))
     }
 
     /// How long the next attempt may take before the policy's clock cuts it, and why it would
@@ -305,8 +303,7 @@ impl Attempts {
                 // An outer layer of this crate writes the report; ours would be overwritten.
                 if reason != StopReason::RetriedByOuterLayer {
                     let extensions = res.extensions_mut();
-                    // The body verdict is used up by the layer that decided on it.
-                    BodyVerdict::take(extensions);
+                    // Most responses carry no extension: nothing to take out of them.
                     if !extensions.is_empty() {
                         self.take_body_marks(extensions, reason);
                     }

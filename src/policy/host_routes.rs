@@ -47,10 +47,19 @@ impl HostRoutes {
         method: &Method,
         path: &str,
     ) -> Option<Idempotency> {
+        // Most policies scope no rule to a host: no call for them.
         if self.0.is_empty() {
             return None;
         }
-        let host = host?;
+        self.lookup_scoped(host?, method, path)
+    }
+
+    fn lookup_scoped(
+        &self,
+        host: &RequestHost<'_>,
+        method: &Method,
+        path: &str,
+    ) -> Option<Idempotency> {
         let mut any_port = None;
         for (scope, table) in &self.0 {
             if !scope.covers(&host.host, host.port) {

@@ -3,7 +3,6 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
-use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
@@ -11,7 +10,7 @@ use tower_service::Service;
 
 use super::hedged::{self, Hedged};
 use super::replay::{keep_stream, Kept};
-use super::send::{attempt_timer, poll_attempt, refused, resend, AttemptTimer, Replay};
+use super::send::{attempt_timer, poll_attempt, refused, resend, AttemptTimer, Head, Replay};
 use super::{KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
@@ -54,16 +53,6 @@ pin_project! {
         // The outcome was returned.
         Done,
     }
-}
-
-/// The request's parts but its URI, which stays the default (`/`, no allocation).
-fn parts_without_uri(parts: &Parts) -> Parts {
-    let (mut copy, ()) = Request::new(()).into_parts();
-    copy.method = parts.method.clone();
-    copy.version = parts.version;
-    copy.headers = parts.headers.clone();
-    copy.extensions = parts.extensions.clone();
-    copy
 }
 
 impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
@@ -133,7 +122,7 @@ where
         };
         let retry = kept.map(|body| Replay {
             service: service.clone(),
-            parts: parts_without_uri(&parts),
+            head: Head::copy_of(&parts),
             body,
         });
         // Marked on each attempt rather than in the copy: the copy's extensions stay as the

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use http::request::Parts;
-use http::Request;
+use http::{Extensions, HeaderMap, Method, Request, Version};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
@@ -38,8 +38,38 @@ pub(super) type AttemptTimer = Option<Pin<Box<Timer>>>;
 /// the attempts' target keeps the one copy of it.
 pub(super) struct Replay<S, B> {
     pub(super) service: S,
-    pub(super) parts: Parts,
+    pub(super) head: Head,
     pub(super) body: Kept<B>,
+}
+
+/// A copy of the request's head but its method and URI, which the attempts' target keeps. Not
+/// a `Parts` with a default URI: that held an unused `Uri` in every request's future (88 bytes)
+/// and made and dropped one per request.
+pub(super) struct Head {
+    version: Version,
+    headers: HeaderMap,
+    extensions: Extensions,
+}
+
+impl Head {
+    pub(super) fn copy_of(parts: &Parts) -> Self {
+        Head {
+            version: parts.version,
+            headers: parts.headers.clone(),
+            extensions: parts.extensions.clone(),
+        }
+    }
+
+    /// The head of the next attempt: `method` to `uri`.
+    fn parts(&self, method: Method, uri: http::Uri) -> Parts {
+        let (mut parts, ()) = Request::new(()).into_parts();
+        parts.method = method;
+        parts.uri = uri;
+        parts.version = self.version;
+        parts.headers = self.headers.clone();
+        parts.extensions = self.extensions.clone();
+        parts
+    }
 }
 
 /// Polls the attempt in flight, cut by the policy's clock if it runs out first (the attempt is
@@ -98,12 +128,14 @@ pub(super) fn resend<S, B>(
 where
     S: Service<Request<B>>,
 {
-    let mut parts = replay.parts.clone();
-    parts.uri = attempts
-        .target()
-        .uri()
-        .expect("the layer's target is made from the request's URI")
-        .clone();
+    let target = attempts.target();
+    let mut parts = replay.head.parts(
+        target.method.clone(),
+        target
+            .uri()
+            .expect("the layer's target is made from the request's URI")
+            .clone(),
+    );
     parts.extensions.insert(LayerAttempt);
     KeyHeader::mark(attempts.policy(), &mut parts.extensions);
     let number = attempts.next_attempt(&mut parts.headers);
