@@ -18,7 +18,8 @@ pub(crate) enum Hint {
 /// `Retry-After` (delay-seconds or an HTTP-date).
 /// `now` is called only for an HTTP-date, so the common cases never read the clock.
 pub(crate) fn from_headers(headers: &HeaderMap, now: impl FnOnce() -> SystemTime) -> Hint {
-    if let Some(value) = headers.get("retry-after-ms") {
+    const RETRY_AFTER_MS: http::HeaderName = http::HeaderName::from_static("retry-after-ms");
+    if let Some(value) = headers.get(RETRY_AFTER_MS) {
         if let Some(delay) = parse_millis(value) {
             return Hint::After(delay);
         }

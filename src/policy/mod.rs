@@ -54,7 +54,7 @@ pub struct RetryPolicy {
 }
 
 /// The idempotency key's header unless a policy names another.
-pub(crate) const DEFAULT_KEY_HEADER: &str = "idempotency-key";
+pub(crate) const DEFAULT_KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The headers a policy reads and writes.
 #[derive(Clone, Debug)]

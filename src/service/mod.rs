@@ -70,6 +70,7 @@ impl KeyHeader {
     pub(crate) fn in_request(headers: &http::HeaderMap, extensions: &http::Extensions) -> bool {
         match extensions.get::<KeyHeader>() {
             Some(KeyHeader(name)) => headers.contains_key(name),
+            // A constant name: a `&str` would be parsed on every lookup.
             None => headers.contains_key(crate::policy::DEFAULT_KEY_HEADER),
         }
     }

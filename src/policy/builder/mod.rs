@@ -165,7 +165,7 @@ impl RetryPolicyBuilder {
                 replay_header: Some(HeaderName::from_static("idempotent-replayed")),
             },
             headers: Headers {
-                idempotency_key_header: HeaderName::from_static(DEFAULT_KEY_HEADER),
+                idempotency_key_header: DEFAULT_KEY_HEADER,
                 custom_key_header: false,
                 request_id_header: Some(HeaderName::from_static("x-request-id")),
                 attempt_header: None,
