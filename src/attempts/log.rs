@@ -18,22 +18,19 @@ impl Attempts {
         status: Option<StatusCode>,
         decision: Decision,
     ) {
-        let method = &self.target.method;
-        let path = self.target.path();
-        let class = outcome.class().as_str();
-        let status = status.map(|s| s.as_u16());
-        let resend_count = attempt - 1;
-        // The fields every attempt event carries, then the event's own.
+        // The fields every attempt event carries, then the event's own. Computed inside the
+        // event, which evaluates them only when a subscriber wants it: the plain end of a
+        // request pays for none.
         macro_rules! event {
             ($level:expr, $($rest:tt)*) => {
                 tracing::event!(
                     $level,
-                    http.request.method = %method,
-                    url.path = path,
+                    http.request.method = %self.target.method,
+                    url.path = self.target.path(),
                     attempt,
-                    http.request.resend_count = resend_count,
-                    error.r#type = class,
-                    http.response.status_code = status,
+                    http.request.resend_count = attempt - 1,
+                    error.r#type = outcome.class().as_str(),
+                    http.response.status_code = status.map(|s| s.as_u16()),
                     $($rest)*
                 )
             };
