@@ -72,6 +72,8 @@ impl FrameClock {
     }
 
     pub(crate) fn new(frame_wait: Option<Duration>, deadline: Option<Instant>) -> Option<Self> {
+        // A wait too long to be a time (`Duration::MAX`) bounds nothing.
+        let frame_wait = frame_wait.filter(|&wait| Instant::now().checked_add(wait).is_some());
         (frame_wait.is_some() || deadline.is_some()).then_some(FrameClock {
             frame_wait,
             deadline,
@@ -79,13 +81,15 @@ impl FrameClock {
         })
     }
 
-    /// When the wait that starts now ends.
-    fn end(&self) -> Instant {
-        let next = self.frame_wait.map(|wait| Instant::now() + wait);
+    /// When the wait that starts now ends (`None`: nothing bounds it).
+    fn end(&self) -> Option<Instant> {
+        let next = self
+            .frame_wait
+            .and_then(|wait| Instant::now().checked_add(wait));
         match (next, self.deadline) {
-            (Some(next), Some(deadline)) => next.min(deadline),
-            (Some(at), None) | (None, Some(at)) => at,
-            (None, None) => Instant::now(),
+            (Some(next), Some(deadline)) => Some(next.min(deadline)),
+            (Some(at), None) | (None, Some(at)) => Some(at),
+            (None, None) => None,
         }
     }
 
@@ -96,7 +100,11 @@ impl FrameClock {
             return Poll::Ready(TimedOut::Deadline);
         }
         if self.sleep.is_none() {
-            self.sleep = Some(Box::pin(tokio::time::sleep_until(self.end())));
+            // Unbounded: the body's own wake is the only one (it registered the waker).
+            let Some(end) = self.end() else {
+                return Poll::Pending;
+            };
+            self.sleep = Some(Box::pin(tokio::time::sleep_until(end)));
         }
         if let Some(sleep) = self.sleep.as_mut() {
             ready!(sleep.as_mut().poll(cx));
@@ -112,9 +120,10 @@ impl FrameClock {
 
     /// A frame came: the wait for the next one starts now.
     pub(crate) fn on_frame(&mut self) {
-        let end = self.end();
-        if let Some(sleep) = self.sleep.as_mut() {
-            sleep.as_mut().reset(end);
+        match (self.end(), self.sleep.as_mut()) {
+            (Some(end), Some(sleep)) => sleep.as_mut().reset(end),
+            (None, Some(_)) => self.sleep = None,
+            (_, None) => {}
         }
     }
 }

@@ -14,9 +14,10 @@
 //!    absolute across retries and body resumes, `grpc-timeout` with a policy deadline. Paused
 //!    time.
 //!
-//! Open defects (ignored tests): a per-attempt timeout of `Duration::MAX` (policy or request
-//! options) panics when `ReadWholeLayer` / `ReadWholeMiddleware` reads the body
-//! (`FrameClock::end`, `src/attempt_clock.rs:84`). Every other attack held.
+//! One defect, fixed (its three tests failed before and run): a per-attempt timeout of
+//! `Duration::MAX` (policy or request options) panicked when `ReadWholeLayer` /
+//! `ReadWholeMiddleware` read the body (`FrameClock::end` added it to the clock); a per-frame
+//! wait too long to be a time is now no per-frame limit. Every other attack held.
 
 mod support;
 
@@ -1659,7 +1660,7 @@ async fn read_whole_with_max_attempt_timeout(
     )
 }
 
-/// OPEN DEFECT. `Duration::MAX` as the per-attempt timeout in the policy
+/// FIXED (was an open defect). `Duration::MAX` as the per-attempt timeout in the policy
 /// (`RetryPolicyBuilder::attempt_timeout`, which accepts it) with a GET whose body goes through
 /// `ReadWholeLayer` (100 bytes in 10-byte chunks, read inside the attempt with the default
 /// 64 KiB limit, or streamed past a 10-byte limit): the caller's first `poll_frame` panics
@@ -1675,7 +1676,6 @@ async fn read_whole_with_max_attempt_timeout(
 /// and saturate in `end` (`checked_add`, else a far-future instant). Not merely `.and_then`
 /// in `end`: with no deadline `end` would then return `Instant::now()` and cut every body.
 #[tokio::test(start_paused = true)]
-#[ignore = "open defect: attempt_timeout(Duration::MAX) panics in FrameClock::end when ReadWholeLayer reads the body"]
 async fn a_duration_max_attempt_timeout_in_the_policy_with_a_read_whole_body() {
     assert_eq!(
         read_whole_with_max_attempt_timeout(64 * 1024, true).await,
@@ -1687,13 +1687,12 @@ async fn a_duration_max_attempt_timeout_in_the_policy_with_a_read_whole_body() {
     );
 }
 
-/// OPEN DEFECT. The same panic from a per-request
+/// FIXED (was an open defect). The same panic from a per-request
 /// `RequestOptions::attempt_timeout(Duration::MAX)` (see
 /// `a_duration_max_attempt_timeout_in_the_policy_with_a_read_whole_body`), with either limit:
 /// "overflow when adding duration to instant" at `src/attempt_clock.rs:84`, in the caller's
 /// body read (0 of 100 bytes). Expected 100 bytes, no error, 1 send. Same fix.
 #[tokio::test(start_paused = true)]
-#[ignore = "open defect: RequestOptions::attempt_timeout(Duration::MAX) panics in FrameClock::end when ReadWholeLayer reads the body"]
 async fn a_duration_max_attempt_timeout_in_request_options_with_a_read_whole_body() {
     assert_eq!(
         read_whole_with_max_attempt_timeout(64 * 1024, false).await,
@@ -1775,7 +1774,7 @@ async fn reqwest_read_whole_with_max_attempt_timeout() -> (usize, Option<String>
     (bytes, err, seen.load(Ordering::SeqCst))
 }
 
-/// OPEN DEFECT. The reqwest adapter has the same panic, earlier: `send().await` itself panics
+/// FIXED (was an open defect). The reqwest adapter has the same panic, earlier: `send().await` itself panics
 /// with "overflow when adding duration to instant" at `src/attempt_clock.rs:84`
 /// (`FrameClock::end`), from `resume::future::Reading::poll_stall` (`src/resume/future.rs:232`,
 /// the body read inside the attempt by `ReadWholeMiddleware`). The server saw 1 request; the
@@ -1783,7 +1782,6 @@ async fn reqwest_read_whole_with_max_attempt_timeout() -> (usize, Option<String>
 /// `a_duration_max_attempt_timeout_in_the_policy_with_a_read_whole_body`.
 #[cfg(feature = "reqwest-middleware")]
 #[tokio::test]
-#[ignore = "open defect: reqwest adapter + ReadWholeMiddleware with attempt_timeout(Duration::MAX) panics in FrameClock::end"]
 async fn reqwest_read_whole_with_a_duration_max_attempt_timeout() {
     assert_eq!(
         reqwest_read_whole_with_max_attempt_timeout().await,
