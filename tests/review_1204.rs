@@ -1303,7 +1303,9 @@ impl http_body::Body for Trickle {
 #[tokio::test(start_paused = true)]
 async fn the_deadline_is_absolute_across_body_resumes() {
     use tower_retry_safety::ReadWholeLayer;
-    let ranges: Arc<Mutex<Vec<(Duration, Option<String>)>>> = Arc::default();
+    /// When each send came, and its `Range`.
+    type Sends = Arc<Mutex<Vec<(Duration, Option<String>)>>>;
+    let ranges: Sends = Arc::default();
     let seen = ranges.clone();
     let t0 = Instant::now();
     let svc = tower::service_fn(move |req: Request<String>| {
