@@ -910,6 +910,7 @@ async fn a_hedge_copies_the_whole_head_of_an_extension_method() {
     assert_same_head(&seen, &[]);
 }
 
+#[cfg(feature = "tonic")]
 fn grpc_timeout(value: &str) -> Duration {
     let (digits, unit) = value.split_at(value.len() - 1);
     let n: u64 = digits.parse().unwrap();
@@ -924,6 +925,7 @@ fn grpc_timeout(value: &str) -> Duration {
     }
 }
 
+#[cfg(feature = "tonic")]
 fn grpc_request(timeout: Option<&'static str>) -> Request<String> {
     let mut b = Request::post("http://api.test/pkg.Svc/Read")
         .version(Version::HTTP_2)
