@@ -50,11 +50,12 @@
 //! **Renewal guarantee.** While a handler runs, its claim is renewed every quarter of the
 //! lease (at most a third apart) by a task of the layer's own on the handler's runtime, on its
 //! own timer, and also from the task of any of the layer's handlers on that runtime, each time
-//! one is polled or claims a key after the claim has gone a quarter lease unrenewed. On a multi-thread runtime
-//! a handler keeps its claim, even one that never yields, while another worker is free. On a
-//! current-thread runtime one thread runs everything, and it reads its timers and sockets only
-//! when no task is ready to run, or else once every `event_interval` task polls (61 by
-//! default); a task that yields (`tokio::task::yield_now`) is run again only after that read.
+//! one is polled or claims a key after the claim has gone a quarter lease unrenewed. On a
+//! multi-thread runtime a handler keeps its claim, even one that never yields, while another
+//! worker is free. On a current-thread runtime one thread runs everything, and it reads its
+//! timers and sockets only when no task is ready to run, or else once every `event_interval`
+//! task polls (61 by default); a task that yields (`tokio::task::yield_now`) is run again only
+//! after that read.
 //! So the claim is kept as long as the thread **reads its timers or comes back to one of the
 //! layer's handlers** at least once per half lease of clock time with [`MemoryStore`], and
 //! once per quarter lease with `RedisStore` (a renewal there also takes a turn of redis-rs's

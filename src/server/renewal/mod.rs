@@ -20,8 +20,9 @@
 //! unrenewed, every such claim is renewed there and then, its own and its neighbours' alike (at
 //! most once a tick from each handler). With three busy handlers on one thread, a claim is then
 //! renewed at the end of whichever stretch follows its quarter lease, not only when the thread
-//! comes back round to its own handler (CI once saw a claim lapse that way). Whoever renews first, the others see it (the claim's slot keeps when it was last
-//! renewed), so a claim is renewed once per quarter lease, not twice.
+//! comes back round to its own handler (CI once saw a claim lapse that way). Whoever renews
+//! first, the others see it (the claim's slot keeps when it was last renewed), so a claim is
+//! renewed once per quarter lease, not twice.
 //!
 //! Registering a claim is a push under a lock; a claim that ends before its first renewal
 //! (most do) costs nothing more: no task, no timer of its own, no clock read on the handler's
@@ -45,6 +46,9 @@ mod send;
 
 use super::store::{Claim, IdempotencyStore};
 use send::{renew, send_renewal};
+
+/// A claim to renew: its key, the key as logs show it, and the claim.
+type DueClaim = (Arc<str>, Arc<str>, Claim);
 
 /// The ticker wakes this many times per lease.
 const TICKS: u32 = 12;
@@ -211,16 +215,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         let soonest = held.due.peek().map_or(due, |Reverse((at, _, _))| *at);
         let next = soonest.max(now + self.tick).min(due);
         drop(runtimes);
-        for (key, shown, claim) in neighbours {
-            send_renewal(
-                &self.store,
-                self.lease,
-                key,
-                shown,
-                claim,
-                &mut Context::from_waker(Waker::noop()),
-            );
-        }
+        self.send_from_task(neighbours);
         if late {
             let (renewals, key, shown) = (self.clone(), key.clone(), shown.clone());
             drop(handle.spawn(async move {
@@ -265,7 +260,7 @@ impl<St: IdempotencyStore> Renewals<St> {
     /// The claims on `runtime` due for renewal at `now`, each queued again for a quarter lease
     /// from now (from when its renewal is sent, not from its reply: a slow reply delays no
     /// renewal).
-    fn take_due(&self, runtime: RuntimeId, now: Instant) -> Vec<(Arc<str>, Arc<str>, Claim)> {
+    fn take_due(&self, runtime: RuntimeId, now: Instant) -> Vec<DueClaim> {
         let mut runtimes = self.lock();
         match runtimes.iter_mut().find(|h| h.runtime == runtime) {
             Some(held) => self.take_due_in(held, now),
@@ -274,7 +269,7 @@ impl<St: IdempotencyStore> Renewals<St> {
     }
 
     /// [`take_due`](Self::take_due) on the claims of one runtime, under the lock.
-    fn take_due_in(&self, held: &mut Held, now: Instant) -> Vec<(Arc<str>, Arc<str>, Claim)> {
+    fn take_due_in(&self, held: &mut Held, now: Instant) -> Vec<DueClaim> {
         let mut due = Vec::new();
         while let Some(&Reverse((at, index, serial))) = held.due.peek() {
             if at > now {
@@ -317,17 +312,31 @@ impl<St: IdempotencyStore> Renewals<St> {
         Ok((slot.key.clone(), slot.shown.clone(), slot.claim))
     }
 
+    /// Sends the renewals of `due` from a handler's task (not the ticker's): each is polled
+    /// once here, and one that must wait for its reply goes on in a task of its own.
+    fn send_from_task(&self, due: Vec<DueClaim>) {
+        for (key, shown, claim) in due {
+            send_renewal(
+                &self.store,
+                self.lease,
+                key,
+                shown,
+                claim,
+                &mut Context::from_waker(Waker::noop()),
+            );
+        }
+    }
+
     /// For a handler's task at `now`: every claim on `runtime` that is due (the ticker's work,
     /// done early), and when this handler's task should look again: when the next claim on the
     /// runtime falls due, but not before a tick from now, and never after its own claim falls
     /// due. `None` when the runtime's ticker has ended (it is shutting down).
-    #[allow(clippy::type_complexity)]
     fn take_due_from_handler(
         &self,
         runtime: RuntimeId,
         own: (usize, u64),
         now: Instant,
-    ) -> Option<(Vec<(Arc<str>, Arc<str>, Claim)>, Instant)> {
+    ) -> Option<(Vec<DueClaim>, Instant)> {
         let mut runtimes = self.lock();
         let held = runtimes.iter_mut().find(|h| h.runtime == runtime)?;
         let due = self.take_due_in(held, now);
@@ -383,9 +392,9 @@ impl<St: IdempotencyStore> Renewal<St> {
 
     /// Runs `work` (the handler and its response body), renewing from this task too, on each
     /// poll, every claim on the runtime that has gone a quarter lease unrenewed, this one's
-    /// included (see the module's docs for why the ticker alone is not enough). The first poll reads no clock
-    /// when it follows the claim at once; a task that yielded since (it spawned a task) may
-    /// come back to it late.
+    /// included (see the module's docs for why the ticker alone is not enough). The first poll
+    /// reads no clock when it follows the claim at once; a task that yielded since (it spawned
+    /// a task) may come back to it late.
     pub(crate) fn during<F: Future>(&mut self, work: F) -> During<'_, St, F> {
         During {
             check: self.spawned,
@@ -405,16 +414,7 @@ impl<St: IdempotencyStore> Renewal<St> {
         match renewals.take_due_from_handler(*runtime, (self.index, self.serial), now) {
             Some((due, next)) => {
                 self.next = next;
-                for (key, shown, claim) in due {
-                    send_renewal(
-                        &renewals.store,
-                        renewals.lease,
-                        key,
-                        shown,
-                        claim,
-                        &mut Context::from_waker(Waker::noop()),
-                    );
-                }
+                renewals.send_from_task(due);
             }
             // Its runtime's ticker ended (the runtime is shutting down).
             None => self.next = now + renewals.lease,
