@@ -132,6 +132,8 @@ async fn main() {
         }
         #[cfg(feature = "postgres")]
         pg.drop_schema().await;
+        #[cfg(feature = "redis")]
+        redis.clean();
         return;
     }
     for _ in 0..500 {
@@ -210,6 +212,8 @@ async fn main() {
     }
     #[cfg(feature = "postgres")]
     pg.drop_schema().await;
+    #[cfg(feature = "redis")]
+    redis.clean();
 }
 
 /// The PostgreSQL floor and the layer in atomic mode, in a schema of the run's own.
@@ -330,9 +334,30 @@ mod pg {
     }
 }
 
-/// The Redis floor and the layer over `RedisStore`, under a fresh key prefix.
+/// The Redis floor and the layer over `RedisStore` (their URLs), under a fresh key prefix,
+/// which `clean` deletes.
 #[cfg(feature = "redis")]
-async fn redis_variants() -> (String, String) {
+struct RedisVariants(String, String, String);
+
+#[cfg(feature = "redis")]
+impl RedisVariants {
+    /// Deletes the run's keys: the bench leaves nothing behind.
+    fn clean(&self) {
+        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let client = redis::Client::open(url.as_str()).expect("redis url");
+        let mut con = client.get_connection().expect("redis");
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}*", self.2))
+            .query(&mut con)
+            .expect("KEYS");
+        for chunk in keys.chunks(1000) {
+            let () = redis::cmd("DEL").arg(chunk).query(&mut con).expect("DEL");
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn redis_variants() -> RedisVariants {
     use tower_retry_safety::server::RedisStore;
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let nanos = std::time::SystemTime::now()
@@ -381,5 +406,5 @@ async fn redis_variants() -> (String, String) {
         .await
         .expect("redis")
         .prefix(format!("{prefix}layer:"));
-    (floor, layered(store).await)
+    RedisVariants(floor, layered(store).await, prefix)
 }
