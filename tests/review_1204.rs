@@ -339,6 +339,30 @@ async fn wait_started(lab: &Lab, n: usize) {
     );
 }
 
+/// How many of `answers` (status, replayed) are 409s.
+fn conflicts(answers: &[(StatusCode, bool)]) -> usize {
+    answers
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CONFLICT)
+        .count()
+}
+
+/// How many of `answers` are a fresh 200 (the handler's own, not a replay).
+fn fresh(answers: &[(StatusCode, bool)]) -> usize {
+    answers
+        .iter()
+        .filter(|(s, r)| *s == StatusCode::OK && !r)
+        .count()
+}
+
+/// How many of `answers` are a replayed 200.
+fn replays(answers: &[(StatusCode, bool)]) -> usize {
+    answers
+        .iter()
+        .filter(|(s, r)| *s == StatusCode::OK && *r)
+        .count()
+}
+
 fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i:04}")).collect()
 }
@@ -370,43 +394,16 @@ fn two_hundred_claims_on_one_thread_each_run_once() {
         };
         wait_started(&lab, 200).await;
         let during = post_all(&client, &[addr], &ks).await;
-        assert_eq!(
-            during
-                .iter()
-                .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                .count(),
-            200,
-            "{during:?}"
-        );
+        assert_eq!(conflicts(&during), 200, "{during:?}");
         tokio::time::sleep(LEASE * 4).await;
         let later = post_all(&client, &[addr], &ks).await;
-        assert_eq!(
-            later
-                .iter()
-                .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                .count(),
-            200,
-            "{later:?}"
-        );
+        assert_eq!(conflicts(&later), 200, "{later:?}");
         assert_eq!(lab.total(), 200);
         lab.open.store(true, Ordering::SeqCst);
         let firsts = firsts.await.unwrap();
-        assert_eq!(
-            firsts
-                .iter()
-                .filter(|(s, r)| *s == StatusCode::OK && !r)
-                .count(),
-            200
-        );
+        assert_eq!(fresh(&firsts), 200);
         let after = post_all(&client, &[addr], &ks).await;
-        assert_eq!(
-            after
-                .iter()
-                .filter(|(s, r)| *s == StatusCode::OK && *r)
-                .count(),
-            200,
-            "{after:?}"
-        );
+        assert_eq!(replays(&after), 200, "{after:?}");
     });
     drop(server);
     for k in &ks {
@@ -455,42 +452,15 @@ fn one_layer_on_two_runtimes_each_key_once() {
         };
         wait_started(&lab, 40).await;
         let during = post_all(&client, &[b, a], &ks).await;
-        assert_eq!(
-            during
-                .iter()
-                .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                .count(),
-            40,
-            "{during:?}"
-        );
+        assert_eq!(conflicts(&during), 40, "{during:?}");
         tokio::time::sleep(LEASE * 4).await;
         let later = post_all(&client, &[b, a], &ks).await;
-        assert_eq!(
-            later
-                .iter()
-                .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                .count(),
-            40,
-            "{later:?}"
-        );
+        assert_eq!(conflicts(&later), 40, "{later:?}");
         lab.open.store(true, Ordering::SeqCst);
         let firsts = firsts.await.unwrap();
-        assert_eq!(
-            firsts
-                .iter()
-                .filter(|(s, r)| *s == StatusCode::OK && !r)
-                .count(),
-            40
-        );
+        assert_eq!(fresh(&firsts), 40);
         let after = post_all(&client, &[b, a], &ks).await;
-        assert_eq!(
-            after
-                .iter()
-                .filter(|(s, r)| *s == StatusCode::OK && *r)
-                .count(),
-            40,
-            "{after:?}"
-        );
+        assert_eq!(replays(&after), 40, "{after:?}");
     });
     drop((sa, sb));
     for k in &ks {
@@ -554,50 +524,17 @@ fn a_released_key_reclaimed_while_neighbours_renew_runs_once_more() {
         };
         wait_started(&lab, 30).await;
         let during = post_all(&client, &[addr], &reused).await;
-        assert_eq!(
-            during
-                .iter()
-                .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                .count(),
-            5,
-            "{during:?}"
-        );
+        assert_eq!(conflicts(&during), 5, "{during:?}");
         tokio::time::sleep(LEASE * 4).await;
         let later = post_all(&client, &[addr], &reused).await;
-        assert_eq!(
-            later
-                .iter()
-                .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                .count(),
-            5,
-            "{later:?}"
-        );
+        assert_eq!(conflicts(&later), 5, "{later:?}");
         let later_n = post_all(&client, &[addr], &neighbours).await;
-        assert_eq!(
-            later_n
-                .iter()
-                .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                .count(),
-            20,
-            "{later_n:?}"
-        );
+        assert_eq!(conflicts(&later_n), 20, "{later_n:?}");
         lab.open.store(true, Ordering::SeqCst);
         let seconds = seconds.await.unwrap();
-        assert_eq!(
-            seconds
-                .iter()
-                .filter(|(s, r)| *s == StatusCode::OK && !r)
-                .count(),
-            5
-        );
+        assert_eq!(fresh(&seconds), 5);
         let n_firsts = n_firsts.await.unwrap();
-        assert_eq!(
-            n_firsts
-                .iter()
-                .filter(|(s, r)| *s == StatusCode::OK && !r)
-                .count(),
-            20
-        );
+        assert_eq!(fresh(&n_firsts), 20);
     });
     drop(server);
     for k in &reused {
@@ -670,53 +607,20 @@ mod redis_renewal {
             };
             wait_started(&lab, 10).await;
             let during = post_all(&client, &[addr], &long).await;
-            assert_eq!(
-                during
-                    .iter()
-                    .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                    .count(),
-                10,
-                "{during:?}"
-            );
+            assert_eq!(conflicts(&during), 10, "{during:?}");
             // Short requests in waves over 4 leases.
             for wave in short.chunks(10) {
                 let done = post_all(&client, &[addr], wave).await;
-                assert_eq!(
-                    done.iter()
-                        .filter(|(s, r)| *s == StatusCode::OK && !r)
-                        .count(),
-                    10,
-                    "{done:?}"
-                );
+                assert_eq!(fresh(&done), 10, "{done:?}");
                 tokio::time::sleep(LEASE / 2).await;
             }
             let later = post_all(&client, &[addr], &long).await;
-            assert_eq!(
-                later
-                    .iter()
-                    .filter(|(s, _)| *s == StatusCode::CONFLICT)
-                    .count(),
-                10,
-                "{later:?}"
-            );
+            assert_eq!(conflicts(&later), 10, "{later:?}");
             lab.open.store(true, Ordering::SeqCst);
             let firsts = firsts.await.unwrap();
-            assert_eq!(
-                firsts
-                    .iter()
-                    .filter(|(s, r)| *s == StatusCode::OK && !r)
-                    .count(),
-                10
-            );
+            assert_eq!(fresh(&firsts), 10);
             let after = post_all(&client, &[addr], &long).await;
-            assert_eq!(
-                after
-                    .iter()
-                    .filter(|(s, r)| *s == StatusCode::OK && *r)
-                    .count(),
-                10,
-                "{after:?}"
-            );
+            assert_eq!(replays(&after), 10, "{after:?}");
         });
         drop(server);
         clean(&prefix);
