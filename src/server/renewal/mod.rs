@@ -212,8 +212,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         // runtime that are due are renewed now, and the handler's task looks again when the
         // first of them falls due (not before a tick from now), not only when its own does.
         let neighbours = self.take_due_in(held, now);
-        let soonest = held.due.peek().map_or(due, |Reverse((at, _, _))| *at);
-        let next = soonest.max(now + self.tick).min(due);
+        let next = self.next_look(held, now, due);
         drop(runtimes);
         self.send_from_task(neighbours);
         if late {
@@ -328,9 +327,10 @@ impl<St: IdempotencyStore> Renewals<St> {
     }
 
     /// For a handler's task at `now`: every claim on `runtime` that is due (the ticker's work,
-    /// done early), and when this handler's task should look again: when the next claim on the
-    /// runtime falls due, but not before a tick from now, and never after its own claim falls
-    /// due. `None` when the runtime's ticker has ended (it is shutting down).
+    /// done early), and when this handler's task should look again ([`next_look`]).
+    /// `None` when the runtime's ticker has ended (it is shutting down).
+    ///
+    /// [`next_look`]: Self::next_look
     fn take_due_from_handler(
         &self,
         runtime: RuntimeId,
@@ -348,9 +348,16 @@ impl<St: IdempotencyStore> Renewals<St> {
             .filter(|s| s.serial == serial)?
             .renewed
             + self.lease / EVERY;
-        // The queue's first entry may be early (a claim renewed since, or ended): early is safe.
+        Some((due, self.next_look(held, now, own_due)))
+    }
+
+    /// When a handler whose own claim falls due at `own_due` looks at the runtime's claims
+    /// again: when the first of them falls due, not before a tick from `now`, never after its
+    /// own. The queue's first entry may be early (a claim renewed since, or ended): early is
+    /// safe.
+    fn next_look(&self, held: &Held, now: Instant, own_due: Instant) -> Instant {
         let first = held.due.peek().map_or(own_due, |Reverse((at, _, _))| *at);
-        Some((due, first.max(now + self.tick).min(own_due)))
+        first.max(now + self.tick).min(own_due)
     }
 }
 
