@@ -125,10 +125,22 @@ impl Error {
         }
     }
 
-    /// True when the request may have been applied by the server: some attempt was sent and
-    /// its outcome is unknown, or the server answered. Check the resource's state before
-    /// retrying it by hand (an SDK that runs tools would check its execution log, or the
-    /// provider's state).
+    /// True when the request may have been applied by the server: it can change the server's
+    /// state (anything but a read: see [`RequestVerdict::can_apply`](crate::RequestVerdict::can_apply))
+    /// and [`is_ambiguous`](Self::is_ambiguous). Check the resource's state before retrying
+    /// it by hand (an SDK that runs tools would check its execution log, or the provider's
+    /// state). A GET that timed out is ambiguous but applied nothing: `false`.
+    pub fn may_have_been_applied(&self) -> bool {
+        self.is_ambiguous()
+            && self
+                .report_ref()
+                .is_none_or(|report| report.verdict().can_apply())
+    }
+
+    /// True when the last attempt's outcome is unknown: it was sent and may have reached the
+    /// server's application, or the server answered. This describes the failure, whatever
+    /// the request: for a read too. Whether a *write* may have happened is
+    /// [`may_have_been_applied`](Self::may_have_been_applied).
     pub fn is_ambiguous(&self) -> bool {
         matches!(
             self.inner.kind,
@@ -286,7 +298,6 @@ impl fmt::Display for Error {
                 "the inner service failed while getting ready; no request was handed to it",
             );
         };
-        let (method, path) = (&target.method, target.path());
         let attempts = report.attempts();
         let what = match (class, symptom) {
             (FailureClass::NotSent, _) => "never reached the server",
@@ -301,21 +312,18 @@ impl fmt::Display for Error {
         match report.stop_reason() {
             StopReason::SuppressedNotIdempotent => write!(
                 f,
-                "{method} {path} was not retried: it is not idempotent and the attempt {what}, \
+                "{target} was not retried: it is not idempotent and the attempt {what}, \
                  so it may have been applied. {CHECK_FIRST}"
             )?,
             StopReason::NoRetryMarker => {
-                write!(f, "{method} {path} failed on its only attempt (it is marked NoRetry): the attempt {what}")?;
+                write!(f, "{target} failed on its only attempt (it is marked NoRetry): the attempt {what}")?;
                 advice(f, *class, *maybe_applied, idempotent)?
             }
             StopReason::BodyNotReplayable => {
                 let why = report
                     .body_not_replayable()
                     .unwrap_or(NotReplayable::Stream);
-                write!(
-                    f,
-                    "{method} {path} was not retried: {why}, and the attempt {what}"
-                )?;
+                write!(f, "{target} was not retried: {why}, and the attempt {what}")?;
                 advice(f, *class, *maybe_applied, idempotent)?
             }
             reason => {
@@ -330,7 +338,7 @@ impl fmt::Display for Error {
                     _ => "the error is final",
                 };
                 let plural = if attempts == 1 { "" } else { "s" };
-                write!(f, "{method} {path} failed after {attempts} attempt{plural} ({why}): the last attempt {what}")?;
+                write!(f, "{target} failed after {attempts} attempt{plural} ({why}): the last attempt {what}")?;
                 advice(f, *class, *maybe_applied, idempotent)?
             }
         }
@@ -362,7 +370,10 @@ fn advice(
 /// application; `true` when one may have, and when nothing says (an error this crate cannot
 /// see into is never taken to mean that a write did not happen).
 ///
-/// Implemented for this crate's [`struct@Error`] ([`is_ambiguous`](Error::is_ambiguous)), for
+/// `false` for a read (a safe method that no marker or rule calls a write: it applies
+/// nothing), however its attempts failed.
+///
+/// Implemented for this crate's [`struct@Error`] ([`may_have_been_applied`](Error::may_have_been_applied)), for
 /// [`RetryReport`] ([`may_have_been_applied`](RetryReport::may_have_been_applied)), and with
 /// the `reqwest-middleware` feature for `reqwest_middleware::Error`: this crate's error
 /// inside it answers; a `reqwest::Error` (a client without the middleware) is classified
@@ -388,7 +399,7 @@ pub trait MayHaveBeenApplied {
 
 impl MayHaveBeenApplied for Error {
     fn may_have_been_applied(&self) -> bool {
-        self.is_ambiguous()
+        Error::may_have_been_applied(self)
     }
 }
 

@@ -11,6 +11,8 @@ pub(crate) const MAX_PATH_LEN: usize = 256;
 pub(crate) struct Target {
     pub(crate) method: Method,
     path: TargetPath,
+    /// A gRPC call: messages name it `package.Service/Method`, not `POST /package.Service/Method`.
+    grpc: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -30,6 +32,7 @@ impl Target {
         Target {
             method,
             path: TargetPath::Uri(uri),
+            grpc: false,
         }
     }
 
@@ -41,7 +44,15 @@ impl Target {
                 path: cap(path, MAX_PATH_LEN).into(),
                 host: host.map(|h| cap(h, MAX_PATH_LEN).into()),
             },
+            grpc: false,
         }
+    }
+
+    /// The same request, known to be a gRPC call.
+    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
+    pub(crate) fn grpc_call(mut self) -> Self {
+        self.grpc = true;
+        self
     }
 
     /// The host the request went to, if known.
@@ -65,6 +76,19 @@ impl Target {
         match &self.path {
             TargetPath::Uri(uri) => cap(uri.path(), MAX_PATH_LEN),
             TargetPath::Text { path, .. } => path,
+        }
+    }
+}
+
+/// What the request is, for a message: `POST /v1/messages`, or for a gRPC call
+/// `package.Service/Method`.
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path = self.path();
+        if self.grpc {
+            f.write_str(path.strip_prefix('/').unwrap_or(path))
+        } else {
+            write!(f, "{} {path}", self.method)
         }
     }
 }

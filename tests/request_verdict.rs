@@ -363,10 +363,17 @@ fn host_scoped_rules_apply_to_their_host_only() {
         v("http://api.b.test/v1/send/m1", Method::PUT),
         (Idempotent, VerdictSource::Method)
     );
-    // No host in the URI: no host's rules.
+    // No host in the URI: the request may be for that host, so its write rule holds (fail
+    // closed); its read rule does not, and the rule for every host decides. (Until the host
+    // blind spot over tonic `Channel`s was found, no host's rule applied here: the PUT was
+    // idempotent by its method.)
     assert_eq!(
         v("/v1/send/m1", Method::PUT),
-        (Idempotent, VerdictSource::Method)
+        (NonIdempotent, VerdictSource::Route)
+    );
+    assert_eq!(
+        v("/v1/search", Method::POST),
+        (NonIdempotent, VerdictSource::Route)
     );
     // A rule for a host and port holds on that port only.
     let p = RetryPolicy::builder()

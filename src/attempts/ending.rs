@@ -47,9 +47,9 @@ impl Attempts {
         let symptom = Symptom::of(&*source);
         let target = self.target.clone();
         let report = self.take_report(stop);
-        // One answer for the error and its report: any response but proof that nothing was
-        // applied, or a failure after the request may have been sent.
-        let maybe_applied = report.may_have_been_applied();
+        // Ambiguous: any response but proof that nothing was applied, or a failure after the
+        // request may have been sent. The report adds whether the request can apply anything.
+        let maybe_applied = report.reached_the_server();
         Error::after_attempts(target, report, class, maybe_applied, symptom, source)
     }
 }

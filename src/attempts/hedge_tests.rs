@@ -180,7 +180,9 @@ fn outcomes_while_others_run() {
         (report.won_by(), report.superseded(), report.attempts()),
         (Some(2), 1, 2)
     );
-    assert!(report.may_have_been_applied());
+    // The superseded attempt may have reached the server; a GET applies nothing there.
+    assert!(report.reached_the_server());
+    assert!(!report.may_have_been_applied());
 }
 
 /// The learned delay counts responses, attempts cut by a timeout and superseded attempts (as

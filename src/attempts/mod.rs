@@ -170,6 +170,12 @@ impl Attempts {
             Some(timeout) if !outer_layer => Some(deadline.map_or(timeout, |d| d.min(timeout))),
             _ => deadline,
         };
+        #[cfg(feature = "tonic")]
+        let target = if grpc.is_some() {
+            target.grpc_call()
+        } else {
+            target
+        };
         if !outer_layer {
             policy.deposit();
         }

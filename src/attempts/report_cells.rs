@@ -5,14 +5,15 @@ use crate::classify::Idempotency;
 use crate::service::RetryReport;
 
 /// What an attempt ended in, for the report's cells.
+#[derive(Clone, Copy)]
 enum Outcome {
     /// An error of this kind (`ConnectionRefused`: not sent; `TimedOut`: ambiguous).
     Err(std::io::ErrorKind),
     /// A response with this status and, if set, the replay header.
     Res(u16, bool),
 }
+use self::Outcome::{Err as E, Res};
 use std::io::ErrorKind::{ConnectionRefused, InvalidInput, TimedOut};
-use Outcome::{Err as E, Res};
 
 /// Drives the decision core through `outcomes` (one per attempt, until it stops) and
 /// returns the report, and whether the error (if it ended in one) is ambiguous.
@@ -53,12 +54,22 @@ fn drive(
             E(kind) => {
                 let err = attempts.take_error(stop, Box::new(std::io::Error::from(*kind)));
                 let ambiguous = err.is_ambiguous();
+                let report = err.report().unwrap();
                 assert_eq!(
-                    ambiguous,
-                    err.report().unwrap().may_have_been_applied(),
+                    err.may_have_been_applied(),
+                    report.may_have_been_applied(),
                     "the error and its report agree"
                 );
-                (err.report().unwrap().clone(), Some(ambiguous))
+                assert_eq!(
+                    ambiguous,
+                    report.reached_the_server(),
+                    "the error is ambiguous when an attempt may have reached the server"
+                );
+                assert_eq!(
+                    crate::MayHaveBeenApplied::may_have_been_applied(&err),
+                    err.may_have_been_applied()
+                );
+                (report.clone(), Some(ambiguous))
             }
             Res(..) => (attempts.take_report(stop), None),
         };
@@ -144,13 +155,14 @@ fn applied_on_a_replay_and_exhausted_on_one_when_the_header_is_ignored() {
 
 #[test]
 fn applied_a_final_response_after_an_ambiguous_attempt() {
-    // An idempotent request: retried after the timeout, then a final 404.
-    let get = http::Request::get("http://api.test/v1/things/1")
+    // An idempotent write: retried after the timeout, then a final 404. (This case was a
+    // GET until reads stopped being "maybe applied": see `a_read_is_never_applied`.)
+    let put = http::Request::put("http://api.test/v1/things/1")
         .body(())
         .unwrap();
     let (report, _) = drive(
         policy(RetryPolicy::builder()),
-        get,
+        put,
         &[E(TimedOut), Res(404, false)],
     );
     assert_eq!(report.stop_reason(), StopReason::Final);
@@ -266,4 +278,118 @@ fn an_untrusted_key_is_named_in_the_report_and_the_error() {
     let (report, _) = drive(p, keyed_post(), &[E(TimedOut), Res(200, false)]);
     assert!(!report.idempotency_key_untrusted());
     assert!(!report.to_string().contains("not trusted"), "{report}");
+}
+
+// --- a read applies nothing; a write may have, whatever cell ends it ---
+
+/// "May have been applied" is true only of what can be applied: a GET that timed out is
+/// ambiguous (the failure) but applied nothing (the request). Every method against every
+/// failure class, with the expected answer written out per cell. From the new user's report
+/// that an SDK passing the answer on told its users a read "may have been applied".
+#[test]
+fn a_read_is_never_applied() {
+    use http::Method;
+    // (outcomes, whether some attempt reached the server, what the error says if it ended in one)
+    let cells: [(&str, &[Outcome], bool, Option<bool>); 5] = [
+        ("not sent", &[E(ConnectionRefused); 4], false, Some(false)),
+        ("ambiguous", &[E(TimedOut); 4], true, Some(true)),
+        (
+            "retryable",
+            &[
+                Res(503, false),
+                Res(503, false),
+                Res(503, false),
+                Res(503, false),
+            ],
+            true,
+            None,
+        ),
+        ("final", &[Res(404, false)], true, None),
+        ("success", &[Res(200, false)], true, None),
+    ];
+    let reads = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
+    let writes = [Method::PUT, Method::DELETE, Method::POST, Method::PATCH];
+    for (name, outcomes, reached, ambiguous) in cells {
+        for method in reads.iter().chain(&writes) {
+            let read = reads.contains(method);
+            let req = http::Request::builder()
+                .method(method.clone())
+                .uri("http://api.test/v1/things/1")
+                .body(())
+                .unwrap();
+            // A write that is not idempotent stops at the first ambiguous or retryable cell.
+            let idempotent = Idempotency::of_method(method) == Idempotency::Idempotent;
+            let outcomes = if idempotent || !reached {
+                outcomes
+            } else {
+                &outcomes[..1]
+            };
+            let (report, err) = drive(policy(RetryPolicy::builder()), req, outcomes);
+            assert_eq!(report.verdict().can_apply(), !read, "{method}");
+            assert_eq!(report.reached_the_server(), reached, "{name} {method}");
+            assert_eq!(
+                report.may_have_been_applied(),
+                reached && !read,
+                "{name} {method}: {report}"
+            );
+            assert_eq!(
+                err, ambiguous,
+                "{name} {method}: the error describes the failure"
+            );
+            let text = report.to_string();
+            assert_eq!(text.contains("applied"), !read, "{name} {method}: {text}");
+        }
+    }
+}
+
+/// A rule or marker that calls a safe method a write makes it one: it may have been applied.
+/// `NoRetry` calls nothing a write: a GET with it stays a read.
+#[test]
+fn a_read_called_a_write_by_a_rule_or_marker_may_have_been_applied() {
+    let get = || {
+        http::Request::get("http://api.test/v1/reports/run")
+            .body(())
+            .unwrap()
+    };
+    let by_route = policy(RetryPolicy::builder().route(
+        http::Method::GET,
+        "/v1/reports/run",
+        Idempotency::NonIdempotent,
+    ));
+    let (report, err) = drive(by_route, get(), &[E(TimedOut)]);
+    assert_eq!(report.stop_reason(), StopReason::SuppressedNotIdempotent);
+    assert!(report.may_have_been_applied());
+    assert_eq!(err, Some(true));
+
+    let mut marked = get();
+    marked.extensions_mut().insert(Idempotency::NonIdempotent);
+    let (report, _) = drive(policy(RetryPolicy::builder()), marked, &[E(TimedOut)]);
+    assert!(report.may_have_been_applied());
+
+    let mut once = get();
+    once.extensions_mut().insert(crate::NoRetry);
+    let (report, err) = drive(policy(RetryPolicy::builder()), once, &[E(TimedOut)]);
+    assert_eq!(report.stop_reason(), StopReason::NoRetryMarker);
+    assert!(!report.may_have_been_applied());
+    assert_eq!(err, Some(true), "still ambiguous: the failure is unknown");
+
+    // A GET marked idempotent stays a read; a POST marked idempotent stays a write.
+    let mut idem = get();
+    idem.extensions_mut().insert(Idempotency::Idempotent);
+    let (report, _) = drive(
+        policy(RetryPolicy::builder()),
+        idem,
+        &[E(TimedOut), Res(200, false)],
+    );
+    assert!(!report.may_have_been_applied());
+    let mut post = http::Request::post("http://api.test/v1/search")
+        .body(())
+        .unwrap();
+    post.extensions_mut().insert(Idempotency::Idempotent);
+    let (report, _) = drive(
+        policy(RetryPolicy::builder()),
+        post,
+        &[E(TimedOut), Res(200, false)],
+    );
+    assert!(report.may_have_been_applied());
 }

@@ -285,6 +285,14 @@ impl<'a> RequestHost<'a> {
             port,
         }
     }
+
+    /// The host of a scope (already canonical) and its port: a policy's origin.
+    pub(crate) fn of_scope(scope: &'a HostScope) -> Self {
+        RequestHost {
+            host: Cow::Borrowed(&scope.host),
+            port: scope.port,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -124,19 +124,30 @@ pub struct RequestVerdict {
     /// A well-formed key, trusted or not.
     has_key: bool,
     keyed: bool,
+    /// A read: a safe method (GET, HEAD, OPTIONS, TRACE) that no marker or rule calls a
+    /// write. Nothing it does can have been applied.
+    read: bool,
+    /// The policy scopes rules or key trust to hosts and the request's host was not visible.
+    host_unknown: bool,
 }
 
 impl RequestVerdict {
-    pub(crate) const NO_RETRY: RequestVerdict = RequestVerdict {
-        // Nothing is repeated for a `NoRetry` request, so treat it as the cautious case.
-        idempotency: Idempotency::NonIdempotent,
-        source: VerdictSource::Marker,
-        no_retry: true,
-        keys_honored: false,
-        has_key: false,
-        keyed: false,
-    };
+    /// A request with the [`NoRetry`] marker. Nothing is repeated for it, so it is treated as
+    /// the cautious case; a safe method stays a read (the marker calls nothing a write).
+    pub(crate) const fn no_retry(safe_method: bool) -> Self {
+        RequestVerdict {
+            idempotency: Idempotency::NonIdempotent,
+            source: VerdictSource::Marker,
+            no_retry: true,
+            keys_honored: false,
+            has_key: false,
+            keyed: false,
+            read: safe_method,
+            host_unknown: false,
+        }
+    }
 
+    /// A verdict for a request that is not a read (see [`with_read`](Self::with_read)).
     pub(crate) const fn new(idempotency: Idempotency, source: VerdictSource) -> Self {
         RequestVerdict {
             idempotency,
@@ -145,7 +156,42 @@ impl RequestVerdict {
             keys_honored: false,
             has_key: false,
             keyed: false,
+            read: false,
+            host_unknown: false,
         }
+    }
+
+    /// Whether the request is a read: a safe method that no marker or rule calls a write.
+    pub(crate) const fn with_read(mut self, read: bool) -> Self {
+        self.read = read;
+        self
+    }
+
+    /// Whether host-scoped settings could not see the request's host.
+    pub(crate) const fn with_host_unknown(mut self, unknown: bool) -> Self {
+        self.host_unknown = unknown;
+        self
+    }
+
+    /// Whether the request can change the server's state: `false` only for a safe method
+    /// (GET, HEAD, OPTIONS, TRACE, RFC 9110 §9.2.1) that no marker or route rule calls
+    /// [`NonIdempotent`](Idempotency::NonIdempotent). A PUT or DELETE can (repeating it is
+    /// harmless, but it may have happened); so can every gRPC call (each is a POST).
+    /// [`RetryReport::may_have_been_applied`](crate::RetryReport::may_have_been_applied) is
+    /// `false` for a request that cannot.
+    pub fn can_apply(&self) -> bool {
+        !self.read
+    }
+
+    /// True when the policy scopes route rules or key trust to hosts and this request's host
+    /// was not visible to the layer (a request in origin form without a `Host` header, such as
+    /// a tonic generated client's call through a `Channel`, which adds the authority below the
+    /// layer). Such a request is classified failing closed: a host-scoped rule that calls its
+    /// path [`NonIdempotent`](Idempotency::NonIdempotent) holds, whatever the host; host-scoped
+    /// `Idempotent` rules and host-scoped key trust do not apply. Give the layer its origin
+    /// with [`RetryPolicy::for_origin`](crate::RetryPolicy::for_origin).
+    pub fn host_unknown(&self) -> bool {
+        self.host_unknown
     }
 
     /// Whether the request's target is trusted to honour a key on this request.

@@ -8,22 +8,33 @@
 //! use tower::ServiceBuilder;
 //! use tower_retry_safety::{grpc, RetryPolicy};
 //!
-//! # fn demo(
-//! #     channel: tonic::transport::Channel,
-//! #     descriptors: &prost_types::FileDescriptorSet,
-//! # ) -> Result<(), Box<dyn std::error::Error>> {
+//! # fn demo(descriptors: &prost_types::FileDescriptorSet) -> Result<(), Box<dyn std::error::Error>> {
+//! let endpoint = "http://127.0.0.1:50051";
+//! let channel = tonic::transport::Endpoint::from_static(endpoint).connect_lazy();
 //! let policy = RetryPolicy::builder()
 //!     .grpc_descriptors(descriptors) // NO_SIDE_EFFECTS and IDEMPOTENT methods are reads
+//!     .honor_idempotency_key_for_host("127.0.0.1")
 //!     .attempt_timeout(Duration::from_millis(500))
 //!     .build()?;
 //! let svc = ServiceBuilder::new()
 //!     .map_err(grpc::into_status)
-//!     .layer(policy)
+//!     .layer(policy.for_origin(endpoint)?) // the channel's endpoint: calls carry no host
 //!     .service(channel);
 //! // let client = MyServiceClient::new(svc);
 //! # let _ = svc;
 //! # Ok(()) }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! #     demo(&prost_types::FileDescriptorSet::default()).unwrap();
+//! # });
 //! ```
+//!
+//! A generated client sends a path alone (`/pkg.Service/Method`): the `Channel` adds its
+//! endpoint's authority below the layer. [`RetryPolicy::for_origin`](crate::RetryPolicy::for_origin)
+//! gives the layer that endpoint, so host-scoped rules and key trust apply (building the client
+//! `with_origin` does too). Without it the layer fails closed: a host-scoped rule that calls the
+//! call a write holds whatever the host, host-scoped `Idempotent` rules and key trust do not
+//! apply, [`RequestVerdict::host_unknown`](crate::RequestVerdict::host_unknown) says so, and a
+//! warning is logged once.
 //!
 //! What changes for gRPC:
 //!
@@ -56,8 +67,10 @@
 //!   [`ReplayBody`](crate::ReplayBody)).
 //! - **Errors**: [`into_status`] (for `map_err`) and [`status_of`] turn this crate's
 //!   [`Error`](crate::Error) into a `tonic::Status` that says whether the call may have been
-//!   applied; a failed status the server answered carries [`ATTEMPTS_KEY`] and
-//!   [`MAY_HAVE_BEEN_APPLIED_KEY`] in its metadata too.
+//!   applied, and whose message names the call (`pkg.Service/Method`); a failed status the
+//!   server answered carries [`ATTEMPTS_KEY`] and [`MAY_HAVE_BEEN_APPLIED_KEY`] in its
+//!   metadata too. [`MayHaveBeenApplied`](crate::MayHaveBeenApplied) answers for a
+//!   `tonic::Status`, as for this crate's error.
 //! - **Server**: [`IdempotencyLayer`](crate::server::IdempotencyLayer) in front of a tonic
 //!   server reads the key from the `idempotency-key` metadata, replays a stored response with
 //!   its trailers (its `grpc-status`), and answers a gRPC call's conflicts as gRPC statuses

@@ -3,7 +3,7 @@
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
-use crate::Error;
+use crate::{Error, MayHaveBeenApplied};
 
 /// Metadata key of the attempts made, in a `tonic::Status` made by [`status_of`], and in the
 /// status of a call whose last attempt the server answered with a failed `grpc-status`.
@@ -54,7 +54,11 @@ pub fn status_of(err: &Error) -> Status {
     metadata.insert(ATTEMPTS_KEY, MetadataValue::from(err.attempts()));
     metadata.insert(
         MAY_HAVE_BEEN_APPLIED_KEY,
-        MetadataValue::from_static(if err.is_ambiguous() { "true" } else { "false" }),
+        MetadataValue::from_static(if err.may_have_been_applied() {
+            "true"
+        } else {
+            "false"
+        }),
     );
     status
 }
@@ -68,5 +72,32 @@ pub fn into_status(err: Error) -> Status {
 impl From<Error> for Status {
     fn from(err: Error) -> Self {
         status_of(&err)
+    }
+}
+
+/// "May this call have been applied?", asked of the `Status` a generated client returns, as an
+/// HTTP caller asks it of [`Error`]: the layer's answer from the status's
+/// [`MAY_HAVE_BEEN_APPLIED_KEY`] metadata (put there by [`status_of`] and on a failed status
+/// the server answered). A status without it (made by tonic or another layer, or sent by the
+/// server after messages) says nothing the layer knows: `true`, as for any error this crate
+/// cannot see into.
+///
+/// ```
+/// use tower_retry_safety::MayHaveBeenApplied;
+///
+/// fn tell_the_caller(status: &tonic::Status) -> &'static str {
+///     if status.may_have_been_applied() {
+///         "the write may have happened: check before calling again"
+///     } else {
+///         "nothing was applied: safe to call again"
+///     }
+/// }
+/// # assert_eq!(tell_the_caller(&tonic::Status::unavailable("x")), "the write may have happened: check before calling again");
+/// ```
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl MayHaveBeenApplied for Status {
+    fn may_have_been_applied(&self) -> bool {
+        let answer = self.metadata().get(MAY_HAVE_BEEN_APPLIED_KEY);
+        answer.is_none_or(|value| value.as_bytes() != b"false")
     }
 }

@@ -44,3 +44,20 @@ impl fmt::Debug for AttemptHook {
         f.write_str("AttemptHook(..)")
     }
 }
+
+/// Logs once per policy that a request's host was not visible to host-scoped settings: every
+/// such request is classified failing closed, and saying so per request would flood the log.
+#[cold]
+pub(crate) fn host_unknown(warned: &std::sync::atomic::AtomicBool, method: &Method, path: &str) {
+    if warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    tracing::warn!(
+        %method,
+        path = crate::target::cap(path, crate::target::MAX_PATH_LEN),
+        "retry policy: a request shows no host (no host in its URI, no Host header), so rules \
+         and key trust scoped to hosts were applied failing closed (a host-scoped NonIdempotent \
+         rule holds, host-scoped Idempotent rules and key trust do not); give the layer its \
+         origin with RetryPolicy::for_origin (logged once per policy)"
+    );
+}

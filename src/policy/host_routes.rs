@@ -51,7 +51,16 @@ impl HostRoutes {
         if self.0.is_empty() {
             return None;
         }
-        self.lookup_scoped(host?, method, path)
+        match host {
+            Some(host) => self.lookup_scoped(host, method, path),
+            // The host is not visible, so the request may be for any host a rule names: a rule
+            // that calls it a write holds (fail closed); one that calls it idempotent does not.
+            None => self
+                .0
+                .iter()
+                .filter_map(|(_, table)| table.lookup(method, path))
+                .find(|rule| *rule == Idempotency::NonIdempotent),
+        }
     }
 
     fn lookup_scoped(

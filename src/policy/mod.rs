@@ -23,7 +23,7 @@ pub(crate) use events::AttemptHook;
 pub use options::RequestOptions;
 
 use crate::backoff::Backoff;
-use crate::classify::host::RequestHost;
+use crate::classify::host::{HostScope, RequestHost};
 use crate::classify::response::{self, ResponseRules};
 use crate::classify::routes::RouteTable;
 use crate::classify::{idempotency_key, Classification, Idempotency, NoRetry, RequestVerdict};
@@ -51,6 +51,9 @@ use crate::classify::{BodyVerdict, FailureClass, VerdictSource};
 #[derive(Clone)]
 pub struct RetryPolicy {
     pub(crate) inner: Arc<Inner>,
+    /// The host (and port) of the service the layer wraps, for requests that show none: see
+    /// [`for_origin`](RetryPolicy::for_origin).
+    pub(crate) origin: Option<Arc<HostScope>>,
 }
 
 /// The idempotency key's header unless a policy names another.
@@ -85,6 +88,8 @@ pub(crate) struct Inner {
     budget: Option<Arc<dyn Budget + Send + Sync>>,
     headers: Headers,
     hedge: Option<crate::hedge::Hedger>,
+    /// Whether the warning that a request's host was not visible has been logged.
+    warned_host_unknown: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -112,6 +117,7 @@ impl fmt::Debug for RetryPolicy {
             .field("request_id_header", &i.headers.request_id_header)
             .field("attempt_header", &i.headers.attempt_header)
             .field("hedge", &i.hedge)
+            .field("origin", &self.origin.as_deref())
             .finish()
     }
 }
@@ -164,6 +170,54 @@ impl RetryPolicy {
         RetryPolicyBuilder::new()
     }
 
+    /// This policy, for a client whose requests may not show the host they go to: `origin`
+    /// (a base URL such as `http://127.0.0.1:50051`, an authority `host:port`, or a host) is
+    /// the host and port the host-scoped settings
+    /// ([`route_for_host`](RetryPolicyBuilder::route_for_host),
+    /// [`honor_idempotency_key_for_host`](RetryPolicyBuilder::honor_idempotency_key_for_host))
+    /// see for a request whose URI has no host and that carries no `Host` header. A request
+    /// that names its host keeps it.
+    ///
+    /// tonic's generated clients send a path alone (`/pkg.Ledger/Put`): the `Channel` adds
+    /// its endpoint's authority below the layer. Without an origin such a call is classified
+    /// failing closed (see [`RequestVerdict::host_unknown`]): a host-scoped rule that calls
+    /// the path a write holds for every host, host-scoped `Idempotent` rules and key trust do
+    /// not apply, and a warning is logged once. Give the layer the `Channel`'s endpoint (or
+    /// build the client with `with_origin`, which puts the origin in every call's URI).
+    ///
+    /// The result shares this policy's settings and retry budget. An `origin` that is not a
+    /// host, an authority or a base URL is refused with an error that names it.
+    ///
+    /// ```
+    /// use http::Method;
+    /// use tower_retry_safety::{Idempotency, RetryPolicy, VerdictSource};
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .route_for_host("127.0.0.1:50051", Method::POST, "/lab.v1.Ledger/Put", Idempotency::Idempotent)
+    ///     .build()?;
+    /// let call = || http::Request::post("/lab.v1.Ledger/Put").body(()).unwrap();
+    /// // No host in the call: the host-scoped rule that would make it a read does not apply.
+    /// assert_eq!(policy.classify(&call()).source(), VerdictSource::Method);
+    /// assert!(policy.classify(&call()).host_unknown());
+    /// // The channel's endpoint, given to the layer: the rule applies.
+    /// let for_channel = policy.for_origin("http://127.0.0.1:50051")?;
+    /// assert_eq!(for_channel.classify(&call()).source(), VerdictSource::Route);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn for_origin(&self, origin: &str) -> Result<RetryPolicy, BuildError> {
+        let mut scope = host_routes::host_scope("for_origin", origin)?;
+        if scope.port.is_none() {
+            // A base URL on its scheme's default port reaches that port.
+            scope.port = origin
+                .split_once("://")
+                .and_then(|(scheme, _)| crate::classify::host::default_port(scheme));
+        }
+        Ok(RetryPolicy {
+            inner: Arc::clone(&self.inner),
+            origin: Some(Arc::new(scope)),
+        })
+    }
+
     /// Whether a repeat of `req` is harmless, and which rule decided. Allocates nothing, but
     /// for a path over 256 bytes that a route rule must also match in another spelling (see
     /// [`route`](RetryPolicyBuilder::route)).
@@ -198,16 +252,23 @@ impl RetryPolicy {
         extensions: &Extensions,
     ) -> RequestVerdict {
         if extensions.get::<NoRetry>().is_some() {
-            return RequestVerdict::NO_RETRY;
+            return RequestVerdict::no_retry(method.is_safe());
         }
         let inner = &*self.inner;
         // Found only when something is scoped to hosts: finding the host in a URI is a good
         // part of the layer's work (`benches/classify.rs`).
-        let host = if inner.host_routes.is_empty() && inner.key_trust.hosts.is_empty() {
-            None
+        let scoped = !(inner.host_routes.is_empty() && inner.key_trust.hosts.is_empty());
+        let host = if scoped {
+            host()
+                .map(|(host, port)| RequestHost::new(host, port))
+                .or_else(|| self.origin.as_deref().map(RequestHost::of_scope))
         } else {
-            host().map(|(host, port)| RequestHost::new(host, port))
+            None
         };
+        let host_unknown = scoped && host.is_none();
+        if host_unknown {
+            events::host_unknown(&inner.warned_host_unknown, method, path);
+        }
         let host = host.as_ref();
         let (idempotency, source) = if let Some(marker) = extensions.get::<Idempotency>() {
             (*marker, VerdictSource::Marker)
@@ -222,8 +283,11 @@ impl RetryPolicy {
         };
         let explicit_write =
             source != VerdictSource::Method && idempotency == Idempotency::NonIdempotent;
+        let read = method.is_safe() && !explicit_write;
         let trusted = inner.key_trust.trusted(method, host, path, explicit_write);
         let verdict = RequestVerdict::new(idempotency, source)
+            .with_read(read)
+            .with_host_unknown(host_unknown)
             .with_key_trust(trusted)
             .with_key(has_key);
         if verdict.is_keyed()
@@ -235,6 +299,7 @@ impl RetryPolicy {
             // and hedging, which takes only requests idempotent of themselves (or keyed writes
             // when told to), still takes it.
             return RequestVerdict::new(Idempotency::Idempotent, VerdictSource::IdempotencyKey)
+                .with_host_unknown(host_unknown)
                 .with_key_trust(true)
                 .with_key(true);
         }

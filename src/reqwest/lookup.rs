@@ -23,7 +23,7 @@ use crate::{Error, MayHaveBeenApplied, RetryReport};
 impl MayHaveBeenApplied for reqwest_middleware::Error {
     fn may_have_been_applied(&self) -> bool {
         if let Some(ours) = Error::from_reqwest_middleware(self) {
-            return ours.is_ambiguous();
+            return ours.may_have_been_applied();
         }
         match self {
             reqwest_middleware::Error::Reqwest(err) => !matches!(
@@ -49,7 +49,7 @@ impl Error {
     ///
     /// if let Err(err) = client.post("http://127.0.0.1:8080/v1/messages").send().await {
     ///     match Error::from_reqwest_middleware(&err) {
-    ///         Some(e) if e.is_ambiguous() => eprintln!("may have been applied: {e}"),
+    ///         Some(e) if e.may_have_been_applied() => eprintln!("may have been applied: {e}"),
     ///         Some(e) => eprintln!("not applied: {e}"),
     ///         None => eprintln!("{err}"),
     ///     }

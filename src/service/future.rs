@@ -10,7 +10,7 @@ use tower_service::Service;
 
 use super::hedged::{self, Hedged};
 use super::replay::{keep_stream, Kept};
-use super::send::{attempt_timer, poll_attempt, refused, resend, AttemptTimer, Head, Replay};
+use super::send::{attempt_timer, poll_attempt, poll_resend, refused, AttemptTimer, Head, Replay};
 use super::{KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::policy::StopReason;
@@ -168,10 +168,7 @@ where
                     let span = this.attempts.enter_span();
                     let result = ready!(poll_attempt(future, timer, this.attempts, cx));
                     drop(span);
-                    let resend = this
-                        .retry
-                        .as_ref()
-                        .map(|r| r.body.check(responded(&result, this.attempts.is_grpc())));
+                    let resend = may_resend(this.retry, &result, this.attempts);
                     match this.attempts.on_outcome(Outcome::of(&result), resend) {
                         // Finished here rather than below: the response is then not moved
                         // once more on the common path (one response, no retry).
@@ -203,20 +200,12 @@ where
                 }
                 StateProj::Readying { body } => {
                     let replay = this.retry.as_mut().expect("a retry keeps its body");
-                    // The clone may be a handle to a shared resource (a buffer, a pool, a
-                    // concurrency limit): `call` is only allowed once it says it is ready.
-                    if let Err(err) = ready!(replay.service.poll_ready(cx)) {
-                        (Err(err.into()), StopReason::ServiceNotReady)
-                    } else {
-                        // A copy is made now (never pending); a recording came with the state.
-                        match body.take().map_or_else(|| replay.body.copy(), Ok) {
-                            Ok(body) => {
-                                let (future, timer) = resend(replay, this.attempts, body);
-                                this.state.set(State::Called { future, timer });
-                                continue;
-                            }
-                            Err(why) => refused(this.attempts, why),
+                    match ready!(poll_resend(replay, body, this.attempts, cx)) {
+                        Ok((future, timer)) => {
+                            this.state.set(State::Called { future, timer });
+                            continue;
                         }
+                        Err(ended) => ended,
                     }
                 }
                 StateProj::Hedged { hedged } => {
@@ -286,6 +275,17 @@ fn poll_wait<B: ReplayBody>(
             Poll::Ready(Err(NotReplayable::StillInUse))
         }
     }
+}
+
+/// Whether the body could be sent again after this attempt: `None` when nothing was kept.
+#[inline]
+fn may_resend<S, B: ReplayBody, R>(
+    retry: &Option<Replay<S, B>>,
+    result: &Result<Response<R>, BoxError>,
+    attempts: &Attempts,
+) -> Option<Result<(), NotReplayable>> {
+    let replay = retry.as_ref()?;
+    Some(replay.body.check(responded(result, attempts.is_grpc())))
 }
 
 /// Whether the attempt ended in a response that may have left the body's rest on its way

@@ -164,7 +164,8 @@ impl RetryReport {
         self.stop == StopReason::SuppressedNotIdempotent
     }
 
-    /// True when the request may have been applied by the server: some attempt reached it
+    /// True when the request may have been applied by the server: it can change the server's
+    /// state (anything but a read: see [`RequestVerdict::can_apply`]) and some attempt reached it
     /// (any response, unless it was classified as proof that nothing was applied: a
     /// [`not_applied_statuses`](crate::RetryPolicyBuilder::not_applied_statuses) status or a
     /// classifier's [`NotSent`](crate::FailureClass::NotSent)), or failed after it may have
@@ -195,6 +196,13 @@ impl RetryReport {
     /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
     /// ```
     pub fn may_have_been_applied(&self) -> bool {
+        self.verdict.can_apply() && self.reached_the_server()
+    }
+
+    /// Whether some attempt may have reached the server's application, whatever the request:
+    /// what [`may_have_been_applied`](Self::may_have_been_applied) answers for a request that
+    /// can change the server's state.
+    pub(crate) fn reached_the_server(&self) -> bool {
         self.hedging.superseded > 0
             || self
                 .records
@@ -352,12 +360,18 @@ impl fmt::Display for RetryReport {
             )?,
             reason => write!(f, "; stopped: {}", reason.as_str())?,
         }
-        if self.stop != StopReason::Replayed {
+        if self.stop != StopReason::Replayed && self.verdict.can_apply() {
             f.write_str(if self.may_have_been_applied() {
                 "; it may have been applied"
             } else {
                 "; it was not applied"
             })?;
+        }
+        if self.verdict.host_unknown() {
+            f.write_str(
+                "; its host was not visible to the layer, so rules and key trust scoped to hosts \
+                 applied failing closed (see `RetryPolicy::for_origin`)",
+            )?;
         }
         if self.idempotency_key_untrusted() && !self.verdict.repeat_is_harmless() {
             f.write_str(

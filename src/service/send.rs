@@ -12,7 +12,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::replay::Kept;
-use super::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable};
+use super::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempt_clock::{when_fired, AttemptClock, Fired};
 use crate::attempts::Attempts;
 use crate::policy::StopReason;
@@ -145,13 +145,41 @@ where
     (replay.service.call(Request::from_parts(parts, body)), timer)
 }
 
+/// How a request ends when its next attempt cannot be sent: the outcome and why.
+pub(super) type Ended<R> = (Result<R, BoxError>, StopReason);
+
+/// The next attempt, sent: its future and its timer.
+pub(super) type Sent<S, B> = (<S as Service<Request<B>>>::Future, AttemptTimer);
+
+/// The next attempt, once the retry's service is ready: sent, or how the request ends
+/// instead.
+pub(super) fn poll_resend<S, B, R>(
+    replay: &mut Replay<S, B>,
+    body: &mut Option<B>,
+    attempts: &mut Attempts,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Sent<S, B>, Ended<R>>>
+where
+    S: Service<Request<B>>,
+    S::Error: Into<BoxError>,
+    B: ReplayBody,
+{
+    // The clone may be a handle to a shared resource (a buffer, a pool, a concurrency limit):
+    // `call` is only allowed once it says it is ready.
+    if let Err(err) = ready!(replay.service.poll_ready(cx)) {
+        return Poll::Ready(Err((Err(err.into()), StopReason::ServiceNotReady)));
+    }
+    // A copy is made now (never pending); a recording came with the state.
+    Poll::Ready(match body.take().map_or_else(|| replay.body.copy(), Ok) {
+        Ok(body) => Ok(resend(replay, attempts, body)),
+        Err(why) => Err(refused(attempts, why)),
+    })
+}
+
 /// A body that could not be sent again after all: the outcome that stops the retries (the
 /// last attempt's own outcome was already dropped for the retry).
 #[cold]
-pub(super) fn refused<R>(
-    attempts: &mut Attempts,
-    why: NotReplayable,
-) -> (Result<R, BoxError>, StopReason) {
+pub(super) fn refused<R>(attempts: &mut Attempts, why: NotReplayable) -> Ended<R> {
     attempts.refuse_replay(why);
     (Err(why.to_string().into()), StopReason::BodyNotReplayable)
 }

@@ -279,6 +279,7 @@ impl RetryPolicyBuilder {
             BudgetChoice::Unlimited => None,
         };
         Ok(RetryPolicy {
+            origin: None,
             inner: Arc::new(Inner {
                 max_retries: self.timing.max_retries,
                 routes,
@@ -302,6 +303,7 @@ impl RetryPolicyBuilder {
                 budget,
                 headers: self.headers,
                 hedge,
+                warned_host_unknown: Default::default(),
             }),
         })
     }

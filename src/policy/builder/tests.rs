@@ -94,3 +94,137 @@ fn other_bad_settings() {
     let e = err(RetryPolicyBuilder::new().deadline(Duration::ZERO));
     assert_eq!(e.setting_name(), "deadline");
 }
+
+/// A request whose host the layer cannot see (origin form, no `Host`: tonic's generated
+/// clients, hyper's connection-level `SendRequest`, a proxy's forwarded request) is classified
+/// failing closed: a host-scoped write rule holds, a host-scoped read rule and key trust do
+/// not; the verdict says its host was unknown. A `Host` header or the policy's origin
+/// restores the host-scoped behaviour.
+#[test]
+fn a_request_without_a_visible_host_fails_closed() {
+    use crate::{Idempotency, VerdictSource};
+    let policy = RetryPolicy::builder()
+        .route_for_host(
+            "api.test",
+            Method::GET,
+            "/v1/run",
+            Idempotency::NonIdempotent,
+        )
+        .route_for_host(
+            "api.test",
+            Method::POST,
+            "/v1/search",
+            Idempotency::Idempotent,
+        )
+        .honor_idempotency_key_for_host("api.test")
+        .build()
+        .unwrap();
+    let req = |method: Method, path: &str, host: Option<&str>| {
+        let mut b = http::Request::builder().method(method).uri(path);
+        if let Some(host) = host {
+            b = b.header(http::header::HOST, host);
+        }
+        b.header("idempotency-key", "\"k\"").body(()).unwrap()
+    };
+    // Unknown host: the write rule holds, the read rule and the trust do not.
+    let run = policy.classify(&req(Method::GET, "/v1/run", None));
+    assert_eq!(
+        (run.idempotency(), run.source()),
+        (Idempotency::NonIdempotent, VerdictSource::Route)
+    );
+    assert!(run.host_unknown());
+    assert!(!run.keys_honored());
+    let search = policy.classify(&req(Method::POST, "/v1/search", None));
+    assert_eq!(search.source(), VerdictSource::Method);
+    assert_eq!(search.idempotency(), Idempotency::NonIdempotent);
+    assert!(!search.is_keyed());
+    assert!(search.host_unknown());
+    // A Host header, or the origin, makes both apply.
+    let origin = policy.for_origin("https://api.test").unwrap();
+    for (policy, host) in [(&policy, Some("api.test")), (&origin, None)] {
+        let search = policy.classify(&req(Method::POST, "/v1/search", host));
+        assert_eq!(search.source(), VerdictSource::Route, "{host:?}");
+        assert!(search.keys_honored() && !search.host_unknown());
+    }
+    // The request's own host outranks the origin.
+    let elsewhere = origin.classify(&req(Method::POST, "/v1/search", Some("other.test")));
+    assert_eq!(elsewhere.source(), VerdictSource::Method);
+    assert!(!elsewhere.keys_honored() && !elsewhere.host_unknown());
+    // A policy that scopes nothing to hosts never looks, and never says the host was unknown.
+    let plain = RetryPolicy::builder().build().unwrap();
+    assert!(!plain
+        .classify(&req(Method::POST, "/v1/search", None))
+        .host_unknown());
+}
+
+#[test]
+fn an_origin_on_its_schemes_default_port_reaches_that_port() {
+    use crate::{Idempotency, VerdictSource};
+    let policy = RetryPolicy::builder()
+        .route_for_host(
+            "api.test:443",
+            Method::POST,
+            "/v1/search",
+            Idempotency::Idempotent,
+        )
+        .build()
+        .unwrap();
+    let search = || http::Request::post("/v1/search").body(()).unwrap();
+    let https = policy.for_origin("https://api.test").unwrap();
+    assert_eq!(https.classify(&search()).source(), VerdictSource::Route);
+    let http = policy.for_origin("http://api.test").unwrap();
+    assert_eq!(http.classify(&search()).source(), VerdictSource::Method);
+}
+
+#[test]
+fn a_bad_origin_is_refused_naming_it_and_hiding_user_information() {
+    let policy = RetryPolicy::builder().build().unwrap();
+    for bad in ["", "api.test/v1", "a b"] {
+        let err = policy.for_origin(bad).unwrap_err();
+        assert_eq!(err.setting_name(), "for_origin", "{bad:?}");
+    }
+    let err = policy.for_origin("https://user:pw@api.test").unwrap_err();
+    assert!(!err.to_string().contains("pw"), "{err}");
+}
+
+/// The warning that a request's host was not visible is logged once per policy, not once per
+/// request, and names the way out.
+#[test]
+fn an_unknown_host_is_warned_about_once() {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let policy = RetryPolicy::builder()
+        .honor_idempotency_key_for_host("api.test")
+        .build()
+        .unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        for _ in 0..3 {
+            let req = http::Request::post("/v1/send?token=secret")
+                .body(())
+                .unwrap();
+            assert!(policy.classify(&req).host_unknown());
+        }
+    });
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert_eq!(text.matches("shows no host").count(), 1, "{text}");
+    assert!(
+        text.contains("for_origin") && !text.contains("secret"),
+        "{text}"
+    );
+}

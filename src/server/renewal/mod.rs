@@ -34,18 +34,20 @@ use std::collections::BinaryHeap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use pin_project_lite::pin_project;
 use tokio::runtime::Id as RuntimeId;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
 
 mod send;
+mod ticker;
 
 use super::store::{Claim, IdempotencyStore};
 use send::{renew, send_renewal};
+use ticker::Ticker;
 
 /// A claim to renew: its key, the key as logs show it, and the claim.
 type DueClaim = (Arc<str>, Arc<str>, Claim);
@@ -463,45 +465,5 @@ impl<St: IdempotencyStore, F: Future> Future for During<'_, St, F> {
             this.renewal.renew_if_due();
         }
         this.work.poll(cx)
-    }
-}
-
-/// Wakes every `tick` and renews the claims on its runtime that fell due. Ends when its layer
-/// is gone, or with its runtime.
-struct Ticker<St> {
-    renewals: Weak<Renewals<St>>,
-    runtime: RuntimeId,
-    tick: Duration,
-}
-
-impl<St> Drop for Ticker<St> {
-    /// The ticker's runtime dropped it (it shut down, or it never ran it): its claims' handlers
-    /// ended with it. Forget them, so that the layer on another runtime with the same id (ids
-    /// are not reused while a runtime lives) starts afresh.
-    fn drop(&mut self) {
-        if let Some(r) = self.renewals.upgrade() {
-            r.lock().retain(|h| h.runtime != self.runtime);
-        }
-    }
-}
-
-impl<St: IdempotencyStore> Ticker<St> {
-    /// The ticker's task. Its `Drop` runs even if the task is never polled: the future owns
-    /// the ticker from the moment it is made.
-    async fn run(self, first: Sleep) {
-        first.await;
-        loop {
-            let Some(renewals) = self.renewals.upgrade() else {
-                return;
-            };
-            // Timed by the clock, not by wakes: a ticker that woke late (its thread was busy)
-            // renews all that fell due meanwhile.
-            let due = renewals.take_due(self.runtime, Instant::now());
-            for (key, shown, claim) in due {
-                renew(&renewals.store, renewals.lease, key, shown, claim).await;
-            }
-            drop(renewals);
-            tokio::time::sleep(self.tick).await;
-        }
     }
 }
