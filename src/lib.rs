@@ -154,7 +154,7 @@ mod body_hint;
 mod budget;
 mod build_error;
 pub mod classify;
-mod error;
+
 #[cfg(feature = "tonic")]
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
@@ -169,12 +169,12 @@ pub mod service;
 mod target;
 mod timed_out;
 
+pub use attempts::{Error, MayHaveBeenApplied};
 pub use budget::LockFreeBudget;
 pub use classify::{
     classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
     VerdictSource,
 };
-pub use error::{Error, MayHaveBeenApplied};
 pub use hedge::Hedge;
 pub use peek::{PeekBody, PeekBodyLayer, PeekedBody};
 pub use policy::{

@@ -1,15 +1,15 @@
 //! What the decision core does for a response body cut mid-way: the cut as an attempt's
 //! outcome, and the continuation that decides the body's resumes after the caller got the head.
 
+use std::sync::{Arc, Mutex};
+
 use http::{Extensions, HeaderMap, StatusCode};
 
 use super::Attempts;
+use super::RetryReport;
 use crate::attempt_clock::{AttemptClock, FrameClock};
 use crate::classify::{BodyVerdict, Classification, FailureClass};
 use crate::policy::{Decision, StopReason};
-use crate::resume::cut::BodyCut;
-use crate::resume::ResumeSlot;
-use crate::service::RetryReport;
 
 impl Attempts {
     /// The marks a body classifier or a body-reading front end left on the response: used up
@@ -127,5 +127,41 @@ impl Attempts {
     /// Records why the resumes stopped, for [`report_now`](Self::report_now).
     pub(crate) fn set_stop(&mut self, stop: StopReason) {
         self.last_stop = stop;
+    }
+}
+
+/// A response whose body was cut while it was read inside the attempt, carried to the retry
+/// layer in the response's extensions: the attempt failed after the server answered. Put there
+/// by [`ReadWholeLayer`](crate::ReadWholeLayer); used up by the layer that decides on it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BodyCut {
+    /// Bytes of the body received before the cut.
+    pub(crate) received: u64,
+}
+
+impl BodyCut {
+    pub(crate) fn take(extensions: &mut Extensions) -> Option<BodyCut> {
+        extensions.remove::<BodyCut>()
+    }
+}
+
+/// Where the retry layer hands its bookkeeping over to a body that may resume, once it returns
+/// the response (put in the response's extensions by the front end that reads bodies, taken
+/// out by [`Attempts::finish`]). Without a retry layer outside, it stays empty: nothing decides
+/// a resume, so none is made.
+#[derive(Clone, Default)]
+pub(crate) struct ResumeSlot(Arc<Mutex<Option<Attempts>>>);
+
+impl ResumeSlot {
+    pub(crate) fn take(extensions: &mut Extensions) -> Option<ResumeSlot> {
+        extensions.remove::<ResumeSlot>()
+    }
+
+    pub(crate) fn fill(&self, attempts: Attempts) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(attempts);
+    }
+
+    pub(crate) fn take_attempts(&self) -> Option<Attempts> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }

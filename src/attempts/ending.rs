@@ -2,10 +2,10 @@
 //! attempt's failure.
 
 use super::Attempts;
+use super::Error;
+use super::RetryReport;
 use crate::classify::{FailureClass, Symptom};
-use crate::error::Error;
 use crate::policy::StopReason;
-use crate::service::RetryReport;
 use crate::BoxError;
 
 impl Attempts {

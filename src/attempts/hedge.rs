@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::{AttemptRecord, BodyCut, HedgeSummary};
 use super::{Attempts, Outcome, Step};
 use crate::classify::{classify_error, BodyVerdict, Classification, FailureClass};
 use crate::policy::StopReason;
-use crate::resume::cut::BodyCut;
-use crate::service::report::{AttemptRecord, HedgeSummary};
 
 /// A hedge-able request's bookkeeping.
 pub(crate) struct HedgeRun {

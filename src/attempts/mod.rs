@@ -4,14 +4,25 @@
 
 mod body_cut;
 mod ending;
+mod error;
 mod hedge;
 mod log;
+mod markers;
 mod plan;
+mod refusal;
+mod report;
 mod span;
 
+pub(crate) use body_cut::{BodyCut, ResumeSlot};
+pub use error::{Error, MayHaveBeenApplied};
 pub(crate) use hedge::HedgeStep;
+pub use markers::attempt_number;
+pub(crate) use markers::{AttemptNumber, KeyHeader, LayerAttempt};
 pub(crate) use plan::Plan;
 use plan::{printable, MAX_REQUEST_ID_LEN};
+pub use refusal::NotReplayable;
+pub use report::{AttemptRecord, RetryReport};
+pub(crate) use report::{HedgeSummary, Records};
 pub(crate) use span::{superseded, won};
 
 use std::error::Error as StdError;
@@ -21,15 +32,15 @@ use http::{Extensions, HeaderMap, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
 use crate::classify::{classify_error, BodyVerdict, Classification, RequestVerdict};
-use crate::error::Error;
 use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
-use crate::resume::cut::BodyCut;
-use crate::service::replay::LET_GO_WAIT;
-use crate::service::report::{AttemptRecord, Records};
-use crate::service::NotReplayable;
 use crate::target::Target;
 use crate::timed_out::TimedOut;
 use crate::BoxError;
+
+/// Longest wait, after the backoff, for the last attempt's transport to let go of a recorded
+/// body. hyper drops a body as it reports the attempt's failure, so this is a bound for inner
+/// services that keep a request after failing it, not a wait in the common case.
+pub(crate) const LET_GO_WAIT: Duration = Duration::from_secs(1);
 
 /// What a front end does after an attempt, as [`Attempts::on_outcome`] decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

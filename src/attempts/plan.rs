@@ -2,9 +2,9 @@
 
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method};
 
+use super::LayerAttempt;
 use crate::classify::{idempotency_key, Idempotency, RequestVerdict};
 use crate::policy::{RequestOptions, RetryPolicy};
-use crate::service::LayerAttempt;
 use crate::target::cap;
 
 /// Longest request id echoed in reports, errors and logs.

@@ -226,7 +226,7 @@ fn a_refused_body_after_the_wait_ends_in_an_error_that_says_why() {
         attempts.on_outcome(Outcome::Error(&err), KEPT),
         Step::Wait(_)
     ));
-    assert!(attempts.body_wait() <= crate::service::replay::LET_GO_WAIT);
+    assert!(attempts.body_wait() <= super::LET_GO_WAIT);
     let err = attempts.finish_refused(NotReplayable::StillInUse);
     assert_eq!(err.attempts(), 1);
     assert_eq!(

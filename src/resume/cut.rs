@@ -1,25 +1,10 @@
 use std::error::Error as StdError;
 use std::fmt;
 
-use http::{Extensions, StatusCode};
+use http::StatusCode;
 
 use crate::timed_out::TimedOut;
 use crate::{BoxError, RetryReport};
-
-/// A response whose body was cut while it was read inside the attempt, carried to the retry
-/// layer in the response's extensions: the attempt failed after the server answered. Put there
-/// by [`ReadWholeLayer`](crate::ReadWholeLayer); used up by the layer that decides on it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct BodyCut {
-    /// Bytes of the body received before the cut.
-    pub(crate) received: u64,
-}
-
-impl BodyCut {
-    pub(crate) fn take(extensions: &mut Extensions) -> Option<BodyCut> {
-        extensions.remove::<BodyCut>()
-    }
-}
 
 /// The error a response body gives when it was cut before its end and could not be recovered:
 /// the server had answered (with [`status`](Self::status), which the caller already has), and

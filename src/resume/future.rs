@@ -8,11 +8,12 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
 
-use super::cut::{BodyCut, BodyCutError, NoResume};
+use super::cut::{BodyCutError, NoResume};
 use super::range::Expect;
-use super::resumer::{Again, Resume, ResumeSlot};
+use super::resumer::{Again, Resume};
 use super::{BodyReport, WholeBody};
 use crate::attempt_clock::{AttemptClock, FrameClock};
+use crate::attempts::{BodyCut, ResumeSlot};
 use crate::timed_out::TimedOut;
 use crate::BoxError;
 

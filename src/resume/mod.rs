@@ -35,6 +35,5 @@ pub use layer::{ReadWholeLayer, DEFAULT_READ_LIMIT};
 pub use report::BodyReport;
 pub use service::ReadWhole;
 
-pub(crate) use resumer::ResumeSlot;
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::ReadPlan;

@@ -3,17 +3,17 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::task::{ready, Context, Poll};
 
-use http::{Extensions, HeaderMap, Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use tokio::time::Sleep;
 
 use super::cut::{BodyCutError, NoResume};
 use super::range::Expect;
 use super::BodyReport;
 use crate::attempt_clock::FrameClock;
-use crate::attempts::{Attempts, Outcome, Step};
+use crate::attempts::{Attempts, Outcome, ResumeSlot, Step};
 use crate::policy::StopReason;
 use crate::timed_out::TimedOut;
 use crate::{BoxError, RetryReport};
@@ -32,27 +32,6 @@ pub(crate) type SendRange<B> = Box<dyn FnMut(HeaderMap) -> RangeFuture<B> + Send
 pub(crate) struct Again<B> {
     pub(crate) send: SendRange<B>,
     pub(crate) keyed_write: bool,
-}
-
-/// Where the retry layer hands its bookkeeping over to a body that may resume, once it returns
-/// the response (put in the response's extensions by the front end that reads bodies, taken
-/// out by [`Attempts::finish`]). Without a retry layer outside, it stays empty: nothing decides
-/// a resume, so none is made.
-#[derive(Clone, Default)]
-pub(crate) struct ResumeSlot(Arc<Mutex<Option<Attempts>>>);
-
-impl ResumeSlot {
-    pub(crate) fn take(extensions: &mut Extensions) -> Option<ResumeSlot> {
-        extensions.remove::<ResumeSlot>()
-    }
-
-    pub(crate) fn fill(&self, attempts: Attempts) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(attempts);
-    }
-
-    fn take_attempts(&self) -> Option<Attempts> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
 }
 
 enum Phase<B> {

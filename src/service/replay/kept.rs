@@ -1,16 +1,10 @@
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use http::header::CONTENT_LENGTH;
 use http::HeaderMap;
 
 use super::{NotReplayable, ReplayBuffer, Replays};
 use crate::ReplayBody;
-
-/// Longest wait, after the backoff, for the last attempt's transport to let go of a recorded
-/// body. hyper drops a body as it reports the attempt's failure, so this is a bound for inner
-/// services that keep a request after failing it, not a wait in the common case.
-pub(crate) const LET_GO_WAIT: Duration = Duration::from_secs(1);
 
 /// What the layer keeps to send a request's body again.
 pub(crate) enum Kept<B> {

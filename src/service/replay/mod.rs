@@ -36,11 +36,10 @@
 mod body;
 mod kept;
 mod recorded;
-mod refusal;
 mod tape;
 
+pub use crate::attempts::NotReplayable;
 pub use body::Replayable;
-pub(crate) use kept::{keep_stream, Kept, LET_GO_WAIT};
+pub(crate) use kept::{keep_stream, Kept};
 pub(crate) use recorded::Replays;
 pub use recorded::{Recorded, ReplayBuffer};
-pub use refusal::NotReplayable;

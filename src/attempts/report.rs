@@ -3,9 +3,9 @@ use std::time::{Duration, SystemTime};
 
 use http::StatusCode;
 
+use super::NotReplayable;
 use crate::classify::{FailureClass, RequestVerdict};
 use crate::policy::StopReason;
-use crate::service::NotReplayable;
 
 /// One attempt, as the report keeps it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,10 +6,10 @@ use std::time::SystemTime;
 
 use http::Method;
 
+use super::{NotReplayable, RetryReport};
 use crate::classify::Symptom;
 use crate::classify::{FailureClass, Idempotency};
 use crate::policy::StopReason;
-use crate::service::{NotReplayable, RetryReport};
 use crate::target::Target;
 use crate::BoxError;
 
