@@ -164,6 +164,8 @@ pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest;
 pub mod resume;
+#[cfg(feature = "server")]
+#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
 pub mod server;
 pub mod service;
 mod target;
