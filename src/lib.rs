@@ -133,6 +133,8 @@
 //! [`RetryReport::may_have_been_applied`] (or [`Error::is_ambiguous`], or
 //! [`MayHaveBeenApplied`] of any of them).
 //!
+#![doc = include_str!("docs/spans.md")]
+//!
 //! # Cargo features
 //!
 //! - `h2` (default): classify HTTP/2 `REFUSED_STREAM` resets as *not sent*. A remote `GOAWAY`
@@ -140,9 +142,18 @@
 //! - `reqwest-middleware`: the reqwest-middleware adapter, reqwest error classification, and
 //!   `reqwest::Body` as a [`ReplayBody`] (hyper-util's `Client<_, reqwest::Body>` behind the
 //!   layer).
-//! - `redis`: `server::RedisStore`, idempotency keys shared by a fleet through Redis.
-//! - `axum`: `server::AxumIdempotencyLayer` (`IdempotencyLayer::for_axum`), to wrap a whole
-//!   axum 0.8 `Router` for `axum::serve`, and axum's `Body` as a [`ReplayBody`].
+//! - `tonic`: gRPC over tonic 0.14 (the `grpc` module): `tonic::body::Body`
+//!   as a [`ReplayBody`], calls classified by `grpc-status`, verdicts from a proto's
+//!   `idempotency_level`, this crate's error as a `tonic::Status`.
+//! - `server`: the server half, `server::IdempotencyLayer` over `server::MemoryStore`. A
+//!   client-only build compiles none of it (nor SHA-256).
+//! - `redis` (implies `server`): `server::RedisStore`, idempotency keys shared by a fleet
+//!   through Redis.
+//! - `postgres` (implies `server`): `server::PostgresStore` in lease mode, and atomic mode
+//!   (the key committed in the handler's own transaction), over sqlx 0.8.
+//! - `axum`: axum's `Body` as a [`ReplayBody`]; with `server`, `server::AxumIdempotencyLayer`
+//!   (`IdempotencyLayer::for_axum`) to wrap a whole axum 0.8 `Router` for `axum::serve`, and
+//!   extractors for the request's key.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -171,20 +182,29 @@ pub mod service;
 mod target;
 mod timed_out;
 
+#[doc(inline)]
 pub use attempts::{Error, MayHaveBeenApplied};
+#[doc(inline)]
 pub use budget::LockFreeBudget;
+#[doc(inline)]
 pub use classify::{
     classify_error, Classification, FailureClass, Idempotency, NoRetry, RequestVerdict,
     VerdictSource,
 };
+#[doc(inline)]
 pub use hedge::Hedge;
+#[doc(inline)]
 pub use peek::{PeekBody, PeekBodyLayer, PeekedBody};
+#[doc(inline)]
 pub use policy::{
     AttemptEvent, BuildError, Decision, RequestOptions, RetryPolicy, RetryPolicyBuilder, StopReason,
 };
 #[cfg(feature = "reqwest-middleware")]
+#[doc(inline)]
 pub use reqwest::{PeekBodyMiddleware, ReadWholeMiddleware, RetrySafetyMiddleware};
+#[doc(inline)]
 pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
+#[doc(inline)]
 pub use service::{
     attempt_number, AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable,
     ResponseFuture, RetryReport, RetrySafety,

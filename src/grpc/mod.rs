@@ -76,6 +76,7 @@
 //!   its trailers (its `grpc-status`), and answers a gRPC call's conflicts as gRPC statuses
 //!   (a key in flight: `ABORTED` with `grpc-retry-pushback-ms`; a key reused with another
 //!   call, or malformed: `INVALID_ARGUMENT`).
+#![doc = include_str!("../docs/grpc.md")]
 
 mod body;
 mod status;

@@ -65,6 +65,8 @@ const FLOOR: Duration = Duration::from_millis(1);
 /// assert_eq!(err.unwrap_err().setting_name(), "hedge");
 /// # Ok::<(), tower_retry_safety::BuildError>(())
 /// ```
+///
+#[doc = include_str!("../docs/hedging.md")]
 #[derive(Clone, Debug, PartialEq)]
 pub struct Hedge {
     fixed: Option<Duration>,

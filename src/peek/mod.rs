@@ -3,6 +3,7 @@
 //! knows the API can tell the layer what the response means (a 200 whose JSON says "rate
 //! limited", a documented "not processed" code). The reqwest-middleware counterpart is
 //! `PeekBodyMiddleware` (feature `reqwest-middleware`).
+#![doc = include_str!("../docs/peek.md")]
 
 mod body;
 pub(crate) mod classifier;

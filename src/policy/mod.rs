@@ -1,5 +1,6 @@
 //! [`RetryPolicy`]: the settings and the decision, shared by the tower layer and the
 //! reqwest-middleware adapter.
+#![doc = include_str!("../docs/policy.md")]
 
 mod builder;
 mod decision;

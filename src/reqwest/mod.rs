@@ -92,6 +92,8 @@ use crate::{BoxError, Error, RetryPolicy};
 /// # drop(client);
 /// # Ok::<(), tower_retry_safety::BuildError>(())
 /// ```
+///
+#[doc = include_str!("../docs/reqwest.md")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest-middleware")))]
 #[derive(Clone, Debug)]
 pub struct RetrySafetyMiddleware {

@@ -18,6 +18,7 @@
 //! # let _ = svc;
 //! # Ok(()) }
 //! ```
+#![doc = include_str!("../docs/read_whole.md")]
 
 mod body;
 pub(crate) mod cut;

@@ -167,6 +167,7 @@
 //!
 //! `examples/axum.rs` in the repository runs one, with a client that retries its writes
 //! through it (`cargo run --example axum --features axum`).
+#![doc = include_str!("../docs/server.md")]
 
 #[cfg(feature = "axum")]
 mod axum;

@@ -35,6 +35,7 @@
 //! with OpenTelemetry's HTTP client fields and the crate's decisions, entered around the inner
 //! service's `call` and every poll; [`attempt_number`] reads an attempt's number further in.
 //! Without a subscriber that wants INFO spans, none is made.
+#![doc = include_str!("../docs/bodies.md")]
 
 mod body;
 mod future;
