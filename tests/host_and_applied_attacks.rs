@@ -158,7 +158,6 @@ fn host_header_spellings_reach_a_port_scoped_rule() {
 /// (fail closed: the request may be for that port); before the fix it was skipped and the
 /// PUT was called idempotent by its method.
 #[test]
-#[ignore = "defect: a Host header without a port skips a NonIdempotent rule scoped to that host on a port: the PUT is classified Idempotent (by its method)"]
 fn a_port_scoped_write_rule_holds_when_the_host_header_has_no_port() {
     let policy = builder()
         .route_for_host(
@@ -200,7 +199,6 @@ fn a_port_scoped_write_rule_holds_when_the_host_header_has_no_port() {
 /// From the adversarial review of the host/applied change: `for_origin` with a host alone
 /// gives no port; a `NonIdempotent` rule scoped to that host on a port must still hold.
 #[test]
-#[ignore = "defect: for_origin with a host alone skips a NonIdempotent rule scoped to that host on a port: the PUT is classified Idempotent"]
 fn a_port_scoped_write_rule_holds_with_an_origin_without_a_port() {
     let policy = builder()
         .route_for_host(
@@ -503,7 +501,6 @@ fn entry(id: &str) -> Entry {
 /// each call, then answers UNAVAILABLE. Before the fix the port-scoped rule was skipped (the
 /// origin has no port) and each call was applied twice.
 #[tokio::test]
-#[ignore = "defect: for_origin(\"127.0.0.1\") skips a write rule scoped to 127.0.0.1:<port>: the first Put is retried after UNAVAILABLE and applied twice (Receipt applied: 2)"]
 async fn a_port_scoped_write_rule_holds_over_a_channel_with_an_origin_without_a_port() {
     let (addr, lab) = grpc_lab::serve().await;
     let policy = builder()
@@ -626,7 +623,6 @@ async fn a_servers_trailers_only_claim_of_not_applied_is_overwritten() {
 /// the caller: "not applied" for a write the server received. Fixed: the layer marks every
 /// failed trailers-only answer to a gRPC call.
 #[tokio::test]
-#[ignore = "defect: a failed trailers-only answer without a gRPC content-type keeps the server's retry-safety-may-have-been-applied: false; the write is reported not applied (1 call)"]
 async fn a_servers_claim_of_not_applied_without_a_grpc_content_type_is_overwritten() {
     let (status, calls) = append_against(Answer::TrailersOnlyWithoutContentType).await;
     assert_eq!(calls, 1);
