@@ -164,12 +164,15 @@ pub(crate) const MAY_HAVE_BEEN_APPLIED: HeaderName =
 
 /// Puts the report's gist in a trailers-only failure's headers, which tonic turns into its
 /// `Status`'s metadata (the response's extensions, and so the report, do not reach it): a
-/// caller's own retry loop can tell a suppressed write from a call that never ran.
+/// caller's own retry loop can tell a suppressed write from a call that never ran. Called for
+/// a gRPC call's response whatever its `content-type`: tonic makes its `Status` from a failed
+/// `grpc-status` in the headers without looking at it, so a server's own
+/// `retry-safety-may-have-been-applied` must never reach the caller.
 pub(crate) fn mark_status(headers: &mut HeaderMap, attempts: u32, may_have_been_applied: bool) {
     let failed = headers
         .get(GRPC_STATUS)
         .is_some_and(|v| v.as_bytes() != b"0");
-    if !failed || !is_grpc(headers) {
+    if !failed {
         return;
     }
     headers.insert(ATTEMPTS, HeaderValue::from(attempts));

@@ -71,6 +71,15 @@ impl HostRoutes {
     ) -> Option<Idempotency> {
         let mut any_port = None;
         for (scope, table) in &self.0 {
+            if host.port.is_none() && scope.port.is_some() && *scope.host == *host.host {
+                // The request names this host but not its port (a `Host` header without one,
+                // an origin given as a host): it may be for the scope's port. A rule there that
+                // calls it a write holds (fail closed); one that calls it idempotent does not.
+                if let Some(rule @ Idempotency::NonIdempotent) = table.lookup(method, path) {
+                    return Some(rule);
+                }
+                continue;
+            }
             if !scope.covers(&host.host, host.port) {
                 continue;
             }

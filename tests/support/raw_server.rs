@@ -149,6 +149,10 @@ impl Raw {
     pub fn writes(&self) -> u32 {
         self.counts.writes.load(Ordering::SeqCst)
     }
+    /// The requests seen so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.counts.seen.lock().unwrap().clone()
+    }
 }
 
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
