@@ -343,7 +343,7 @@ fn the_host_unknown_warning_shows_no_query_or_header_value() {
 /// calls the PUT a write must hold: where spellings disagree the stricter verdict wins
 /// (DESIGN §2.1). The layer reads only the URI's host, so the PUT is sent 3 times.
 #[tokio::test]
-#[ignore = "defect: a URI host and a disagreeing Host header: the write rule scoped to the Host header's host is skipped, the PUT is sent 3 times (expected 1)"]
+
 async fn a_write_rule_for_the_host_header_holds_when_the_uri_names_another_host() {
     let server = closing_server().await;
     let policy = builder()
@@ -375,7 +375,7 @@ async fn a_write_rule_for_the_host_header_holds_when_the_uri_names_another_host(
 /// From the adversarial review of the host/applied change: the same attack through the
 /// reqwest middleware (a `Host` header set on the request, the URL naming the address).
 #[tokio::test]
-#[ignore = "defect: reqwest: a Host header naming a host with a write rule, the URL naming another: the PUT is sent 3 times (expected 1)"]
+
 async fn through_reqwest_a_write_rule_for_the_host_header_holds_when_the_url_names_another_host() {
     use reqwest_middleware::ClientBuilder;
     use tower_retry_safety::RetrySafetyMiddleware;
@@ -637,7 +637,7 @@ async fn a_servers_claim_of_not_applied_without_a_grpc_content_type_is_overwritt
 /// metadata, so a write the server received is reported "not applied". The docs say such a
 /// status "says nothing the layer knows: true".
 #[tokio::test]
-#[ignore = "defect: a server's `retry-safety-may-have-been-applied: false` in trailers reaches tonic::Status: may_have_been_applied() is false for a write the server received (1 call)"]
+
 async fn a_servers_claim_of_not_applied_in_trailers_is_not_believed() {
     let (status, calls) = append_against(Answer::Trailers).await;
     assert_eq!(calls, 1);

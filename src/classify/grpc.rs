@@ -182,6 +182,24 @@ pub(crate) fn mark_status(headers: &mut HeaderMap, attempts: u32, may_have_been_
         "false"
     };
     headers.insert(MAY_HAVE_BEEN_APPLIED, HeaderValue::from_static(applied));
+    headers.insert(MARK, process_mark().clone());
+}
+
+/// Metadata of a failed call's status: this process's mark, put beside the layer's answer.
+/// A server can send `retry-safety-may-have-been-applied` itself (in trailers after messages,
+/// which the layer never sees); it cannot send this process's mark, so its claim is not
+/// believed (see `MayHaveBeenApplied for tonic::Status`).
+pub(crate) const MARK: HeaderName = HeaderName::from_static("retry-safety-mark");
+
+/// A random value made once per process: what [`MARK`] carries.
+pub(crate) fn process_mark() -> &'static HeaderValue {
+    static MARK_VALUE: std::sync::OnceLock<HeaderValue> = std::sync::OnceLock::new();
+    MARK_VALUE.get_or_init(|| {
+        let mut text = [0u8; uuid::fmt::Simple::LENGTH];
+        uuid::Uuid::new_v4().simple().encode_lower(&mut text);
+        // Hex digits: always a valid header value.
+        HeaderValue::from_bytes(&text).unwrap_or(HeaderValue::from_static("unmarked"))
+    })
 }
 
 /// Writes what a gRPC server reads about this attempt: the time left as its `grpc-timeout`,

@@ -177,15 +177,43 @@ fn number(part: &str) -> Option<u64> {
 
 /// The host a request is for, and the port it reaches: from its URI, or for a request in
 /// origin form (`/v1/send`, as hyper's connection-level client sends them) from its `Host`
-/// header.
+/// header. `None` when neither names one, and when both do and disagree: the server may route
+/// by either, so the request's host is not known (rules scoped to hosts then fail closed).
 pub(crate) fn of_request<'a>(
     uri: &'a http::Uri,
     headers: &'a http::HeaderMap,
 ) -> Option<(&'a str, Option<u16>)> {
-    if let Some(host) = uri.host() {
-        return Some((host, effective_port(uri)));
+    let mut all = headers.get_all(http::header::HOST).iter();
+    let header = all.next();
+    if all.next().is_some() {
+        // Two `Host` fields: servers differ on which one counts (or refuse the request).
+        return None;
     }
-    let value = headers.get(http::header::HOST)?.to_str().ok()?;
+    match uri.host() {
+        Some(host) => unless_disagreeing(host, effective_port(uri), header),
+        None => host_header(header?),
+    }
+}
+
+/// `host` and `port` (a URI's or URL's), unless the request's `Host` header names another host
+/// or port: the server may route by either, so the host is then not known (`None`).
+pub(crate) fn unless_disagreeing<'a>(
+    host: &'a str,
+    port: Option<u16>,
+    header: Option<&http::HeaderValue>,
+) -> Option<(&'a str, Option<u16>)> {
+    let Some(value) = header else {
+        return Some((host, port));
+    };
+    let (other, other_port) = host_header(value)?;
+    let agree = canonical(host) == canonical(other) && other_port.is_none_or(|p| Some(p) == port);
+    agree.then_some((host, port))
+}
+
+/// A `Host` header's host and port; `None` if it is empty or not visible ASCII (HTTP parsers
+/// trim the spaces around a field value, so this does too).
+pub(crate) fn host_header(value: &http::HeaderValue) -> Option<(&str, Option<u16>)> {
+    let value = value.to_str().ok()?.trim();
     let (host, port) = match value.rfind(':') {
         // A colon inside brackets is IPv6, not a port.
         Some(i) if !value[i..].contains(']') => (&value[..i], value[i + 1..].parse().ok()),

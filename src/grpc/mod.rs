@@ -81,4 +81,4 @@
 mod body;
 mod status;
 
-pub use status::{into_status, status_of, ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};
+pub use status::{into_status, status_of, ATTEMPTS_KEY, MARK_KEY, MAY_HAVE_BEEN_APPLIED_KEY};

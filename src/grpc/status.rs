@@ -11,6 +11,10 @@ pub const ATTEMPTS_KEY: &str = "retry-safety-attempts";
 /// Metadata key saying whether the call may have been applied (`true` or `false`), in the
 /// same statuses.
 pub const MAY_HAVE_BEEN_APPLIED_KEY: &str = "retry-safety-may-have-been-applied";
+/// Metadata key of this process's mark beside the layer's answer: a random value made once per
+/// process, which a server cannot forge (its own `retry-safety-may-have-been-applied` is then
+/// not believed). Not a secret: it only tells this process's answers from others'.
+pub const MARK_KEY: &str = "retry-safety-mark";
 
 /// The `tonic::Status` a caller gets for `err`.
 ///
@@ -52,6 +56,11 @@ pub fn status_of(err: &Error) -> Status {
     let mut status = Status::new(code, err.to_string());
     let metadata = status.metadata_mut();
     metadata.insert(ATTEMPTS_KEY, MetadataValue::from(err.attempts()));
+    if let Ok(mark) = crate::classify::grpc::process_mark().to_str() {
+        if let Ok(mark) = mark.parse() {
+            metadata.insert(MARK_KEY, mark);
+        }
+    }
     metadata.insert(
         MAY_HAVE_BEEN_APPLIED_KEY,
         MetadataValue::from_static(if err.may_have_been_applied() {
@@ -78,9 +87,10 @@ impl From<Error> for Status {
 /// "May this call have been applied?", asked of the `Status` a generated client returns, as an
 /// HTTP caller asks it of [`Error`]: the layer's answer from the status's
 /// [`MAY_HAVE_BEEN_APPLIED_KEY`] metadata (put there by [`status_of`] and on a failed status
-/// the server answered). A status without it (made by tonic or another layer, or sent by the
-/// server after messages) says nothing the layer knows: `true`, as for any error this crate
-/// cannot see into.
+/// the server answered), beside a mark that only this process's layer writes. A status without
+/// them (made by tonic or another layer, sent by the server after messages, or by a layer of
+/// another process) says nothing the layer knows: `true`, as for any error this crate cannot
+/// see into. A server cannot make a call look "not applied" by sending the key itself.
 ///
 /// ```
 /// use tower_retry_safety::MayHaveBeenApplied;
@@ -97,7 +107,11 @@ impl From<Error> for Status {
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl MayHaveBeenApplied for Status {
     fn may_have_been_applied(&self) -> bool {
-        let answer = self.metadata().get(MAY_HAVE_BEEN_APPLIED_KEY);
-        answer.is_none_or(|value| value.as_bytes() != b"false")
+        let metadata = self.metadata();
+        let ours = metadata.get(MARK_KEY).is_some_and(|mark| {
+            mark.as_bytes() == crate::classify::grpc::process_mark().as_bytes()
+        });
+        let answer = metadata.get(MAY_HAVE_BEEN_APPLIED_KEY);
+        !ours || answer.is_none_or(|value| value.as_bytes() != b"false")
     }
 }

@@ -125,7 +125,14 @@ impl Middleware for RetrySafetyMiddleware {
         let mut plan = Plan::new(
             policy,
             req.method(),
-            || Some((req.url().host_str()?, req.url().port_or_known_default())),
+            || {
+                let (url, host) = (req.url(), req.headers().get(http::header::HOST));
+                crate::classify::host::unless_disagreeing(
+                    url.host_str()?,
+                    url.port_or_known_default(),
+                    host,
+                )
+            },
             req.url().path(),
             req.headers(),
             extensions,

@@ -228,3 +228,37 @@ fn an_unknown_host_is_warned_about_once() {
         "{text}"
     );
 }
+
+/// A request whose URI and `Host` header name different hosts, or that carries two `Host`
+/// fields, has no known host: the server may route by either, so a write rule for either holds
+/// (fail closed). A `Host` header with spaces around its value is that host (parsers trim them).
+/// From the adversarial review of the host-unknown change.
+#[test]
+fn disagreeing_or_repeated_host_fields_make_the_host_unknown() {
+    use crate::Idempotency;
+    let policy = RetryPolicy::builder()
+        .route_for_host("api.test", Method::PUT, "/v1/send", Idempotency::NonIdempotent)
+        .build()
+        .unwrap();
+    let put = |uri: &str, hosts: &[&str]| {
+        let mut b = http::Request::put(uri);
+        for h in hosts {
+            b = b.header(http::header::HOST, *h);
+        }
+        policy.classify(&b.body(()).unwrap())
+    };
+    let disagree = put("http://127.0.0.1:8080/v1/send", &["api.test"]);
+    assert!(disagree.host_unknown());
+    assert_eq!(disagree.idempotency(), Idempotency::NonIdempotent);
+    let twice = put("/v1/send", &["other.test", "api.test"]);
+    assert!(twice.host_unknown());
+    assert_eq!(twice.idempotency(), Idempotency::NonIdempotent);
+    let agree = put("http://API.test/v1/send", &["api.test:80"]);
+    assert!(!agree.host_unknown());
+    assert_eq!(agree.idempotency(), Idempotency::NonIdempotent);
+    let spaced = put("/v1/send", &[" api.test "]);
+    assert!(!spaced.host_unknown());
+    assert_eq!(spaced.idempotency(), Idempotency::NonIdempotent);
+    let elsewhere = put("http://other.test/v1/send", &["other.test"]);
+    assert_eq!(elsewhere.idempotency(), Idempotency::Idempotent);
+}
