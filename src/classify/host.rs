@@ -195,8 +195,10 @@ pub(crate) fn of_request<'a>(
     }
 }
 
-/// `host` and `port` (a URI's or URL's), unless the request's `Host` header names another host
-/// or port: the server may route by either, so the host is then not known (`None`).
+/// `host` and `port` (a URI's or URL's), unless the request's `Host` header names another host:
+/// the server may route by either, so the host is then not known (`None`). A `Host` that names
+/// the same host on another port keeps the URI's port, the one the request reaches: a proxy
+/// forwards requests with the `Host` its clients sent (its own address).
 pub(crate) fn unless_disagreeing<'a>(
     host: &'a str,
     port: Option<u16>,
@@ -205,9 +207,8 @@ pub(crate) fn unless_disagreeing<'a>(
     let Some(value) = header else {
         return Some((host, port));
     };
-    let (other, other_port) = host_header(value)?;
-    let agree = canonical(host) == canonical(other) && other_port.is_none_or(|p| Some(p) == port);
-    agree.then_some((host, port))
+    let (other, _) = host_header(value)?;
+    (canonical(host) == canonical(other)).then_some((host, port))
 }
 
 /// A `Host` header's host and port; `None` if it is empty or not visible ASCII (HTTP parsers
