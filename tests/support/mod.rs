@@ -9,4 +9,6 @@ pub mod read_whole;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod script;
+pub mod soak;
 pub mod spans;
+pub mod trickle;
