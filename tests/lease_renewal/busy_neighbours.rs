@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tower::Layer;
 use tower_retry_safety::server::{
     Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
@@ -29,6 +29,7 @@ use tower_retry_safety::server::{
 
 const LEASE: Duration = Duration::from_millis(400);
 
+use crate::support::runtime_server::{runtime, serve_on, Flavour, Server};
 use crate::SERIAL;
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -116,26 +117,6 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Flavour {
-    CurrentThread,
-    MultiThread,
-}
-
-fn runtime(flavour: Flavour) -> tokio::runtime::Runtime {
-    match flavour {
-        Flavour::CurrentThread => tokio::runtime::Builder::new_current_thread(),
-        Flavour::MultiThread => {
-            let mut b = tokio::runtime::Builder::new_multi_thread();
-            b.worker_threads(2);
-            b
-        }
-    }
-    .enable_all()
-    .build()
-    .expect("runtime")
-}
-
 /// What the handlers share with the test: runs per key, and the gates that hold them.
 #[derive(Default)]
 struct Lab {
@@ -192,20 +173,6 @@ async fn handle(lab: Arc<Lab>, stretch: Duration, key: String) -> Response<Full<
     Response::new(Full::new(Bytes::from(format!("done {key}"))))
 }
 
-struct Server {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// Serves the layer `make` returns (made on the server's runtime) over loopback from a
 /// runtime of `flavour` on a thread of its own.
 fn serve<St, F, Fut>(
@@ -219,50 +186,14 @@ where
     Fut: Future<Output = IdempotencyLayer<St>>,
     St: IdempotencyStore,
 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let addr = listener.local_addr().expect("addr");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        runtime(flavour).block_on(async move {
-            let layer = make().await;
-            let svc = layer.layer(tower::service_fn(move |req: Request<_>| {
-                let lab = lab.clone();
-                let key = key_of(&req);
-                async move { Ok::<_, Infallible>(handle(lab, stretch, key).await) }
-            }));
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            let accept = async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
-                    let svc = svc.clone();
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(
-                            move |req: Request<hyper::body::Incoming>| {
-                                tower::ServiceExt::oneshot(svc.clone(), req)
-                            },
-                        );
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
-                }
-            };
-            tokio::select! {
-                _ = accept => {}
-                _ = stop_rx => {}
-            }
-        });
-    });
-    (
-        addr,
-        Server {
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        },
-    )
+    serve_on(flavour, move || async move {
+        let layer = make().await;
+        layer.layer(tower::service_fn(move |req: Request<_>| {
+            let lab = lab.clone();
+            let key = key_of(&req);
+            async move { Ok::<_, Infallible>(handle(lab, stretch, key).await) }
+        }))
+    })
 }
 
 type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;

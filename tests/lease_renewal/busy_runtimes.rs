@@ -4,6 +4,7 @@
 //! them with `--ignored`). From the review, round 2, of lease renewal (08a8b2f).
 #![cfg(all(feature = "postgres", feature = "redis"))]
 
+use crate::support::runtime_server::{accept, listener, runtime, Flavour, Server};
 use crate::SERIAL;
 use std::convert::Infallible;
 use std::future::Future;
@@ -17,9 +18,9 @@ use crate::pg::fresh;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tower::{service_fn, Layer};
 use tower_retry_safety::server::{IdempotencyLayer, IdempotencyStore, MemoryStore, RedisStore};
 
@@ -97,28 +98,6 @@ impl http_body::Body for SlowBody {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Flavour {
-    CurrentThread,
-    /// Current-thread, its drivers polled every 4 task polls rather than 61.
-    CurrentThreadEventInterval4,
-    MultiThread,
-}
-
-struct Server {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// Serves a handler doing `work` (counting its runs in the returned counter) behind an
 /// `IdempotencyLayer` (lease `lease`) over the store `make_store` makes, from a runtime of
 /// `flavour` on a thread of its own; `busy` other tasks there work `stretch` between yields
@@ -137,27 +116,10 @@ where
 {
     let applied = Arc::new(AtomicUsize::new(0));
     let counter = applied.clone();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (listener, addr) = listener();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
-        let runtime = match flavour {
-            Flavour::CurrentThread => tokio::runtime::Builder::new_current_thread(),
-            Flavour::CurrentThreadEventInterval4 => {
-                let mut b = tokio::runtime::Builder::new_current_thread();
-                b.event_interval(4);
-                b
-            }
-            Flavour::MultiThread => {
-                let mut b = tokio::runtime::Builder::new_multi_thread();
-                b.worker_threads(2);
-                b
-            }
-        }
-        .enable_all()
-        .build()
-        .unwrap();
+        let runtime = runtime(flavour);
         runtime.block_on(async move {
             let layer = IdempotencyLayer::new(make_store().await).lease(lease);
             let svc = layer.layer(service_fn(move |_req: Request<_>| {
@@ -227,23 +189,7 @@ where
                     }
                 }));
             }
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let accept = async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
-                    let svc = svc.clone();
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                            tower::ServiceExt::oneshot(svc.clone(), req)
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
-                }
-            };
+            let accept = accept(listener, svc);
             tokio::select! {
                 _ = accept => {}
                 _ = stop_rx => {}
@@ -251,14 +197,7 @@ where
             stop.store(true, Ordering::Relaxed);
         });
     });
-    (
-        addr,
-        applied,
-        Server {
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        },
-    )
+    (addr, applied, Server::new(stop_tx, thread))
 }
 
 async fn send(addr: SocketAddr, key: &str) -> (StatusCode, bool) {

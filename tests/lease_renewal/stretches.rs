@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tower::Layer;
 use tower_retry_safety::server::{
     Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
@@ -31,13 +31,8 @@ use tower_retry_safety::server::{
 
 const LEASE: Duration = Duration::from_millis(400);
 
+use crate::support::runtime_server::{serve_on, Flavour, Server};
 use crate::SERIAL;
-
-#[derive(Clone, Copy, Debug)]
-enum Flavour {
-    CurrentThread,
-    MultiThread,
-}
 
 /// A handler that applies its write, then works `stretches` times for `stretch` without
 /// yielding, yielding once between stretches.
@@ -70,84 +65,23 @@ where
     Fut: Future<Output = St>,
 {
     let applied = Arc::new(AtomicUsize::new(0));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let addr = listener.local_addr().expect("addr");
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let counter = applied.clone();
-    let thread = std::thread::spawn(move || {
-        let runtime = match flavour {
-            Flavour::CurrentThread => tokio::runtime::Builder::new_current_thread(),
-            Flavour::MultiThread => {
-                let mut b = tokio::runtime::Builder::new_multi_thread();
-                b.worker_threads(2);
-                b
-            }
-        }
-        .enable_all()
-        .build()
-        .expect("runtime");
-        runtime.block_on(async move {
-            let layer = IdempotencyLayer::new(make_store().await).lease(LEASE);
-            let svc = layer.layer(tower::service_fn(move |_req: Request<_>| {
-                let counter = counter.clone();
-                async move {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    for _ in 0..busy.stretches {
-                        // Work that does not yield: the thread is taken for the stretch.
-                        std::thread::sleep(busy.stretch);
-                        tokio::task::yield_now().await;
-                    }
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+    let (addr, server) = serve_on(flavour, move || async move {
+        let layer = IdempotencyLayer::new(make_store().await).lease(LEASE);
+        layer.layer(tower::service_fn(move |_req: Request<_>| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                for _ in 0..busy.stretches {
+                    // Work that does not yield: the thread is taken for the stretch.
+                    std::thread::sleep(busy.stretch);
+                    tokio::task::yield_now().await;
                 }
-            }));
-            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            let accept = async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
-                    let svc = svc.clone();
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(
-                            move |req: Request<hyper::body::Incoming>| {
-                                tower::ServiceExt::oneshot(svc.clone(), req)
-                            },
-                        );
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
-                }
-            };
-            tokio::select! {
-                _ = accept => {}
-                _ = stop_rx => {}
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
             }
-        });
+        }))
     });
-    (
-        addr,
-        applied,
-        Server {
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        },
-    )
-}
-
-struct Server {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
+    (addr, applied, server)
 }
 
 struct Outcome {

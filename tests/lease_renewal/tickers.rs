@@ -13,30 +13,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::server::{
     Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
     StoredResponse,
 };
 
+use crate::support::runtime_server::{serve_on, Flavour, Server};
 use crate::SERIAL;
-
-struct Server {
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.stop.take());
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
 
 /// Serves the layer `make_layer` builds (on the server's runtime: multi-thread, two workers)
 /// over a handler that applies its write, then works for `work` in steps of `step`, each an
@@ -52,61 +38,22 @@ where
     F: FnOnce() -> IdempotencyLayer<St> + Send + 'static,
 {
     let applied = Arc::new(AtomicUsize::new(0));
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.set_nonblocking(true).unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let counter = applied.clone();
-    let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let layer = make_layer();
-            let svc = layer.layer(tower::service_fn(move |_req: Request<_>| {
-                let counter = counter.clone();
-                async move {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    let end = tokio::time::Instant::now() + work;
-                    while tokio::time::Instant::now() < end {
-                        tokio::time::sleep(step).await;
-                    }
-                    Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+    let (addr, server) = serve_on(Flavour::MultiThread, move || async move {
+        let layer = make_layer();
+        layer.layer(tower::service_fn(move |_req: Request<_>| {
+            let counter = counter.clone();
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let end = tokio::time::Instant::now() + work;
+                while tokio::time::Instant::now() < end {
+                    tokio::time::sleep(step).await;
                 }
-            }));
-            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-            let accept = async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
-                    let svc = svc.clone();
-                    tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-                            tower::ServiceExt::oneshot(svc.clone(), req)
-                        });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
-                }
-            };
-            tokio::select! {
-                _ = accept => {}
-                _ = stop_rx => {}
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
             }
-        });
+        }))
     });
-    (
-        addr,
-        applied,
-        Server {
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        },
-    )
+    (addr, applied, server)
 }
 
 async fn send_keyed(addr: SocketAddr, key: &str) -> (StatusCode, bool) {
