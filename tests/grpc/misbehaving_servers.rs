@@ -934,7 +934,7 @@ async fn redis_keeps_trailers_and_reads_the_older_record_kind() {
     use tower_retry_safety::server::{
         Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
     };
-    let redis = crate::support::redis::TestRedis::start("review-grpc");
+    let redis = crate::support::redis::TestRedis::start("grpc-trailers");
     let store = RedisStore::connect(redis.url())
         .await
         .unwrap()
