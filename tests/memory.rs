@@ -1,5 +1,9 @@
 //! 100,000 requests through the layer (routes, budget, retries, reports, errors) retain no
-//! growing memory: live heap bytes are counted by a global allocator.
+//! growing memory: live heap bytes are counted by a global allocator (a binary of its own).
+//! `RETRY_SAFETY_SOAK=1` runs a million.
+
+#[path = "support/soak.rs"]
+mod soak;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::{ready, Ready};
@@ -77,6 +81,8 @@ fn request(i: u64) -> Request<String> {
 
 #[test]
 fn no_growing_memory_over_100_000_requests() {
+    // 100,000 by default (a second or two); `RETRY_SAFETY_SOAK=1` for a million.
+    let requests: u64 = soak::soak(100_000, 1_000_000);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -104,11 +110,11 @@ fn no_growing_memory_over_100_000_requests() {
         };
         run(5_000, 0).await; // warm up: budget slots, allocator caches
         let before = LIVE.load(Ordering::Relaxed);
-        run(100_000, 5_000).await;
+        run(requests, 5_000).await;
         let after = LIVE.load(Ordering::Relaxed);
         let growth = after - before;
         println!(
-            "memory: live heap {before} bytes before, {after} bytes after 100000 requests \
+            "memory: live heap {before} bytes before, {after} bytes after {requests} requests \
              (growth {growth} bytes, {} inner calls)",
             CALLS.load(Ordering::Relaxed)
         );

@@ -1,5 +1,5 @@
 //! The ledger's arithmetic and windows, one thread at a time (`loom.rs` covers interleavings,
-//! `tests/budget_stress.rs` real threads).
+//! `tests/budget/stress.rs` real threads).
 
 use std::time::Duration;
 

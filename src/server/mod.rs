@@ -65,7 +65,7 @@
 //! others' claims, which are kept; two tasks that wake each other directly (a channel, a
 //! `Notify`), 8 ms of work a turn, keep the queue from emptying and push the timer read to
 //! every 61 polls, about 490 ms, and a claim of a 400 ms lease whose handler waits on I/O
-//! lapses (`tests/lease_renewal.rs` and `tests/review_round2.rs` keep these cases;
+//! lapses (`tests/lease_renewal/stretches.rs` and `tests/lease_renewal/busy_runtimes.rs` keep these cases;
 //! `event_interval(4)` holds the last). Outside a tokio runtime nothing is renewed. Serve keyed
 //! handlers from a multi-thread runtime, or build a current-thread one with a low
 //! `event_interval`; the layer logs a warning that says so, once per runtime, when it first

@@ -88,25 +88,54 @@ impl Drop for TestDb {
     /// Drops the schema on a thread of its own (this may run in a runtime, or while a failed
     /// test unwinds).
     fn drop(&mut self) {
-        let (url, schema) = (self.url.clone(), self.schema.clone());
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let admin = pool_in(&url, "public", 1).await;
-                sqlx::query(&format!("DROP SCHEMA {schema} CASCADE"))
-                    .execute(&admin)
-                    .await
-                    .unwrap();
-                admin.close().await;
-            });
-        })
-        .join();
-        if dropped.is_err() && !std::thread::panicking() {
-            panic!("could not drop the test's schema");
+        drop_schema(&self.url, &format!("DROP SCHEMA {} CASCADE", self.schema));
+    }
+}
+
+/// A schema a test makes beside its own (a tenant's, a decoy), dropped with this guard: at the
+/// test's end, passed or failed. Make it right after the schema.
+pub struct ExtraSchema {
+    url: String,
+    schema: String,
+}
+
+impl ExtraSchema {
+    pub fn guard(db: &TestDb, schema: &str) -> ExtraSchema {
+        ExtraSchema {
+            url: db.url.clone(),
+            schema: schema.to_owned(),
         }
+    }
+}
+
+impl Drop for ExtraSchema {
+    /// Drops the schema unless the test did.
+    fn drop(&mut self) {
+        drop_schema(
+            &self.url,
+            &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.schema),
+        );
+    }
+}
+
+/// Runs `sql` (a `DROP SCHEMA`) on a thread of its own: a drop may run in a runtime, or while a
+/// failed test unwinds.
+fn drop_schema(url: &str, sql: &str) {
+    let (url, sql) = (url.to_owned(), sql.to_owned());
+    let dropped = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let admin = pool_in(&url, "public", 1).await;
+            sqlx::query(&sql).execute(&admin).await.unwrap();
+            admin.close().await;
+        });
+    })
+    .join();
+    if dropped.is_err() && !std::thread::panicking() {
+        panic!("could not drop the test's schema");
     }
 }
 

@@ -8,5 +8,8 @@ pub mod raw_server;
 pub mod read_whole;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod runtime_server;
 pub mod script;
+pub mod soak;
 pub mod spans;
+pub mod trickle;

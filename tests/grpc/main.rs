@@ -1,0 +1,16 @@
+//! gRPC over tonic: the client layer on a real `Channel`, the server's `IdempotencyLayer` in
+//! front of a tonic server, and servers that misbehave.
+
+#[path = "../support/grpc/mod.rs"]
+mod grpc_lab;
+#[cfg(feature = "postgres")]
+#[path = "../pg/mod.rs"]
+mod pg;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod client_calls;
+mod hosts;
+mod misbehaving_servers;
+mod server_layer;
+mod unknown_hosts_and_reads;

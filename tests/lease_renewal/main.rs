@@ -1,0 +1,20 @@
+//! A claim's lease renewed while its handler runs: handlers in stretches, busy neighbours,
+//! busy runtimes, and the ticker on its runtime. The tests time real work against real leases:
+//! they take `SERIAL`, one at a time.
+
+use std::sync::Mutex;
+
+/// The renewal tests time real work against real leases: one at a time, in every module.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+#[path = "../support/mod.rs"]
+mod support;
+
+#[cfg(feature = "postgres")]
+#[path = "../pg/mod.rs"]
+mod pg;
+
+mod busy_neighbours;
+mod busy_runtimes;
+mod stretches;
+mod tickers;

@@ -1,0 +1,8 @@
+//! The policy owns the time: deadlines, per-attempt timeouts, request options, and what each
+//! resend and hedge carries.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod deadlines_and_timeouts;
+mod resend_heads_and_deadlines;
