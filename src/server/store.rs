@@ -308,7 +308,10 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
-    /// Extend the lease of `claim` on `key` to `lease` from now, if it still holds the key.
+    /// Extend the lease of `claim` on `key` to `lease` from now, if it still holds the key. On
+    /// a record this very claim completed, a store may succeed and change nothing (the claim's
+    /// owner holds the key while it sends a completion the store could not confirm again) or
+    /// refuse as fenced.
     fn renew(
         &self,
         key: &str,
@@ -319,8 +322,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Record the response of the request that claimed `key` under `claim` (with
     /// `fingerprint`), kept for `ttl`, if the claim still holds the key or nothing does (its
     /// lease ran out and no other claim took the key since: the outcome is kept, not lost).
-    /// If another claim or a completed record holds the key, fail with
-    /// [`StoreError::fenced`] and change nothing.
+    /// If another claim, or a record another claim completed, holds the key, fail with
+    /// [`StoreError::fenced`] and change nothing. The record this very claim completed may be
+    /// written again or refused as fenced: a store that confirms its writes apart from them
+    /// (`RedisStore` waiting for replicas) writes it again, so that a completion it could not
+    /// confirm is sent again — on a new primary after a failover, where the key may still
+    /// hold the claim.
     fn complete(
         &self,
         key: &str,
