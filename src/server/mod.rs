@@ -94,7 +94,7 @@
 //! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice); while too few replicas answer, keyed requests get 503 and run nothing |
 //! | the same through Sentinel (`RedisStore::sentinel`), or an address that follows the promotion | as above | as above, and a claim's owner renews and stores its outcome on the new primary; on an address held to the old node, its outcome is lost and the key runs again once its lease ends |
 //! | a partitioned old primary still taking writes (split brain) | — | waiting, it cannot confirm (its replicas follow the new primary): 503, nothing run; not waiting, its writes are discarded when it rejoins |
-//! | Redis Cluster | not supported by `RedisStore` yet: its scripts touch one key each, ready for it | — |
+//! | Redis Cluster (`RedisStore::cluster`), waiting for *n* replicas of the key's primary (default: 1 when every primary has one) | as each primary's persistence | per shard, as a primary with replicas waited for: the cluster promotes a replica of the failed primary and the client follows (`MOVED`); not waiting, a write the promoted replica lacked is lost |
 //! | PostgreSQL, lease mode | nothing committed is lost (`synchronous_commit` on) | asynchronous standby: the last commits can be lost, like a replica not waited for; synchronous standby: nothing committed is lost |
 //! | PostgreSQL, atomic mode | a crash before commit rolls back the key and the handler's writes together: nothing runs twice, no lease window | asynchronous standby: a lost commit loses the key *and* the effects in the same transaction (consistent, but an effect outside the database — an email — can repeat); synchronous standby: nothing committed is lost |
 //!
@@ -123,8 +123,8 @@
 //! # Stores
 //!
 //! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
-//! shares keys across a fleet, on one Redis, a primary with replicas it waits for, or through
-//! Sentinel. `PostgresStore` (feature `postgres`) does too, and has an
+//! shares keys across a fleet, on one Redis, a primary with replicas it waits for, through
+//! Sentinel, or on a Redis Cluster. `PostgresStore` (feature `postgres`) does too, and has an
 //! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's record commits in the
 //! handler's own database transaction: a crash before the commit rolls back the key and the
 //! handler's writes together, so the windows of the lease below do not exist for effects in

@@ -22,6 +22,7 @@ enum Target {
         sentinels: Vec<String>,
         master: String,
     },
+    Cluster(Vec<String>),
 }
 
 /// Settings of a [`RedisStore`], checked when it [connects](Self::connect). From
@@ -42,6 +43,7 @@ impl fmt::Debug for RedisStoreBuilder {
         let through = match self.target {
             Target::Fixed(_) => "one address",
             Target::Sentinel { .. } => "Sentinel",
+            Target::Cluster(_) => "Redis Cluster",
         };
         f.debug_struct("RedisStoreBuilder")
             .field("through", &through)
@@ -80,6 +82,16 @@ impl RedisStoreBuilder {
                 .collect(),
             master: master.to_owned(),
         })
+    }
+
+    pub(super) fn cluster<I, U>(nodes: I) -> Self
+    where
+        I: IntoIterator<Item = U>,
+        U: AsRef<str>,
+    {
+        Self::new(Target::Cluster(
+            nodes.into_iter().map(|u| u.as_ref().to_owned()).collect(),
+        ))
     }
 
     /// How long connecting to Redis, and a call's answer, may take before the call fails and
@@ -128,8 +140,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects, reads the primary's replication state (`INFO replication`), and checks the
-    /// settings against it. Fails if an address is invalid, Redis (or every Sentinel) does not
+    /// Connects, reads the primary's replication state (`INFO replication`; a cluster's
+    /// `CLUSTER NODES`, counting the replicas of the primary that has the fewest), and checks
+    /// the settings against it. Fails if an address is invalid, Redis (or every Sentinel) does not
     /// answer, the node is not a primary, or the settings cannot be met: the error names the
     /// setting.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
@@ -138,7 +151,68 @@ impl RedisStoreBuilder {
                 "RedisStoreBuilder::replica_timeout(0): must be above zero (WAIT 0 waits forever)",
             ));
         }
-        let source = match &self.target {
+        let replica_ms = u64::try_from(self.replica_timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let waited = self.timeout.saturating_add(self.replica_timeout);
+        // The role check runs on a link of one connection with the plain timeout.
+        let probe = Link::new(self.source(self.timeout).await?, config(self.timeout), 1);
+        let (primary, connected) = match probe.cluster_nodes().await {
+            Some(nodes) => (true, fewest_replicas(&nodes.map_err(StoreError::new)?)),
+            None => match probe.info_replication().await {
+                Ok(info) => replication(&info),
+                // A service that denies `INFO` (an ACL): an explicit setting is taken as it is.
+                Err(err)
+                    if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) =>
+                {
+                    match self.replicas {
+                        Some(n) => (true, n),
+                        None => {
+                            return Err(StoreError::new(
+                                "the Redis user may not run INFO, so the replicas to wait for cannot be found: set RedisStoreBuilder::wait_for_replicas",
+                            ))
+                        }
+                    }
+                }
+                Err(err) => return Err(StoreError::new(err)),
+            },
+        };
+        if !primary {
+            return Err(StoreError::new(
+                "the Redis node is a replica, not a primary: connect to the primary (or through Sentinel)",
+            ));
+        }
+        let replicas = match self.replicas {
+            Some(n) if n > connected => {
+                return Err(StoreError::new(format!(
+                    "RedisStoreBuilder::wait_for_replicas({n}): the primary has {connected} replica(s) connected"
+                )));
+            }
+            Some(n) => n,
+            None => connected.min(1),
+        };
+        let link = match (replicas, &self.target) {
+            (0, _) => probe,
+            // The cluster connection's timeouts are its own: made again with room for `WAIT`.
+            (_, Target::Cluster(_)) => Link::new(self.source(waited).await?, config(waited), 1),
+            _ => probe.with(config(waited), WAITING_CONNECTIONS),
+        };
+        Ok(RedisStore {
+            link: Arc::new(link),
+            prefix: self.prefix,
+            replicas,
+            replica_timeout_ms: replica_ms,
+            complete: Script::new(COMPLETE),
+            renew: Script::new(RENEW),
+            release: Script::new(RELEASE),
+        })
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Where the primary is; a cluster's connection, made with `timeout`.
+    async fn source(&self, timeout: Duration) -> Result<Source, StoreError> {
+        Ok(match &self.target {
             Target::Fixed(url) => {
                 Source::Fixed(redis::Client::open(url.as_str()).map_err(|e| {
                     StoreError::new(format!("the Redis URL is invalid: {}", e.category()))
@@ -161,57 +235,52 @@ impl RedisStoreBuilder {
                 })?;
                 Source::Sentinel(tokio::sync::Mutex::new(client))
             }
-        };
-        let replica_ms = u64::try_from(self.replica_timeout.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        // The role check runs on a link of one connection with the plain timeout.
-        let probe = Link::new(source, config(self.timeout), 1);
-        let (primary, connected) = match probe.info_replication().await {
-            Ok(info) => replication(&info),
-            // A service that denies `INFO` (an ACL): an explicit setting is taken as it is.
-            Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
-                match self.replicas {
-                    Some(n) => (true, n),
-                    None => {
-                        return Err(StoreError::new(
-                            "the Redis user may not run INFO, so the replicas to wait for cannot be found: set RedisStoreBuilder::wait_for_replicas",
-                        ))
-                    }
+            Target::Cluster(nodes) => {
+                if nodes.is_empty() {
+                    return Err(StoreError::new(
+                        "RedisStore::cluster: no node address was given",
+                    ));
                 }
+                let client =
+                    redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+                        .connection_timeout(timeout)
+                        .response_timeout(timeout)
+                        .build()
+                        .map_err(|e| {
+                            StoreError::new(format!(
+                                "a cluster node URL is invalid: {}",
+                                e.category()
+                            ))
+                        })?;
+                Source::Cluster(
+                    client
+                        .get_async_connection()
+                        .await
+                        .map_err(StoreError::new)?,
+                )
             }
-            Err(err) => return Err(StoreError::new(err)),
-        };
-        if !primary {
-            return Err(StoreError::new(
-                "the Redis node is a replica, not a primary: connect to the primary (or through Sentinel)",
-            ));
-        }
-        let replicas = match self.replicas {
-            Some(n) if n > connected => {
-                return Err(StoreError::new(format!(
-                    "RedisStoreBuilder::wait_for_replicas({n}): the primary has {connected} replica(s) connected"
-                )));
-            }
-            Some(n) => n,
-            None => connected.min(1),
-        };
-        let link = if replicas == 0 {
-            probe
-        } else {
-            let waited = self.timeout.saturating_add(self.replica_timeout);
-            probe.with(config(waited), WAITING_CONNECTIONS)
-        };
-        Ok(RedisStore {
-            link: Arc::new(link),
-            prefix: self.prefix,
-            replicas,
-            replica_timeout_ms: replica_ms,
-            complete: Script::new(COMPLETE),
-            renew: Script::new(RENEW),
-            release: Script::new(RELEASE),
         })
     }
+}
+
+/// The fewest replicas (not failed) of any primary that serves slots, in `CLUSTER NODES`.
+fn fewest_replicas(nodes: &str) -> u32 {
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .filter(|f: &Vec<&str>| f.len() >= 8)
+        .collect();
+    lines
+        .iter()
+        .filter(|f| f[2].contains("master") && !f[2].contains("fail") && f.len() > 8)
+        .map(|primary| {
+            lines
+                .iter()
+                .filter(|f| f[2].contains("slave") && !f[2].contains("fail") && f[3] == primary[0])
+                .count() as u32
+        })
+        .min()
+        .unwrap_or(0)
 }
 
 fn config(timeout: Duration) -> AsyncConnectionConfig {
@@ -245,5 +314,17 @@ mod tests {
         assert_eq!(replication(info), (true, 2));
         assert_eq!(replication("role:slave\r\nmaster_host:x\r\n"), (false, 0));
         assert_eq!(replication(""), (false, 0));
+    }
+
+    #[test]
+    fn cluster_nodes_are_read_for_the_fewest_replicas_of_a_primary() {
+        let nodes = "a 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460\n\
+                     b 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922\n\
+                     c 127.0.0.1:7003@17003 slave a 0 0 1 connected\n\
+                     d 127.0.0.1:7004@17004 slave b 0 0 2 connected\n\
+                     e 127.0.0.1:7005@17005 slave,fail b 0 0 2 connected\n";
+        assert_eq!(super::fewest_replicas(nodes), 1);
+        let no_replicas = "a 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-16383\n";
+        assert_eq!(super::fewest_replicas(no_replicas), 0);
     }
 }

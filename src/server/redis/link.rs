@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
 use redis::{
     AsyncConnectionConfig, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value,
@@ -17,6 +18,9 @@ pub(super) enum Source {
     Fixed(redis::Client),
     /// Asked of Sentinel on every (re)connection.
     Sentinel(tokio::sync::Mutex<SentinelClient>),
+    /// A Redis Cluster: redis-rs's cluster connection routes each call by its key's slot,
+    /// follows `MOVED`/`ASK` and refreshes its slot map after a failover (`READONLY`).
+    Cluster(ClusterConnection),
 }
 
 /// One multiplexed connection, made on first use and dropped after an error.
@@ -71,6 +75,10 @@ impl Link {
     /// afresh, resolved again; any other error drops the connection it came on (the next call
     /// makes a new one) and is returned: it may have been applied.
     pub(super) async fn query(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        if let Source::Cluster(cluster) = &self.source {
+            // Every call's commands touch one key (`WAIT` has none): one slot, one node.
+            return pipe.query_async(&mut cluster.clone()).await;
+        }
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
         let mut again = true;
         loop {
@@ -89,6 +97,35 @@ impl Link {
                 }
             }
         }
+    }
+
+    /// Loads a script on the node that will run it (on every primary of a cluster: the command
+    /// alone is routed to all of them).
+    pub(super) async fn load_script(&self, code: &str) -> RedisResult<()> {
+        let mut load = redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(code);
+        if let Source::Cluster(cluster) = &self.source {
+            return load
+                .query_async::<Value>(&mut cluster.clone())
+                .await
+                .map(drop);
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(load);
+        self.query(&pipe).await.map(drop)
+    }
+
+    /// A cluster's topology (`CLUSTER NODES`), to count each primary's replicas.
+    pub(super) async fn cluster_nodes(&self) -> Option<RedisResult<String>> {
+        let Source::Cluster(cluster) = &self.source else {
+            return None;
+        };
+        Some(
+            redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async(&mut cluster.clone())
+                .await,
+        )
     }
 
     /// The first connection's role report (`INFO replication`), to check the settings.
@@ -118,6 +155,12 @@ impl Link {
         let client = match &self.source {
             Source::Fixed(client) => client.clone(),
             Source::Sentinel(sentinel) => sentinel.lock().await.async_get_client().await?,
+            Source::Cluster(_) => {
+                return Err(RedisError::from((
+                    ErrorKind::Client,
+                    "a cluster is reached through its own connection",
+                )))
+            }
         };
         let conn = client
             .get_multiplexed_async_connection_with_config(&self.config)

@@ -83,6 +83,8 @@ return 1";
 ///   nothing: the call is sent once more on a fresh connection, and if that node still refuses,
 ///   the layer answers 503 — never a fresh claim. A claim's owner renews and completes it on
 ///   the new primary, and fencing holds there: a stale owner never overwrites a newer record.
+/// - **Cluster.** [`RedisStore::cluster`] runs the same calls on a Redis Cluster: a key is one
+///   Redis key, so its claim, record and fencing live in one hash slot.
 /// - Keys are only as durable as Redis keeps them: run it with `maxmemory-policy noeviction`
 ///   (see the `server` module's "Leases and fencing" for what each topology guarantees).
 /// - While Redis is unreachable every call fails fast (a 1 s connection and response timeout
@@ -149,6 +151,20 @@ impl RedisStore {
     /// A store at `url`, with settings to choose before [connecting](RedisStoreBuilder::connect).
     pub fn builder(url: &str) -> RedisStoreBuilder {
         RedisStoreBuilder::fixed(url)
+    }
+
+    /// A store on the Redis Cluster whose nodes (some of them: the rest are discovered) are at
+    /// `nodes` (`redis://host:port`). Each key is one Redis key, so its claim, record and
+    /// fencing live in one hash slot, and every script touches only it; redis-rs's cluster
+    /// connection routes each call to the slot's primary, follows `MOVED` and `ASK`, and
+    /// refreshes its slot map after a failover. Waiting for replicas counts the replicas of the
+    /// key's own primary.
+    pub fn cluster<I, U>(nodes: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = U>,
+        U: AsRef<str>,
+    {
+        RedisStoreBuilder::cluster(nodes)
     }
 
     /// A store on the primary that the Sentinels at `sentinels` (`redis://host:26379`) name
@@ -240,11 +256,10 @@ impl RedisStore {
             {
                 // Not loaded on this node (a new primary, a restart): nothing ran. Load it
                 // and send the call again.
-                let mut load = redis::pipe();
-                load.cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(script_code(script, self));
-                self.link.query(&load).await.map_err(StoreError::new)?;
+                self.link
+                    .load_script(script_code(script, self))
+                    .await
+                    .map_err(StoreError::new)?;
                 self.link.query(&pipe).await.map_err(StoreError::new)?
             }
             Err(err) => return Err(StoreError::new(err)),
