@@ -450,6 +450,7 @@ async fn redis_variants() -> RedisVariants {
 #[cfg(feature = "redis")]
 struct Pair {
     children: Vec<std::process::Child>,
+    ports: [u16; 2],
     wait0: String,
     wait1: String,
 }
@@ -460,6 +461,11 @@ impl Drop for Pair {
         for child in &mut self.children {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        // A replica keeps the snapshot of its full sync.
+        for port in &self.ports {
+            let _ =
+                std::fs::remove_file(std::env::temp_dir().join(format!("trs-bench-{port}.rdb")));
         }
     }
 }
@@ -489,6 +495,7 @@ async fn redis_pair() -> Option<Pair> {
     let (primary, replica) = (free(), free());
     let mut pair = Pair {
         children: Vec::new(),
+        ports: [primary, replica],
         wait0: String::new(),
         wait1: String::new(),
     };

@@ -316,8 +316,9 @@ impl Drop for Node {
         if let Some(path) = self.config.take() {
             let _ = std::fs::remove_file(path);
         }
-        let _ =
-            std::fs::remove_file(std::env::temp_dir().join(format!("trs-test-{}.rdb", self.port)));
+        let dir = std::env::temp_dir();
+        let _ = std::fs::remove_file(dir.join(format!("trs-test-{}.rdb", self.port)));
+        let _ = std::fs::remove_file(dir.join(format!("trs-nodes-{}.conf", self.port)));
     }
 }
 
