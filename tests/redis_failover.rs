@@ -486,3 +486,108 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
     assert!(causes.iter().any(|c| c.contains("ReadOnly")), "{causes:?}");
     assert!(newer.get("k-fixed").await.unwrap().is_none());
 }
+
+/// A response stored while the replication stream is held back (two replicas, each behind a
+/// paused proxy): the store's clients reach the primary through an address that follows the
+/// promotion (a proxy re-pointed to the promoted replica, as a managed service's name is).
+/// Returns what the promoted replica holds for the key once the owner is done: waiting, the
+/// completion was not confirmed, the key stayed in flight, and the owner sent it again to the
+/// new primary; not waiting, it was acknowledged, and lost.
+async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
+    let mut primary = Node::primary();
+    let links = [
+        Proxy::start(primary.port).await,
+        Proxy::start(primary.port).await,
+    ];
+    let standby = [
+        Node::replica_of(links[0].port),
+        Node::replica_of(links[1].port),
+    ];
+    for replica in &standby {
+        replicated(&primary, replica);
+    }
+    let front = Proxy::start(primary.port).await;
+    let store = RedisStore::builder(&front.url())
+        .wait_for_replicas(replicas)
+        .replica_timeout(Duration::from_millis(300))
+        .prefix("unconfirmed:")
+        .connect()
+        .await
+        .unwrap();
+    let fp = Fingerprint::of(&http::Method::POST, "/v1/send", b"x");
+    let Begin::Started(claim) = store.begin("k", fp, Duration::from_secs(60)).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    // Both replicas have the claim (the control does not wait for it: it waits here).
+    tokio::task::block_in_place(|| {
+        wait_until("the claim on both replicas", LIMIT, || {
+            standby.iter().all(|r| {
+                r.query::<Option<Vec<u8>>>(redis::cmd("GET").arg("unconfirmed:k"))
+                    .is_ok_and(|v| v.is_some())
+            })
+        })
+    });
+    for link in &links {
+        link.pause();
+    }
+    let response = StoredResponse::new(StatusCode::OK, http::HeaderMap::new(), Bytes::from("sent"));
+    let stored = store
+        .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
+        .await;
+    if replicas > 0 {
+        let err = stored.expect_err("confirmed with the replicas held back");
+        assert!(!err.is_fenced(), "{err}");
+    } else {
+        stored.expect("acknowledged by the primary alone");
+    }
+
+    primary.kill();
+    standby[0].promote();
+    let _: String = standby[1]
+        .query(
+            redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(standby[0].port),
+        )
+        .unwrap();
+    replicated(&standby[0], &standby[1]);
+    front.point_to(standby[0].port);
+
+    if replicas > 0 {
+        // The owner sends its completion again (the layer does so in the background while the
+        // key stays in flight): the first call may meet the dead primary's connection.
+        let start = std::time::Instant::now();
+        while let Err(err) = store
+            .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
+            .await
+        {
+            assert!(!err.is_fenced(), "{err}");
+            assert!(start.elapsed() < LIMIT, "never confirmed: {err}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let look = RedisStore::builder(&standby[0].url())
+        .wait_for_replicas(0)
+        .prefix("unconfirmed:")
+        .connect()
+        .await
+        .unwrap();
+    look.get("k").await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_response_is_stored_again_on_the_promoted_replica() {
+    match unconfirmed_completion(1).await {
+        Some(Entry::Completed { response, .. }) => assert_eq!(response.body(), "sent"),
+        other => panic!("the stored response was lost: {other:?}"),
+    }
+}
+
+/// The control: not waiting, the primary acknowledges a response its replicas never received;
+/// the promoted replica holds only the claim, so a repeat gets 409 until the lease ends and
+/// then runs the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_waiting_an_acknowledged_response_is_lost_in_a_failover() {
+    let held = unconfirmed_completion(0).await;
+    assert!(matches!(held, Some(Entry::InFlight { .. })), "{held:?}");
+}

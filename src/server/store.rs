@@ -308,10 +308,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
-    /// Extend the lease of `claim` on `key` to `lease` from now, if it still holds the key. On
-    /// a record this very claim completed, a store may succeed and change nothing (the claim's
-    /// owner holds the key while it sends a completion the store could not confirm again) or
-    /// refuse as fenced.
+    /// Extend the lease of `claim` on `key` to `lease` from now, if it still holds the key.
     fn renew(
         &self,
         key: &str,

@@ -355,6 +355,9 @@ pub fn wait_replicated(primary: &Node, replica: &Node) {
 pub struct Proxy {
     pub port: u16,
     paused: tokio::sync::watch::Sender<bool>,
+    /// Where new connections go (an address that follows a promotion, as a managed service's
+    /// name does).
+    upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -366,10 +369,12 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let (paused, _) = tokio::sync::watch::channel(false);
         let pause = paused.clone();
+        let upstream = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(upstream_port));
+        let target = upstream.clone();
         let task = tokio::spawn(async move {
             while let Ok((down, _)) = listener.accept().await {
-                let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", upstream_port)).await
-                else {
+                let to = target.load(std::sync::atomic::Ordering::SeqCst);
+                let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
                     continue;
                 };
                 let (down_read, down_write) = down.into_split();
@@ -378,7 +383,23 @@ impl Proxy {
                 tokio::spawn(pump(down_read, up_write, pause.subscribe()));
             }
         });
-        Proxy { port, paused, task }
+        Proxy {
+            port,
+            paused,
+            upstream,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends new connections to `port` from now on (connections made before stay where they
+    /// are).
+    pub fn point_to(&self, port: u16) {
+        self.upstream
+            .store(port, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Holds everything back from now on.

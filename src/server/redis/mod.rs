@@ -20,8 +20,7 @@ use super::store::{
 /// Compare-and-set on the claim, then act: every script reads and writes one key only, so it
 /// runs unchanged on Redis Cluster and Valkey. `ARGV[1]` is the claim's in-flight record prefix
 /// (version, kind, token: `record::HOLDER_LEN` bytes), compared at its own length, so the
-/// scripts hold no copy of the record format beyond this: a record whose version and token
-/// match `ARGV[1]` and whose kind differs was completed by this very claim.
+/// scripts hold no copy of the record format.
 ///
 /// `COMPLETE` writes the completed record (`ARGV[2]`) if the key holds the claim, or the record
 /// this claim completed already (a completion sent again after its replicas did not confirm
@@ -36,19 +35,11 @@ end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return 1";
 
-/// `RENEW` extends the claim's lease; on a record this claim completed it succeeds and changes
-/// nothing (the owner of a completion its replicas have not confirmed yet holds the key while
-/// it sends the completion again).
 const RENEW: &str = r"
 local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-if string.sub(v, 1, #ARGV[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if string.sub(v, 1, 1) == string.sub(ARGV[1], 1, 1)
-  and string.sub(v, 3, #ARGV[1]) == string.sub(ARGV[1], 3) then return 1 end
-return 0";
+if (not v) or string.sub(v, 1, #ARGV[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1";
 
 const RELEASE: &str = r"
 local v = redis.call('GET', KEYS[1])
