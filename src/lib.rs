@@ -140,7 +140,8 @@
 //! - `reqwest-middleware`: the reqwest-middleware adapter, reqwest error classification, and
 //!   `reqwest::Body` as a [`ReplayBody`] (hyper-util's `Client<_, reqwest::Body>` behind the
 //!   layer).
-//! - `redis`: `server::RedisStore`, idempotency keys shared by a fleet through Redis.
+//! - `redis`: `server::RedisStore`, idempotency keys shared by a fleet through Redis: one
+//!   Redis, a primary whose replicas it waits for, through Sentinel, or a Redis Cluster.
 //! - `axum`: `server::AxumIdempotencyLayer` (`IdempotencyLayer::for_axum`), to wrap a whole
 //!   axum 0.8 `Router` for `axum::serve`, and axum's `Body` as a [`ReplayBody`].
 #![forbid(unsafe_code)]
