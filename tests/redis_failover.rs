@@ -591,3 +591,47 @@ async fn without_waiting_an_acknowledged_response_is_lost_in_a_failover() {
     let held = unconfirmed_completion(0).await;
     assert!(matches!(held, Some(Entry::InFlight { .. })), "{held:?}");
 }
+
+/// A primary that requires a password, reached through a Sentinel: the store authenticates
+/// with `primary_auth`; without it, connecting fails; the password appears in no error and no
+/// `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_reaches_a_primary_that_requires_a_password() {
+    const PASSWORD: &str = "s3cret-Kx9q";
+    let primary = Node::primary_with_password(PASSWORD);
+    let replica = Node::replica_with_password(primary.port, PASSWORD);
+    replicated(&primary, &replica);
+    let sentinel = Node::sentinel_with(
+        MASTER,
+        primary.port,
+        &format!("sentinel auth-pass {MASTER} {PASSWORD}\n"),
+    );
+    sentinel_sees(&sentinel, 1);
+
+    let builder = RedisStore::sentinel([sentinel.url()], MASTER)
+        .primary_auth(None, PASSWORD)
+        .prefix("auth:");
+    assert!(!format!("{builder:?}").contains(PASSWORD));
+    let store = builder.connect().await.unwrap();
+    assert!(!format!("{store:?}").contains(PASSWORD));
+    assert_eq!(store.replicas_waited_for(), 1);
+    let fp = Fingerprint::of(&http::Method::POST, "/v1/send", b"x");
+    assert!(matches!(
+        store.begin("k", fp, Duration::from_secs(60)).await,
+        Ok(Begin::Started(_))
+    ));
+
+    let err = RedisStore::sentinel([sentinel.url()], MASTER)
+        .connect()
+        .await
+        .expect_err("a primary that requires a password took none");
+    let shown = format!("{err} {err:?} {:?}", std::error::Error::source(&err));
+    assert!(!shown.contains(PASSWORD), "{shown}");
+    // A URL's password stays out of errors too.
+    let err = RedisStore::builder(&format!("redis://:{PASSWORD}@127.0.0.1:1"))
+        .connect()
+        .await
+        .expect_err("nothing listens on port 1");
+    let shown = format!("{err} {err:?} {:?}", std::error::Error::source(&err));
+    assert!(!shown.contains(PASSWORD), "{shown}");
+}

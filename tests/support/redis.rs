@@ -184,6 +184,8 @@ pub struct Node {
     child: Option<std::process::Child>,
     /// A Sentinel's config file (Sentinel rewrites it), removed on drop.
     config: Option<std::path::PathBuf>,
+    /// The password the node requires, if any (`url` carries it).
+    password: Option<String>,
 }
 
 impl Node {
@@ -208,6 +210,51 @@ impl Node {
         Node::spawn(port, &args, None)
     }
 
+    /// A primary that requires `password` (and its replicas' primary link too).
+    pub fn primary_with_password(password: &str) -> Node {
+        let args = ["--requirepass", password, "--masterauth", password];
+        Node::spawn_with_password(free_port(), &args, password)
+    }
+
+    /// A replica of the node on `upstream_port`, both requiring `password`.
+    pub fn replica_with_password(upstream_port: u16, password: &str) -> Node {
+        let upstream = upstream_port.to_string();
+        let args = [
+            "--replicaof",
+            "127.0.0.1",
+            upstream.as_str(),
+            "--requirepass",
+            password,
+            "--masterauth",
+            password,
+        ];
+        Node::spawn_with_password(free_port(), &args, password)
+    }
+
+    fn spawn_with_password(port: u16, args: &[&str], password: &str) -> Node {
+        let mut command = Command::new("redis-server");
+        command.args(["--port", &port.to_string(), "--bind", "127.0.0.1"]);
+        command.args(["--save", "", "--appendonly", "no"]);
+        command.arg("--dir").arg(std::env::temp_dir());
+        command.args(["--dbfilename", &format!("trs-test-{port}.rdb")]);
+        command.args(args);
+        let child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{INSTALL}: {e}"));
+        let node = Node {
+            port,
+            child: Some(child),
+            config: None,
+            password: Some(password.to_owned()),
+        };
+        wait_until("redis-server to listen", Duration::from_secs(20), || {
+            node.query::<String>(&redis::cmd("PING")).is_ok()
+        });
+        node
+    }
+
     /// A replica of the node (or proxy) on `upstream_port`.
     pub fn replica_of(upstream_port: u16) -> Node {
         Node::spawn(
@@ -220,6 +267,11 @@ impl Node {
     /// A Sentinel on a free port that watches the primary on `primary_port` as `master`,
     /// alone (quorum 1), quick to act (down after 1 s).
     pub fn sentinel(master: &str, primary_port: u16) -> Node {
+        Node::sentinel_with(master, primary_port, "")
+    }
+
+    /// [`Node::sentinel`] with more lines of config (`sentinel auth-pass …`).
+    pub fn sentinel_with(master: &str, primary_port: u16, more: &str) -> Node {
         let port = free_port();
         let path =
             std::env::temp_dir().join(format!("trs-sentinel-{}-{port}.conf", std::process::id()));
@@ -228,7 +280,7 @@ impl Node {
              sentinel monitor {master} 127.0.0.1 {primary_port} 1\n\
              sentinel down-after-milliseconds {master} 1000\n\
              sentinel failover-timeout {master} 2000\n\
-             sentinel parallel-syncs {master} 5\n",
+             sentinel parallel-syncs {master} 5\n{more}",
             dir = std::env::temp_dir().display()
         );
         std::fs::write(&path, config).expect("write the Sentinel config");
@@ -262,6 +314,7 @@ impl Node {
             port,
             child: Some(child),
             config,
+            password: None,
         };
         wait_until("redis-server to listen", Duration::from_secs(20), || {
             node.query::<String>(&redis::cmd("PING")).is_ok()
@@ -270,7 +323,10 @@ impl Node {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.password {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}", self.port),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     /// Runs `cmd` on the node.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::sentinel::{SentinelClient, SentinelServerType};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{AsyncConnectionConfig, Script};
 
 use super::link::{Link, Source};
@@ -36,6 +36,8 @@ pub struct RedisStoreBuilder {
     replicas: Option<u32>,
     replica_timeout: Duration,
     prefix: String,
+    /// The user name and password of the primary reached through Sentinel. Never shown.
+    primary_auth: Option<(Option<String>, String)>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -51,6 +53,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("wait_for_replicas", &self.replicas)
             .field("replica_timeout", &self.replica_timeout)
             .field("prefix", &self.prefix)
+            .field("primary_auth", &self.primary_auth.as_ref().map(|_| "…"))
             .finish()
     }
 }
@@ -63,6 +66,7 @@ impl RedisStoreBuilder {
             replicas: None,
             replica_timeout: Duration::from_millis(500),
             prefix: "idempotency:".to_owned(),
+            primary_auth: None,
         }
     }
 
@@ -137,6 +141,17 @@ impl RedisStoreBuilder {
     /// Defaults to `idempotency:`.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// Through Sentinel: the user name (`None`: the default user) and password of the primary
+    /// (and of whichever replica is promoted) that Sentinel names. A Sentinel's own password
+    /// goes in its URL (`redis://:password@host:26379`). Ignored for a store on one address or
+    /// a cluster, whose URLs carry their credentials.
+    ///
+    /// Defaults to none. Neither is ever shown in an error or in `Debug`.
+    pub fn primary_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        self.primary_auth = Some((username.map(str::to_owned), password.to_owned()));
         self
     }
 
@@ -224,10 +239,17 @@ impl RedisStoreBuilder {
                         "RedisStore::sentinel: no Sentinel address was given",
                     ));
                 }
+                let node = self.primary_auth.as_ref().map(|(username, password)| {
+                    let mut auth = redis::RedisConnectionInfo::default().set_password(password);
+                    if let Some(username) = username {
+                        auth = auth.set_username(username);
+                    }
+                    SentinelNodeConnectionInfo::default().set_redis_connection_info(auth)
+                });
                 let client = SentinelClient::build(
                     sentinels.iter().map(String::as_str).collect(),
                     master.clone(),
-                    None,
+                    node,
                     SentinelServerType::Master,
                 )
                 .map_err(|e| {
