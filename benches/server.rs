@@ -7,7 +7,11 @@
 //! - with `--features redis` (Redis at `REDIS_URL`, default `redis://127.0.0.1:6379`):
 //!   `redis_floor`, the handler doing itself the two round trips any idempotency layer over
 //!   Redis needs (a `SET NX` to claim the key, a `SET` to store the response), and
-//!   `idem_redis`, the handler behind `IdempotencyLayer` over `RedisStore`.
+//!   `idem_redis`, the handler behind `IdempotencyLayer` over `RedisStore`; and, on a primary
+//!   with one replica that the bench starts itself (`redis-server` on free loopback ports,
+//!   killed at the end), `idem_redis_pair` (the store not waiting) and `idem_redis_wait1` (the
+//!   store waiting for the replica: `wait_for_replicas(1)`). `ratio idem_redis_wait1/idem_redis`
+//!   compares the last two: what waiting for one replica costs a keyed request.
 //!
 //! - with `--features postgres` (PostgreSQL at `DATABASE_URL`, default
 //!   `postgres://postgres@127.0.0.1:5432/postgres`, in a schema of the run's own, dropped at
@@ -107,6 +111,8 @@ async fn main() {
     let memory = layered(MemoryStore::with_limits(1 << 20, 1 << 30)).await;
     #[cfg(feature = "redis")]
     let redis = redis_variants().await;
+    #[cfg(feature = "redis")]
+    let pair = redis_pair().await;
     #[cfg(feature = "postgres")]
     let pg = pg::variants().await;
 
@@ -121,6 +127,10 @@ async fn main() {
             "floor" => &redis.0,
             #[cfg(feature = "redis")]
             "redis" => &redis.1,
+            #[cfg(feature = "redis")]
+            "redis_pair" => &pair.as_ref().expect("redis-server for the pair").wait0,
+            #[cfg(feature = "redis")]
+            "redis_wait1" => &pair.as_ref().expect("redis-server for the pair").wait1,
             #[cfg(feature = "postgres")]
             "pg_floor" => &pg.floor,
             #[cfg(feature = "postgres")]
@@ -143,6 +153,10 @@ async fn main() {
         {
             keyed_post(&client, &redis.0).await;
             keyed_post(&client, &redis.1).await;
+            if let Some(pair) = &pair {
+                keyed_post(&client, &pair.wait0).await;
+                keyed_post(&client, &pair.wait1).await;
+            }
         }
         #[cfg(feature = "postgres")]
         {
@@ -152,6 +166,7 @@ async fn main() {
     }
     let (mut a, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![]);
     let (mut e, mut f): (Vec<f64>, Vec<f64>) = (vec![], vec![]);
+    let (mut g, mut h): (Vec<f64>, Vec<f64>) = (vec![], vec![]);
     // Up to 301 rounds (60 s at most): on a shared machine the medians of 61 batches moved by
     // several percent from run to run.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -174,6 +189,16 @@ async fn main() {
                 batch!(d, 100, keyed_post(&client, &redis.1).await);
             }
         }
+        #[cfg(feature = "redis")]
+        if let Some(pair) = &pair {
+            for side in [first, second] {
+                if side == 0 {
+                    batch!(g, 100, keyed_post(&client, &pair.wait0).await);
+                } else {
+                    batch!(h, 100, keyed_post(&client, &pair.wait1).await);
+                }
+            }
+        }
         #[cfg(feature = "postgres")]
         for side in [first, second] {
             if side == 0 {
@@ -193,6 +218,14 @@ async fn main() {
     } else {
         print_ratio("idem_redis/redis_floor", &d, &c, "");
     }
+    if !g.is_empty() {
+        print_ratio(
+            "idem_redis_wait1/idem_redis",
+            &h,
+            &g,
+            " (both on the bench's own primary with one replica)",
+        );
+    }
     if e.is_empty() {
         println!("(the PostgreSQL rows need --features postgres)");
     } else {
@@ -203,11 +236,13 @@ async fn main() {
         ("idem_memory", &mut b),
         ("redis_floor", &mut c),
         ("idem_redis", &mut d),
+        ("idem_redis_pair", &mut g),
+        ("idem_redis_wait1", &mut h),
         ("pg_floor", &mut e),
         ("idem_pg", &mut f),
     ] {
         if !samples.is_empty() {
-            println!("{name:<12} median {:>9.0} ns/request", median(samples));
+            println!("{name:<16} median {:>9.0} ns/request", median(samples));
         }
     }
     #[cfg(feature = "postgres")]
@@ -407,4 +442,111 @@ async fn redis_variants() -> RedisVariants {
         .expect("redis")
         .prefix(format!("{prefix}layer:"));
     RedisVariants(floor, layered(store).await, prefix)
+}
+
+/// A primary with one replica, of the bench's own, and the layer over `RedisStore` on it not
+/// waiting (`wait0`) and waiting for the replica (`wait1`). The processes are killed when it is
+/// dropped (their keys go with them). `None`, with a line saying why, without `redis-server`.
+#[cfg(feature = "redis")]
+struct Pair {
+    children: Vec<std::process::Child>,
+    ports: [u16; 2],
+    wait0: String,
+    wait1: String,
+}
+
+#[cfg(feature = "redis")]
+impl Drop for Pair {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // A replica keeps the snapshot of its full sync.
+        for port in &self.ports {
+            let _ =
+                std::fs::remove_file(std::env::temp_dir().join(format!("trs-bench-{port}.rdb")));
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+async fn redis_pair() -> Option<Pair> {
+    use std::process::{Command, Stdio};
+    use tower_retry_safety::server::RedisStore;
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    };
+    let spawn = |port: u16, more: &[String]| {
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(std::env::temp_dir())
+            .args(["--dbfilename", &format!("trs-bench-{port}.rdb")])
+            .args(more)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    };
+    let (primary, replica) = (free(), free());
+    let mut pair = Pair {
+        children: Vec::new(),
+        ports: [primary, replica],
+        wait0: String::new(),
+        wait1: String::new(),
+    };
+    match spawn(primary, &[]) {
+        Ok(child) => pair.children.push(child),
+        Err(e) => {
+            println!("(the idem_redis_wait1 rows need redis-server on PATH: {e})");
+            return None;
+        }
+    }
+    let replica_of = [
+        "--replicaof".to_owned(),
+        "127.0.0.1".to_owned(),
+        primary.to_string(),
+    ];
+    pair.children
+        .push(spawn(replica, &replica_of).expect("redis-server"));
+    // Until a marker written on the primary is read on the replica: the stream flows.
+    let url = format!("redis://127.0.0.1:{primary}");
+    let replica_url = format!("redis://127.0.0.1:{replica}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let flows = (|| -> redis::RedisResult<bool> {
+            let mut p = redis::Client::open(url.as_str())?.get_connection()?;
+            let mut r = redis::Client::open(replica_url.as_str())?.get_connection()?;
+            let () = redis::cmd("SET")
+                .arg("trs-bench-marker")
+                .arg(primary)
+                .query(&mut p)?;
+            let seen: Option<u16> = redis::cmd("GET").arg("trs-bench-marker").query(&mut r)?;
+            Ok(seen == Some(primary))
+        })();
+        if flows.unwrap_or(false) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the bench's replica never synced"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let store = |replicas| {
+        // A generous replica timeout: the bench measures the cost of waiting, and a loaded
+        // machine must not turn a slow acknowledgement into a 503.
+        RedisStore::builder(&url)
+            .wait_for_replicas(replicas)
+            .replica_timeout(Duration::from_secs(5))
+            .prefix("bench:")
+            .connect()
+    };
+    pair.wait0 = layered(store(0).await.expect("the pair's primary")).await;
+    pair.wait1 = layered(store(1).await.expect("the pair's primary")).await;
+    Some(pair)
 }

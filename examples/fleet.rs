@@ -7,42 +7,103 @@
 //!
 //! Run: `cargo run --example fleet --features redis` (Redis at `REDIS_URL`, by default
 //! `redis://127.0.0.1:6379`; keys are written under a fresh prefix).
+//!
+//! With a failover in the middle: `cargo run --example fleet --features redis -- --failover`
+//! starts a primary with two replicas and a Sentinel of its own (`redis-server` on free
+//! loopback ports, stopped at the end); the instances reach the primary through the Sentinel
+//! and wait for one replica (found at connect), with a 10 s lease (longer than the failover),
+//! and the primary is killed once 20 writes have been applied. Writes meanwhile get 503 and are retried; none is applied twice.
 
 #[path = "../tests/support/fleet.rs"]
 mod fleet;
+#[path = "../tests/support/redis.rs"]
+mod harness;
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use fleet::{forwarder, Counts, Fault, Instance};
+use harness::{wait_replicated, Node};
 use http::Request;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
+use tower_retry_safety::server::RedisStore;
 use tower_retry_safety::RetryPolicy;
 
 const OPS_PER_FAULT: usize = 10;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let failover = std::env::args().any(|a| a == "--failover");
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_nanos();
     let prefix = format!("trs-fleet-example-{nanos}:");
     let counts = Counts::default();
-    let a = Instance::start(&url, &prefix, counts.clone()).await;
-    let b = Instance::start(&url, &prefix, counts.clone()).await;
+    // With `--failover`: a primary, two replicas and a Sentinel of the example's own.
+    let mut topology = None;
+    let (a, b) = if failover {
+        let primary = Node::primary();
+        let replicas = [
+            Node::replica_of(primary.port),
+            Node::replica_of(primary.port),
+        ];
+        for replica in &replicas {
+            tokio::task::block_in_place(|| wait_replicated(&primary, replica));
+        }
+        let sentinel = Node::sentinel("fleet", primary.port);
+        let through = sentinel.url();
+        let start = |counts: Counts| {
+            let through = through.clone();
+            Instance::start_with(
+                move || async move { RedisStore::sentinel([through], "fleet").connect().await },
+                &prefix,
+                // Longer than a failover takes, so that a claim whose owner is cut off from
+                // the store meanwhile is still held when it reaches the new primary.
+                Duration::from_secs(10),
+                counts,
+            )
+        };
+        let (a, b) = (start(counts.clone()).await, start(counts.clone()).await);
+        println!(
+            "two instances ({}, {}) reach the primary (port {}, two replicas) through a Sentinel (port {})",
+            a.addr, b.addr, primary.port, sentinel.port
+        );
+        topology = Some((primary, replicas, sentinel));
+        (a, b)
+    } else {
+        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let a = Instance::start(&url, &prefix, counts.clone()).await;
+        let b = Instance::start(&url, &prefix, counts.clone()).await;
+        println!("two instances ({}, {}) share {url}", a.addr, b.addr);
+        (a, b)
+    };
     let front = forwarder(vec![a.addr, b.addr]).await;
-    println!(
-        "two instances ({}, {}) share {url}; the forwarder is {front}",
-        a.addr, b.addr
-    );
+    println!("the forwarder is {front}");
+
+    // The primary dies once 20 writes have been applied: the Sentinel promotes a replica.
+    let killed = topology.map(|(mut primary, replicas, sentinel)| {
+        let counts = counts.clone();
+        tokio::spawn(async move {
+            while counts.total_applied() < 20 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            primary.kill();
+            println!(
+                "killed the primary after {} writes were applied",
+                counts.total_applied()
+            );
+            // Kept until the run ends.
+            (primary, replicas, sentinel)
+        })
+    });
 
     let policy = RetryPolicy::builder()
         .mint_idempotency_keys(true)
-        .max_retries(10)
+        // Enough to outlast a failover: a 503 asks for a second, a 409 too.
+        .max_retries(if failover { 30 } else { 10 })
         .backoff(Duration::from_millis(20), Duration::from_millis(200))
         .no_budget()
         .build()?;
@@ -73,5 +134,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         counts.total_applied(),
         counts.applied_twice()
     );
+    if let Some(killed) = killed {
+        drop(killed.await?);
+    }
     Ok(())
 }

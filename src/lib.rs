@@ -148,7 +148,8 @@
 //! - `server`: the server half, `server::IdempotencyLayer` over `server::MemoryStore`. A
 //!   client-only build compiles none of it (nor SHA-256).
 //! - `redis` (implies `server`): `server::RedisStore`, idempotency keys shared by a fleet
-//!   through Redis.
+//!   through Redis: one Redis, a primary whose replicas it waits for, through Sentinel, or a
+//!   Redis Cluster.
 //! - `postgres` (implies `server`): `server::PostgresStore` in lease mode, and atomic mode
 //!   (the key committed in the handler's own transaction), over sqlx 0.8.
 //! - `axum`: axum's `Body` as a [`ReplayBody`]; with `server`, `server::AxumIdempotencyLayer`

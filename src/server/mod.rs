@@ -77,9 +77,30 @@
 //!   repeat runs the handler again;
 //! - the store was unreachable for longer than the lease while a handler ran or while its
 //!   outcome was being stored: the claim lapses, and another request may take the key;
-//! - the store lost the key: with Redis, a failover to a replica that had not received it, a
-//!   restart without persistence, or an eviction (run it with `maxmemory-policy noeviction`:
-//!   every entry has an expiry, so the `volatile-*` policies evict them too).
+//! - the store lost the key: with Redis, a failover to a replica that had not received it (or
+//!   that `RedisStore` did not wait for), a restart without persistence, or an eviction (run it
+//!   with `maxmemory-policy noeviction`: every entry has an expiry, so the `volatile-*` policies
+//!   evict them too).
+//!
+//! **What each topology guarantees.** What a crash or a failover can do to a key whose handler
+//! ran (the lease's own window, a server dead mid-handler, comes on top in lease mode):
+//!
+//! | store and topology | a store crash (restart) | a failover |
+//! |---|---|---|
+//! | one Redis, no persistence | every key lost: repeats run again | — |
+//! | one Redis, AOF `appendfsync everysec` | up to a second of claims and records lost | — |
+//! | one Redis, AOF `appendfsync always` | nothing acknowledged is lost | — |
+//! | Redis primary + replicas, not waiting (`wait_for_replicas(0)`) | as the primary's persistence | a write the promoted replica lacked is lost: the key runs again |
+//! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice); while too few replicas answer, keyed requests get 503 and run nothing |
+//! | the same through Sentinel (`RedisStore::sentinel`), or an address that follows the promotion | as above | as above, and a claim's owner renews and stores its outcome on the new primary; on an address held to the old node, its outcome is lost and the key runs again once its lease ends |
+//! | a partitioned old primary still taking writes (split brain) | — | waiting, it cannot confirm (its replicas follow the new primary): 503, nothing run; not waiting, its writes are discarded when it rejoins |
+//! | Redis Cluster (`RedisStore::cluster`), waiting for *n* replicas of the key's primary (default: 1 when every primary has one) | as each primary's persistence | per shard, as a primary with replicas waited for: the cluster promotes a replica of the failed primary and the client follows (`MOVED`); not waiting, a write the promoted replica lacked is lost |
+//! | PostgreSQL, lease mode | nothing committed is lost (`synchronous_commit` on) | asynchronous standby: the last commits can be lost, like a replica not waited for; synchronous standby: nothing committed is lost |
+//! | PostgreSQL, atomic mode | a crash before commit rolls back the key and the handler's writes together: nothing runs twice, no lease window | asynchronous standby: a lost commit loses the key *and* the effects in the same transaction (consistent, but an effect outside the database — an email — can repeat); synchronous standby: nothing committed is lost |
+//!
+//! `WAIT` makes a write reach the replicas' memory, not their disks: a failover together with
+//! a crash of the confirming replica can still lose it (Redis 7.2's `WAITAOF` covers disks; this
+//! store does not send it).
 //!
 //! Set the lease longer than clients keep retrying, and check the resource's state when a key
 //! stays in flight.
@@ -102,7 +123,8 @@
 //! # Stores
 //!
 //! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
-//! shares keys across a fleet. `PostgresStore` (feature `postgres`) does too, and has an
+//! shares keys across a fleet, on one Redis, a primary with replicas it waits for, through
+//! Sentinel, or on a Redis Cluster. `PostgresStore` (feature `postgres`) does too, and has an
 //! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's record commits in the
 //! handler's own database transaction: a crash before the commit rolls back the key and the
 //! handler's writes together, so the windows of the lease below do not exist for effects in
@@ -213,7 +235,7 @@ pub use postgres::{
     TransactionError, SCHEMA,
 };
 #[cfg(feature = "redis")]
-pub use redis::RedisStore;
+pub use redis::{RedisStore, RedisStoreBuilder};
 pub use service::IdempotencyService;
 /// A store error's cause, for logs: `StoreError`'s own `Display` says only which kind.
 pub(crate) fn cause(err: &StoreError) -> Option<String> {

@@ -284,11 +284,11 @@ pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredRespons
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "idempotency outcome not stored yet; the key is held in flight");
-                    if let Err(err) = c.store.renew(&c.key, c.claim, lease).await {
-                        if err.is_fenced() {
-                            return;
-                        }
-                    }
+                    // A refused renewal does not end the loop: a store that wrote the record
+                    // but could not confirm it (`RedisStore` waiting for replicas) holds the
+                    // completed record, which is no claim to renew. The next `complete` says
+                    // whether another claim took the key.
+                    let _ = c.store.renew(&c.key, c.claim, lease).await;
                 }
             }
             if give_up.is_some_and(|end| Instant::now() >= end) {

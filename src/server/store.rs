@@ -319,8 +319,12 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// Record the response of the request that claimed `key` under `claim` (with
     /// `fingerprint`), kept for `ttl`, if the claim still holds the key or nothing does (its
     /// lease ran out and no other claim took the key since: the outcome is kept, not lost).
-    /// If another claim or a completed record holds the key, fail with
-    /// [`StoreError::fenced`] and change nothing.
+    /// If another claim, or a record another claim completed, holds the key, fail with
+    /// [`StoreError::fenced`] and change nothing. The record this very claim completed may be
+    /// written again or refused as fenced: a store that confirms its writes apart from them
+    /// (`RedisStore` waiting for replicas) writes it again, so that a completion it could not
+    /// confirm is sent again — on a new primary after a failover, where the key may still
+    /// hold the claim.
     fn complete(
         &self,
         key: &str,

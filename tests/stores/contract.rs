@@ -141,12 +141,28 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
             response: response(),
         })
     );
-    // But not over a completed record.
+    // But not over another claim's completed record.
     assert!(store
-        .complete(&key("lapsed"), lapsed, fp("x"), response(), LONG)
+        .complete(&key("lapsed"), Claim::new(), fp("x"), response(), LONG)
         .await
         .unwrap_err()
         .is_fenced());
+    // The same claim's completion sent again is fenced or writes the same record (a store that
+    // confirms writes on replicas sends an unconfirmed completion again).
+    let again = store
+        .complete(&key("lapsed"), lapsed, fp("x"), response(), LONG)
+        .await;
+    assert!(
+        again.as_ref().map_or_else(|e| e.is_fenced(), |()| true),
+        "{again:?}"
+    );
+    assert_eq!(
+        store.get(&key("lapsed")).await.unwrap(),
+        Some(Entry::Completed {
+            fingerprint: fp("x"),
+            response: response(),
+        })
+    );
 
     // Completed records expire with their TTL.
     let c = claim(&*store, &key("ttl"), LONG).await;

@@ -1,5 +1,6 @@
-//! The stores behind `IdempotencyLayer`: one contract for every store, late renewals, and a
-//! fleet sharing one Redis.
+//! The stores behind `IdempotencyLayer`: one contract for every store, late renewals, a fleet
+//! sharing one Redis, and fleets beyond one Redis (replicas waited for, failovers through
+//! Sentinel, a Redis Cluster), each on topologies the tests start on free loopback ports.
 
 #[cfg(feature = "postgres")]
 #[path = "../pg/mod.rs"]
@@ -9,4 +10,6 @@ mod support;
 
 mod contract;
 mod late_renewals;
+mod redis_cluster;
+mod redis_failover;
 mod redis_fleet;

@@ -21,7 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tower::{BoxError, ServiceExt};
-use tower_retry_safety::server::{IdempotencyLayer, RedisStore};
+use tower_retry_safety::server::{IdempotencyLayer, RedisStore, StoreError};
 
 type Body = BoxBody<Bytes, BoxError>;
 
@@ -41,6 +41,8 @@ pub enum Fault {
     InternalBeforeApply,
     /// Applied; then the instance is stopped while the handler is still running.
     InstanceStoppedAfterApply,
+    /// Applied; then the handler waits until the test lets it answer (`Counts::let_answer`).
+    HeldAfterApply,
 }
 
 impl Fault {
@@ -62,11 +64,12 @@ impl Fault {
             Fault::TooManyBeforeApply => "429-before-apply",
             Fault::InternalBeforeApply => "500-before-apply",
             Fault::InstanceStoppedAfterApply => "instance-stopped-after-apply",
+            Fault::HeldAfterApply => "held-after-apply",
         }
     }
 
     fn from_name(name: &str) -> Fault {
-        [Fault::InstanceStoppedAfterApply]
+        [Fault::InstanceStoppedAfterApply, Fault::HeldAfterApply]
             .into_iter()
             .chain(Fault::RECOVERABLE)
             .find(|f| f.name() == name)
@@ -84,8 +87,10 @@ struct Shared {
     /// Attempts that reached any instance, and side effects applied, per operation.
     attempts: Mutex<HashMap<String, u32>>,
     applied: Mutex<HashMap<String, u32>>,
-    /// Set when a handler asks for its instance to be stopped.
+    /// Set when a handler asks for its instance to be stopped (or is held).
     stop_me: Notify,
+    /// Lets a held handler answer.
+    answer: Notify,
 }
 
 /// Counts kept across the whole fleet.
@@ -111,9 +116,14 @@ impl Counts {
         self.0.applied.lock().unwrap().values().sum()
     }
 
-    /// Waits until a handler asks for its instance to be stopped.
+    /// Waits until a handler asks for its instance to be stopped (or is held).
     pub async fn stop_requested(&self) {
         self.0.stop_me.notified().await;
+    }
+
+    /// Lets a held handler (`Fault::HeldAfterApply`) answer.
+    pub fn let_answer(&self) {
+        self.0.answer.notify_one();
     }
 }
 
@@ -127,6 +137,28 @@ impl Instance {
     /// Starts an instance whose `IdempotencyLayer` uses a fresh `RedisStore` connection to
     /// `redis_url` with `prefix`.
     pub async fn start(redis_url: &str, prefix: &str, counts: Counts) -> Instance {
+        let url = redis_url.to_owned();
+        Instance::start_with(
+            move || async move { RedisStore::connect(&url).await },
+            prefix,
+            LEASE,
+            counts,
+        )
+        .await
+    }
+
+    /// Starts an instance whose `IdempotencyLayer` (with `lease`) uses the store `connect`
+    /// makes, on the instance's runtime.
+    pub async fn start_with<F, Fut>(
+        connect: F,
+        prefix: &str,
+        lease: Duration,
+        counts: Counts,
+    ) -> Instance
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<RedisStore, StoreError>> + Send,
+    {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -135,15 +167,20 @@ impl Instance {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
-        let (url, prefix) = (redis_url.to_owned(), prefix.to_owned());
+        let prefix = prefix.to_owned();
         // The store's connection lives on the instance's runtime, and dies with it.
         runtime
             .spawn(async move {
-                let store = RedisStore::connect(&url)
+                let store = connect()
                     .await
-                    .expect("Redis for the instance")
+                    .unwrap_or_else(|e| {
+                        panic!(
+                            "Redis for the instance: {e}: {:?}",
+                            std::error::Error::source(&e)
+                        )
+                    })
                     .prefix(prefix);
-                let layer = IdempotencyLayer::new(store).lease(LEASE);
+                let layer = IdempotencyLayer::new(store).lease(lease);
                 let listener = TcpListener::from_std(listener).expect("listener");
                 tokio::spawn(accept(listener, layer, counts));
             })
@@ -231,6 +268,10 @@ async fn handle(
                 Fault::InstanceStoppedAfterApply => {
                     counts.0.stop_me.notify_one();
                     std::future::pending::<()>().await;
+                }
+                Fault::HeldAfterApply => {
+                    counts.0.stop_me.notify_one();
+                    counts.0.answer.notified().await;
                 }
                 _ => {}
             }
