@@ -12,6 +12,11 @@ impl Attempts {
     /// The report, its parts taken out of `self`, which is spent afterwards.
     #[inline]
     pub(crate) fn take_report(&mut self, stop: StopReason) -> RetryReport {
+        // The request's end, in the policy's instruments: one check without a meter.
+        #[cfg(feature = "opentelemetry")]
+        if let Some(metrics) = self.policy.metrics() {
+            self.record_end(metrics, stop);
+        }
         RetryReport {
             verdict: self.verdict,
             records: std::mem::take(&mut self.records),
@@ -51,5 +56,37 @@ impl Attempts {
         // request may have been sent. The report adds whether the request can apply anything.
         let maybe_applied = report.reached_the_server();
         Error::after_attempts(target, report, class, maybe_applied, symptom, source)
+    }
+}
+
+#[cfg(feature = "opentelemetry")]
+impl Attempts {
+    /// Records the request's end: its attempts, and whether a write was suppressed, a retry
+    /// refused, or the server's stored response received. An inner layer of this crate
+    /// records nothing: the outer one owns the request.
+    #[cold]
+    fn record_end(&self, metrics: &crate::metrics::client::ClientInstruments, stop: StopReason) {
+        if self.outer_layer || stop == StopReason::RetriedByOuterLayer {
+            return;
+        }
+        let hedging = self.hedge.as_ref().map(|h| h.summary()).unwrap_or_default();
+        let ended = crate::metrics::client::Ended {
+            attempts: self.records.len() + hedging.superseded,
+            stop: stop.as_str(),
+            suppressed: stop == StopReason::SuppressedNotIdempotent,
+            refused: matches!(
+                stop,
+                StopReason::Budget
+                    | StopReason::Deadline
+                    | StopReason::BodyNotReplayable
+                    | StopReason::RetryAfterTooLong
+            ),
+            stored_response: stop == StopReason::Replayed,
+            last_class: self.records.iter().last().map(|r| r.class),
+            hedges: hedging.hedges,
+            hedge_won: hedging.won_by.is_some(),
+            superseded: hedging.superseded,
+        };
+        metrics.ended(&self.target, self.verdict.source(), ended);
     }
 }

@@ -184,6 +184,7 @@ mod grpc;
 mod keyed;
 mod layer;
 mod memory;
+mod observe;
 mod outcome;
 #[cfg(feature = "postgres")]
 mod postgres;

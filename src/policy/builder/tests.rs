@@ -237,7 +237,12 @@ fn an_unknown_host_is_warned_about_once() {
 fn disagreeing_or_repeated_host_fields_make_the_host_unknown() {
     use crate::Idempotency;
     let policy = RetryPolicy::builder()
-        .route_for_host("api.test", Method::PUT, "/v1/send", Idempotency::NonIdempotent)
+        .route_for_host(
+            "api.test",
+            Method::PUT,
+            "/v1/send",
+            Idempotency::NonIdempotent,
+        )
         .build()
         .unwrap();
     let put = |uri: &str, hosts: &[&str]| {
