@@ -84,7 +84,7 @@ impl Attempts {
             stored_response: stop == StopReason::Replayed,
             last_class: self.records.iter().last().map(|r| r.class),
             hedges: hedging.hedges,
-            hedge_won: hedging.won_by.is_some(),
+            hedge_won: hedging.won_by.is_some_and(|n| n > 1),
             superseded: hedging.superseded,
         };
         metrics.ended(&self.target, self.verdict.source(), ended);

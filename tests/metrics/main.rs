@@ -232,13 +232,22 @@ fn retries_by_class(reports: &[RetryReport]) -> BTreeMap<&'static str, u64> {
 /// attempts, each retry is counted once by the class of the attempt it followed, each
 /// suppressed write once, and no attribute holds a path, a query or a header value.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fault_mix_counts_match_the_reports_exactly() {
+async fn fault_mix_through_the_tower_layer_counts_match_the_reports() {
     let meters = Meters::new();
     let server = FaultServer::start().await;
     let policy = policy().meter(meters.meter()).build().expect("policy");
     let reports = fault_mix(policy, &server).await;
     let got = meters.read();
+    counts_match(&got, &reports);
+    let suppressed = reports.iter().filter(|r| r.retry_suppressed()).count() as u64;
+    // Every POST whose first attempt failed (all but the `none` fault), twice over: a 429
+    // or a 500 may come after a write too, as far as the client knows.
+    assert_eq!(suppressed, 10, "{reports:#?}");
+}
 
+/// The client's instruments against the reports of the same requests (no hedging), exactly;
+/// and no attribute holds a path, a query or a header value.
+fn counts_match(got: &Recorded, reports: &[RetryReport]) {
     let attempts: u64 = reports.iter().map(|r| u64::from(r.attempts())).sum();
     assert_eq!(
         got.u64_histogram("retry_safety.client.attempts"),
@@ -280,9 +289,6 @@ async fn fault_mix_counts_match_the_reports_exactly() {
         got.total("retry_safety.client.writes.suppressed"),
         suppressed
     );
-    // Every POST whose first attempt failed (all but the `none` fault), twice over: a 429
-    // or a 500 may come after a write too, as far as the client knows.
-    assert_eq!(suppressed, 10, "{reports:#?}");
     for (attributes, _) in got.sums("retry_safety.client.writes.suppressed") {
         assert_eq!(attributes["http.request.method"], "POST");
         assert_eq!(attributes["retry_safety.verdict_source"], "method");
@@ -491,4 +497,211 @@ async fn the_server_layer_counts_each_keyed_answer_once() {
             ["http.request.method", "retry_safety.key.outcome"]
         );
     }
+}
+
+/// The same fault mix through the reqwest-middleware adapter: the same instruments, counted
+/// from the same decision core, match its reports exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_mix_through_the_reqwest_adapter_counts_match_the_reports() {
+    let meters = Meters::new();
+    let server = FaultServer::start().await;
+    let policy = policy().meter(meters.meter()).build().expect("policy");
+    let client = reqwest_middleware::ClientBuilder::new(
+        reqwest::Client::builder()
+            .timeout(PER_ATTEMPT)
+            .build()
+            .expect("reqwest client"),
+    )
+    .with(tower_retry_safety::RetrySafetyMiddleware::new(policy))
+    .build();
+    let mut tasks = tokio::task::JoinSet::new();
+    for round in 0..2 {
+        for (i, fault) in Fault::ALL.into_iter().enumerate() {
+            for method in [Method::GET, Method::POST] {
+                let url = server.url(&format!("{method}-{i}-{round}?token=s3cr3t"));
+                let client = client.clone();
+                tasks.spawn(async move {
+                    let sent = client
+                        .request(method, &url)
+                        .header("x-fault", fault.name())
+                        .header("x-secret-header", "hunter2")
+                        .body("{}")
+                        .send()
+                        .await;
+                    match sent {
+                        Ok(res) => RetryReport::of_reqwest(&res)
+                            .cloned()
+                            .expect("the adapter adds a report"),
+                        Err(reqwest_middleware::Error::Middleware(err)) => err
+                            .downcast_ref::<tower_retry_safety::Error>()
+                            .and_then(|e| e.report().cloned())
+                            .expect("the adapter's error has a report"),
+                        Err(other) => panic!("not the adapter's error: {other}"),
+                    }
+                });
+            }
+        }
+    }
+    let mut reports = Vec::new();
+    while let Some(report) = tasks.join_next().await {
+        reports.push(report.expect("the request's task"));
+    }
+    let got = meters.read();
+    counts_match(&got, &reports);
+    assert_eq!(
+        got.total("retry_safety.client.writes.suppressed"),
+        10,
+        "{reports:#?}"
+    );
+}
+
+/// Hedging: hedges sent, hedges that won and attempts superseded are counted as the reports
+/// have them, and the attempts histogram still sums the reports' attempts (the superseded
+/// included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hedges_are_counted_as_the_reports_have_them() {
+    let meters = Meters::new();
+    let server = FaultServer::start().await;
+    let policy = policy()
+        .hedge(tower_retry_safety::Hedge::fixed(Duration::from_millis(20)).max_extra_load(0.5))
+        .meter(meters.meter())
+        .build()
+        .expect("policy");
+    let reports = fault_mix(policy, &server).await;
+    let got = meters.read();
+    let sum = |f: fn(&RetryReport) -> u64| reports.iter().map(f).sum::<u64>();
+    let hedges = sum(|r| u64::from(r.hedges()));
+    assert!(hedges > 0, "the slow reads are hedged: {reports:#?}");
+    assert_eq!(got.total("retry_safety.client.hedges"), hedges);
+    assert_eq!(
+        got.total("retry_safety.client.hedge.wins"),
+        sum(|r| u64::from(r.won_by().is_some_and(|n| n > 1)))
+    );
+    assert_eq!(
+        got.total("retry_safety.client.attempts.superseded"),
+        sum(|r| u64::from(r.superseded()))
+    );
+    assert_eq!(
+        got.u64_histogram("retry_safety.client.attempts"),
+        (reports.len() as u64, sum(|r| u64::from(r.attempts())))
+    );
+    // Every resend is a retry or a hedge.
+    assert_eq!(
+        got.total("retry_safety.client.retries") + hedges,
+        sum(|r| u64::from(r.attempts() - 1))
+    );
+}
+
+/// A retry the failure called for but the policy refused is counted once by why: a
+/// `Retry-After` longer than the policy waits, a deadline too near for the next attempt; the
+/// refused requests are neither retries nor suppressed writes.
+#[tokio::test(start_paused = true)]
+async fn refused_retries_are_counted_by_why() {
+    let meters = Meters::new();
+    let policy = RetryPolicy::builder()
+        .max_retry_after(Duration::from_secs(10))
+        .meter(meters.meter())
+        .build()
+        .expect("policy");
+    let svc = policy.layer(service_fn(|req: Request<String>| async move {
+        let wait = if req.uri().path() == "/long" {
+            "3600"
+        } else {
+            "1"
+        };
+        Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header("retry-after", wait)
+            .body(String::new())
+    }));
+    let mut reports = Vec::new();
+    for path in ["long", "long"] {
+        let req = Request::get(format!("http://api.example/{path}?token=s3cr3t"))
+            .body(String::new())
+            .expect("request");
+        let res = svc.clone().oneshot(req).await.expect("a response");
+        reports.push(RetryReport::of(&res).cloned().expect("a report"));
+    }
+    let deadline = RetryPolicy::builder()
+        .deadline(Duration::from_millis(500))
+        .meter(meters.meter())
+        .build()
+        .expect("policy");
+    let svc = deadline.layer(service_fn(|_req: Request<String>| async move {
+        Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header("retry-after", "1")
+            .body(String::new())
+    }));
+    let req = Request::get("http://api.example/short")
+        .body(String::new())
+        .expect("request");
+    let res = svc.oneshot(req).await.expect("a response");
+    reports.push(RetryReport::of(&res).cloned().expect("a report"));
+
+    let stops: Vec<_> = reports.iter().map(RetryReport::stop_reason).collect();
+    assert_eq!(
+        stops,
+        [
+            StopReason::RetryAfterTooLong,
+            StopReason::RetryAfterTooLong,
+            StopReason::Deadline
+        ]
+    );
+    let got = meters.read();
+    let refused = |why: &str| {
+        got.sum_where(
+            "retry_safety.client.retries.refused",
+            "retry_safety.stop_reason",
+            why,
+        )
+    };
+    assert_eq!(refused("retry-after-too-long"), 2);
+    assert_eq!(refused("deadline"), 1);
+    assert_eq!(got.total("retry_safety.client.retries.refused"), 3);
+    assert_eq!(got.total("retry_safety.client.retries"), 0);
+    assert_eq!(got.total("retry_safety.client.writes.suppressed"), 0);
+    for (_, attributes) in got.all_attributes() {
+        assert_eq!(attributes["server.address"], "api.example");
+    }
+}
+
+/// A handler that outlasts its claim's lease: the lease is renewed while it runs, and each
+/// renewal is counted as renewed (none fenced: no other claim took the key).
+#[tokio::test(start_paused = true)]
+async fn lease_renewals_are_counted_while_a_handler_runs() {
+    let meters = Meters::new();
+    let layer = IdempotencyLayer::new(MemoryStore::new())
+        .lease(Duration::from_millis(40))
+        .meter(meters.meter());
+    let svc = layer.layer(service_fn(|_req: Request<_>| async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"done"))))
+    }));
+    let req = Request::post("/v1/send")
+        .header("idempotency-key", "\"slow\"")
+        .body(Full::new(Bytes::from_static(b"x")))
+        .expect("request");
+    let res = svc
+        .oneshot(req)
+        .await
+        .unwrap_or_else(|never| match never {});
+    assert_eq!(res.status(), StatusCode::OK);
+    let got = meters.read();
+    let result = |r: &str| {
+        got.sum_where(
+            "retry_safety.server.lease.renewals",
+            "retry_safety.renewal.result",
+            r,
+        )
+    };
+    // 400 ms of a 40 ms lease renewed every quarter of it, at most a third apart.
+    assert!(
+        result("renewed") >= 400 / 14,
+        "renewed {}",
+        result("renewed")
+    );
+    assert_eq!(result("fenced"), 0);
+    assert_eq!(result("failed"), 0);
+    assert_eq!(got.unit("retry_safety.server.lease.renewals"), "{renewal}");
 }
