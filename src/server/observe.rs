@@ -29,7 +29,7 @@ pub(crate) enum KeyedOutcome {
 
 /// How one renewal of a claim's lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Renewed {
+pub(crate) enum RenewalResult {
     /// The lease was extended.
     Renewed,
     /// Refused by fencing: another claim holds the key now.
@@ -69,7 +69,7 @@ impl Observe {
 
     /// A renewal of a claim's lease ended as `result`.
     #[inline]
-    pub(crate) fn renewal(&self, result: Renewed) {
+    pub(crate) fn renewal(&self, result: RenewalResult) {
         #[cfg(feature = "opentelemetry")]
         if let Some(i) = &self.instruments {
             i.renewal(result);
@@ -87,7 +87,7 @@ mod instruments {
     use opentelemetry::metrics::{Counter, Meter};
     use opentelemetry::KeyValue;
 
-    use super::{KeyedOutcome, Renewed};
+    use super::{KeyedOutcome, RenewalResult};
 
     impl KeyedOutcome {
         fn as_str(self) -> &'static str {
@@ -105,12 +105,12 @@ mod instruments {
         }
     }
 
-    impl Renewed {
+    impl RenewalResult {
         fn as_str(self) -> &'static str {
             match self {
-                Renewed::Renewed => "renewed",
-                Renewed::Fenced => "fenced",
-                Renewed::Failed => "failed",
+                RenewalResult::Renewed => "renewed",
+                RenewalResult::Fenced => "fenced",
+                RenewalResult::Failed => "failed",
             }
         }
     }
@@ -158,7 +158,7 @@ mod instruments {
             );
         }
 
-        pub(super) fn renewal(&self, result: Renewed) {
+        pub(super) fn renewal(&self, result: RenewalResult) {
             self.renewals.add(
                 1,
                 &[KeyValue::new(

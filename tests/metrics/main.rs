@@ -256,7 +256,7 @@ fn counts_match(got: &Recorded, reports: &[RetryReport]) {
     );
     assert_eq!(got.unit("retry_safety.client.attempts"), "{attempt}");
 
-    let expected = retries_by_class(&reports);
+    let expected = retries_by_class(reports);
     for class in [
         FailureClass::NotSent,
         FailureClass::Ambiguous,

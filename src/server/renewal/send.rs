@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::server::observe::{Observe, Renewed};
+use crate::server::observe::{Observe, RenewalResult};
 use crate::server::store::{Claim, IdempotencyStore};
 use crate::target::cap;
 
@@ -48,12 +48,12 @@ pub(super) fn send_renewal<St: IdempotencyStore>(
     let mut call = Box::pin(async move {
         let renewed = tokio::time::timeout(lease / 4, store.renew(&key, claim, lease)).await;
         match renewed {
-            Ok(Ok(())) => observe.renewal(Renewed::Renewed),
+            Ok(Ok(())) => observe.renewal(RenewalResult::Renewed),
             Ok(Err(err)) => {
                 observe.renewal(if err.is_fenced() {
-                    Renewed::Fenced
+                    RenewalResult::Fenced
                 } else {
-                    Renewed::Failed
+                    RenewalResult::Failed
                 });
                 // Fenced: the lease ended (a store outage longer than it) and the key may have
                 // been claimed again; the next tick tries again and is refused again, and the
@@ -61,7 +61,7 @@ pub(super) fn send_renewal<St: IdempotencyStore>(
                 tracing::warn!(error = %err, cause = crate::server::cause(&err), fenced = err.is_fenced(), key = cap(&shown, 64), "idempotency claim not renewed");
             }
             Err(_) => {
-                observe.renewal(Renewed::Failed);
+                observe.renewal(RenewalResult::Failed);
                 tracing::warn!(key = cap(&shown, 64), "idempotency claim renewal timed out");
             }
         }
