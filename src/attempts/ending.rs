@@ -86,7 +86,30 @@ impl Attempts {
             hedges: hedging.hedges,
             hedge_won: hedging.won_by.is_some_and(|n| n > 1),
             superseded: hedging.superseded,
+            #[cfg(feature = "tonic")]
+            grpc: self.is_grpc().then(|| self.grpc_call(hedging.hedges)),
         };
         metrics.ended(&self.target, self.verdict.source(), ended);
+    }
+
+    /// A gRPC call's resends, from its records: every attempt but the last was followed by a
+    /// resend, transparent when it was not sent; the hedges are not retries.
+    #[cfg(feature = "tonic")]
+    fn grpc_call(&self, hedges: u32) -> crate::metrics::client::GrpcCall {
+        let sent = self.records.len() + self.hedge.as_ref().map_or(0, |h| h.summary().superseded);
+        let resends = sent.saturating_sub(1).saturating_sub(hedges);
+        let before_last = self
+            .records
+            .iter()
+            .take(self.records.len().saturating_sub(1) as usize);
+        let not_sent = before_last
+            .filter(|r| r.class == crate::classify::FailureClass::NotSent)
+            .count() as u32;
+        let transparent_retries = not_sent.min(resends);
+        crate::metrics::client::GrpcCall {
+            retries: resends - transparent_retries,
+            transparent_retries,
+            delay: self.records.iter().filter_map(|r| r.delay).sum(),
+        }
     }
 }

@@ -30,6 +30,30 @@ pub(crate) struct ClientInstruments {
     suppressed: Counter<u64>,
     refused: Counter<u64>,
     stored_responses: Counter<u64>,
+    /// gRFC A96's per-call histograms, for gRPC calls.
+    #[cfg(feature = "tonic")]
+    grpc: GrpcInstruments,
+}
+
+/// gRFC A96's instruments: per gRPC call, recorded only when the call was resent.
+#[cfg(feature = "tonic")]
+struct GrpcInstruments {
+    retries: Histogram<u64>,
+    transparent_retries: Histogram<u64>,
+    hedges: Histogram<u64>,
+    retry_delay: Histogram<f64>,
+}
+
+/// What a gRPC call's resends were, as gRFC A96 counts them.
+#[cfg(feature = "tonic")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GrpcCall {
+    /// Resends after an attempt that may have reached the server (not hedges).
+    pub(crate) retries: u32,
+    /// Resends after an attempt that provably did not (not sent).
+    pub(crate) transparent_retries: u32,
+    /// The waits before the resends, summed.
+    pub(crate) delay: Duration,
 }
 
 impl fmt::Debug for ClientInstruments {
@@ -57,6 +81,9 @@ pub(crate) struct Ended {
     pub(crate) hedges: u32,
     pub(crate) hedge_won: bool,
     pub(crate) superseded: u32,
+    /// A gRPC call's resends, for gRFC A96's instruments.
+    #[cfg(feature = "tonic")]
+    pub(crate) grpc: Option<GrpcCall>,
 }
 
 impl ClientInstruments {
@@ -119,6 +146,38 @@ impl ClientInstruments {
                     "Responses that are the server's stored response to an idempotency key",
                 )
                 .build(),
+            #[cfg(feature = "tonic")]
+            grpc: GrpcInstruments {
+                retries: meter
+                    .u64_histogram("grpc.client.call.retries")
+                    .with_unit("{retry}")
+                    .with_description("Number of retries during the client call (gRFC A96)")
+                    .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                    .build(),
+                transparent_retries: meter
+                    .u64_histogram("grpc.client.call.transparent_retries")
+                    .with_unit("{transparent_retry}")
+                    .with_description(
+                        "Number of transparent retries during the client call (gRFC A96)",
+                    )
+                    .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                    .build(),
+                hedges: meter
+                    .u64_histogram("grpc.client.call.hedges")
+                    .with_unit("{hedge}")
+                    .with_description("Number of hedges during the client call (gRFC A96)")
+                    .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                    .build(),
+                retry_delay: meter
+                    .f64_histogram("grpc.client.call.retry_delay")
+                    .with_unit("s")
+                    .with_description(
+                        "Total time of delay while there is no active attempt during the \
+                         client call (gRFC A96)",
+                    )
+                    .with_boundaries(WAIT_BUCKETS.to_vec())
+                    .build(),
+            },
         }
     }
 
@@ -181,6 +240,33 @@ impl ClientInstruments {
         }
         if ended.superseded > 0 {
             self.superseded.add(u64::from(ended.superseded), attributes);
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(call) = ended.grpc {
+            self.grpc_call(target, call, ended.hedges);
+        }
+    }
+
+    /// gRFC A96's histograms for a gRPC call: each only when it is not zero, as A96 has it,
+    /// the delay only for a call that was resent.
+    #[cfg(feature = "tonic")]
+    #[cold]
+    fn grpc_call(&self, target: &Target, call: GrpcCall, hedges: u32) {
+        let method = target.path().strip_prefix('/').unwrap_or(target.path());
+        let attributes = [KeyValue::new("grpc.method", method.to_owned())];
+        let g = &self.grpc;
+        if call.retries > 0 {
+            g.retries.record(u64::from(call.retries), &attributes);
+        }
+        if call.transparent_retries > 0 {
+            g.transparent_retries
+                .record(u64::from(call.transparent_retries), &attributes);
+        }
+        if hedges > 0 {
+            g.hedges.record(u64::from(hedges), &attributes);
+        }
+        if call.retries + call.transparent_retries + hedges > 0 {
+            g.retry_delay.record(call.delay.as_secs_f64(), &attributes);
         }
     }
 }

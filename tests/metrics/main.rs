@@ -705,3 +705,65 @@ async fn lease_renewals_are_counted_while_a_handler_runs() {
     assert_eq!(result("failed"), 0);
     assert_eq!(got.unit("retry_safety.server.lease.renewals"), "{renewal}");
 }
+
+/// gRPC calls also record gRFC A96's per-call histograms, named by `grpc.method`: a call
+/// resent twice after UNAVAILABLE records its retries once, and a call answered at once
+/// records none (A96 leaves zeros out).
+#[cfg(feature = "tonic")]
+#[tokio::test(start_paused = true)]
+async fn grpc_calls_record_the_a96_retry_histograms() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let meters = Meters::new();
+    let policy = RetryPolicy::builder()
+        .backoff(Duration::from_millis(5), Duration::from_millis(5))
+        .meter(meters.meter())
+        .build()
+        .expect("policy");
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let svc = policy.layer(service_fn(move |req: Request<String>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        let flaky = req.uri().path().ends_with("/Get");
+        async move {
+            let status = if flaky && n < 2 { "14" } else { "0" };
+            Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", status)
+                .body(String::new())
+        }
+    }));
+    let call = |method: &str| {
+        let mut req = Request::post(format!("http://svc/lab.v1.Ledger/{method}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(String::new())
+            .expect("request");
+        req.extensions_mut().insert(Idempotency::Idempotent);
+        req
+    };
+    let res = svc.clone().oneshot(call("Get")).await.expect("a response");
+    let report = RetryReport::of(&res).cloned().expect("a report");
+    assert_eq!(report.attempts(), 3, "{report:?}");
+    let res = svc.oneshot(call("List")).await.expect("a response");
+    assert_eq!(RetryReport::of(&res).map(RetryReport::attempts), Some(1));
+
+    let got = meters.read();
+    let points = got.u64_histogram_points("grpc.client.call.retries");
+    let methods: Vec<_> = points
+        .iter()
+        .map(|(a, _)| a["grpc.method"].clone())
+        .collect();
+    assert_eq!(methods, ["lab.v1.Ledger/Get"]);
+    assert_eq!(got.u64_histogram("grpc.client.call.retries"), (1, 2));
+    assert_eq!(
+        got.u64_histogram("grpc.client.call.transparent_retries"),
+        (0, 0)
+    );
+    assert_eq!(got.u64_histogram("grpc.client.call.hedges"), (0, 0));
+    assert_eq!(got.f64_histogram("grpc.client.call.retry_delay").0, 1);
+    assert_eq!(got.unit("grpc.client.call.retry_delay"), "s");
+    // The crate's own instruments count the same calls.
+    assert_eq!(got.u64_histogram("retry_safety.client.attempts"), (2, 4));
+    assert_eq!(got.total("retry_safety.client.retries"), 2);
+}
