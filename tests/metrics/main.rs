@@ -767,3 +767,52 @@ async fn grpc_calls_record_the_a96_retry_histograms() {
     assert_eq!(got.u64_histogram("retry_safety.client.attempts"), (2, 4));
     assert_eq!(got.total("retry_safety.client.retries"), 2);
 }
+
+/// Two layers of this crate, one over the other, both with the meter: the outer one owns the
+/// request and records it once (the inner one, whose attempts the outer one makes, records
+/// nothing). A request that shows no host records no `server.address`.
+#[tokio::test(start_paused = true)]
+async fn a_request_through_two_layers_is_recorded_once() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    let meters = Meters::new();
+    let policy = RetryPolicy::builder()
+        .backoff(Duration::from_millis(5), Duration::from_millis(5))
+        .meter(meters.meter())
+        .build()
+        .expect("policy");
+    let calls = Arc::new(AtomicU32::new(0));
+    let seen = calls.clone();
+    let handler = service_fn(move |_req: Request<String>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let status = if n == 0 { 503 } else { 200 };
+            Response::builder().status(status).body(String::new())
+        }
+    });
+    let svc = policy.layer(policy.layer(handler));
+    let req = Request::get("/v1/items?token=s3cr3t")
+        .body(String::new())
+        .expect("request");
+    let res = svc.oneshot(req).await.expect("a response");
+    let report = RetryReport::of(&res).cloned().expect("a report");
+    assert_eq!(report.attempts(), 2, "{report:?}");
+
+    let got = meters.read();
+    assert_eq!(got.u64_histogram("retry_safety.client.attempts"), (1, 2));
+    assert_eq!(
+        got.sum_where(
+            "retry_safety.client.retries",
+            "retry_safety.failure_class",
+            "retryable-response"
+        ),
+        1
+    );
+    assert_eq!(got.total("retry_safety.client.retries"), 1);
+    for (name, attributes) in got.all_attributes() {
+        assert!(
+            !attributes.contains_key("server.address"),
+            "{name}: {attributes:?}"
+        );
+    }
+}
