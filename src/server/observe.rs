@@ -38,6 +38,20 @@ pub(crate) enum RenewalResult {
     Failed,
 }
 
+/// How atomic mode ended a keyed request's transaction.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TransactionResult {
+    /// The handler's writes and the key's record committed together.
+    Committed,
+    /// The commit was not acknowledged: 503.
+    CommitUnconfirmed,
+    /// Rolled back: the handler failed, answered a 5xx not to be stored, or a statement failed.
+    RolledBack,
+    /// The handler ended or kept the transaction itself: the key keeps an unknown outcome.
+    Unknown,
+}
+
 /// The layer's instruments, if it was given a meter.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Observe {
@@ -67,6 +81,18 @@ impl Observe {
         let _ = (method, outcome);
     }
 
+    /// Atomic mode ended a transaction as `result`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[inline]
+    pub(crate) fn transaction(&self, result: TransactionResult) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(i) = &self.instruments {
+            i.transaction(result);
+        }
+        #[cfg(not(feature = "opentelemetry"))]
+        let _ = result;
+    }
+
     /// A renewal of a claim's lease ended as `result`.
     #[inline]
     pub(crate) fn renewal(&self, result: RenewalResult) {
@@ -87,7 +113,7 @@ mod instruments {
     use opentelemetry::metrics::{Counter, Meter};
     use opentelemetry::KeyValue;
 
-    use super::{KeyedOutcome, RenewalResult};
+    use super::{KeyedOutcome, RenewalResult, TransactionResult};
 
     impl KeyedOutcome {
         fn as_str(self) -> &'static str {
@@ -115,10 +141,22 @@ mod instruments {
         }
     }
 
+    impl TransactionResult {
+        fn as_str(self) -> &'static str {
+            match self {
+                TransactionResult::Committed => "committed",
+                TransactionResult::CommitUnconfirmed => "commit-unconfirmed",
+                TransactionResult::RolledBack => "rolled-back",
+                TransactionResult::Unknown => "unknown",
+            }
+        }
+    }
+
     /// The server layer's instruments (see the [module docs](crate::metrics)).
     pub(super) struct ServerInstruments {
         keyed: Counter<u64>,
         renewals: Counter<u64>,
+        transactions: Counter<u64>,
     }
 
     impl fmt::Debug for ServerInstruments {
@@ -145,7 +183,25 @@ mod instruments {
                         "Renewals of a claim's lease while its handler runs, by result",
                     )
                     .build(),
+                transactions: meter
+                    .u64_counter("retry_safety.server.atomic.transactions")
+                    .with_unit("{transaction}")
+                    .with_description(
+                        "Atomic mode's keyed transactions (handler and key together), by how \
+                         each ended",
+                    )
+                    .build(),
             }
+        }
+
+        pub(super) fn transaction(&self, result: TransactionResult) {
+            self.transactions.add(
+                1,
+                &[KeyValue::new(
+                    "retry_safety.transaction.result",
+                    result.as_str(),
+                )],
+            );
         }
 
         pub(super) fn keyed(&self, method: &Method, outcome: KeyedOutcome) {

@@ -2,6 +2,9 @@
 //! `RetryReport`s of the same requests, and the server layer's against the answers it gave,
 //! read back through the SDK's in-memory exporter. Every count is exact.
 
+#[cfg(feature = "postgres")]
+#[path = "../pg/mod.rs"]
+mod pg;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -815,4 +818,68 @@ async fn a_request_through_two_layers_is_recorded_once() {
             "{name}: {attributes:?}"
         );
     }
+}
+
+/// Atomic mode over PostgreSQL (feature `postgres`): the keyed answers are counted as in lease
+/// mode, and each keyed transaction once by how it ended — committed with the handler's
+/// response, or rolled back when the handler failed.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn atomic_mode_counts_commits_and_rollbacks() {
+    use http_body_util::Either;
+    use tower::BoxError;
+    use tower_retry_safety::server::PostgresStore;
+
+    let meters = Meters::new();
+    let db = pg::TestDb::new().await;
+    let store = PostgresStore::from_pool(db.pool(4).await);
+    store.migrate().await.expect("migrate");
+    let layer = IdempotencyLayer::new(store).meter(meters.meter()).atomic();
+    type Body = Either<Full<Bytes>, Full<Bytes>>;
+    let svc = layer.layer(service_fn(|req: Request<Body>| async move {
+        if req.uri().path() == "/fail" {
+            return Err::<Response<Full<Bytes>>, BoxError>("the handler failed".into());
+        }
+        let mut res = Response::new(Full::new(Bytes::from_static(b"created")));
+        *res.status_mut() = StatusCode::CREATED;
+        Ok(res)
+    }));
+    let send = |path: &str, key: &str, body: &'static str| {
+        let req = Request::post(path)
+            .header("idempotency-key", key)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("request");
+        svc.clone().oneshot(req)
+    };
+    let status = |res: Result<Response<_>, BoxError>| res.map(|r| r.status().as_u16()).ok();
+
+    assert_eq!(status(send("/ok", "\"a\"", "x").await), Some(201));
+    assert_eq!(status(send("/ok", "\"a\"", "x").await), Some(201));
+    assert_eq!(status(send("/ok", "\"a\"", "other").await), Some(422));
+    assert_eq!(status(send("/ok", "\"unterminated", "x").await), Some(400));
+    assert_eq!(status(send("/fail", "\"b\"", "x").await), None);
+
+    let got = meters.read();
+    let outcome = |o: &str| {
+        got.sum_where(
+            "retry_safety.server.keyed_requests",
+            "retry_safety.key.outcome",
+            o,
+        )
+    };
+    assert_eq!(outcome("claimed"), 2);
+    assert_eq!(outcome("stored-response"), 1);
+    assert_eq!(outcome("mismatch"), 1);
+    assert_eq!(outcome("malformed-key"), 1);
+    assert_eq!(got.total("retry_safety.server.keyed_requests"), 5);
+    let ended = |r: &str| {
+        got.sum_where(
+            "retry_safety.server.atomic.transactions",
+            "retry_safety.transaction.result",
+            r,
+        )
+    };
+    assert_eq!(ended("committed"), 1);
+    assert_eq!(ended("rolled-back"), 1);
+    assert_eq!(got.total("retry_safety.server.atomic.transactions"), 2);
 }
