@@ -2,9 +2,11 @@
 //! spans to an in-memory exporter, and the example prints each one with its attributes and
 //! links. Three requests against the loopback fault server: a GET whose first attempt gets a
 //! 503 (retried), a POST whose first attempt gets a 503 (the retry is suppressed), and a slow
-//! GET that is hedged.
+//! GET that is hedged. With the feature `opentelemetry`, the policy also records its metrics
+//! through an SDK meter, and the example prints them after the spans.
 //!
-//! Run: `cargo run --example otel`
+//! Run: `cargo run --example otel` (spans), `cargo run --example otel --features opentelemetry`
+//! (spans and metrics)
 
 #[path = "../tests/support/fault_server.rs"]
 mod fault_server;
@@ -36,8 +38,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = FaultServer::start().await;
     let policy = RetryPolicy::builder()
         .backoff(Duration::from_millis(5), Duration::from_millis(5))
-        .hedge(Hedge::fixed(Duration::from_millis(20)).max_extra_load(1.0))
-        .build()?;
+        .hedge(Hedge::fixed(Duration::from_millis(20)).max_extra_load(1.0));
+    #[cfg(feature = "opentelemetry")]
+    let (metrics, policy) = {
+        use opentelemetry::metrics::MeterProvider as _;
+        let exporter = opentelemetry_sdk::metrics::InMemoryMetricExporter::default();
+        let reader = opentelemetry_sdk::metrics::PeriodicReader::builder(exporter.clone()).build();
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(reader)
+            .build();
+        let meter = provider.meter("otel-example");
+        ((provider, exporter), policy.meter(meter))
+    };
+    let policy = policy.build()?;
     let svc = policy.layer(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
     let requests = [
         (Method::GET, "retried", Fault::UnavailableAfterApply),
@@ -68,6 +81,56 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         for kv in &s.attributes {
             println!("  {} = {}", kv.key, kv.value);
+        }
+    }
+    #[cfg(feature = "opentelemetry")]
+    print_metrics(&metrics.0, &metrics.1)?;
+    Ok(())
+}
+
+/// Every data point the policy recorded, with its attributes.
+#[cfg(feature = "opentelemetry")]
+fn print_metrics(
+    provider: &opentelemetry_sdk::metrics::SdkMeterProvider,
+    exporter: &opentelemetry_sdk::metrics::InMemoryMetricExporter,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+
+    provider.force_flush()?;
+    let exported = exporter.get_finished_metrics()?;
+    let Some(last) = exported.last() else {
+        return Ok(());
+    };
+    println!("\nmetrics:");
+    let show = |kvs: &mut dyn Iterator<Item = &opentelemetry::KeyValue>| {
+        kvs.map(|kv| format!("{}={}", kv.key, kv.value))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for metric in last.scope_metrics().flat_map(|s| s.metrics()) {
+        println!("\n{} ({})", metric.name(), metric.unit());
+        match metric.data() {
+            AggregatedMetrics::U64(MetricData::Sum(sum)) => {
+                for p in sum.data_points() {
+                    println!("  {} [{}]", p.value(), show(&mut p.attributes()));
+                }
+            }
+            AggregatedMetrics::U64(MetricData::Histogram(h)) => {
+                for p in h.data_points() {
+                    let (count, sum) = (p.count(), p.sum());
+                    println!("  count {count}, sum {sum} [{}]", show(&mut p.attributes()));
+                }
+            }
+            AggregatedMetrics::F64(MetricData::Histogram(h)) => {
+                for p in h.data_points() {
+                    let (count, sum) = (p.count(), p.sum());
+                    println!(
+                        "  count {count}, sum {sum:.3} [{}]",
+                        show(&mut p.attributes())
+                    );
+                }
+            }
+            _ => {}
         }
     }
     Ok(())

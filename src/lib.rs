@@ -171,6 +171,9 @@ pub mod classify;
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 pub mod grpc;
 mod hedge;
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub mod metrics;
 pub mod peek;
 pub mod policy;
 #[cfg(feature = "reqwest-middleware")]

@@ -12,6 +12,11 @@ impl Attempts {
     /// The report, its parts taken out of `self`, which is spent afterwards.
     #[inline]
     pub(crate) fn take_report(&mut self, stop: StopReason) -> RetryReport {
+        // The request's end, in the policy's instruments: one check without a meter.
+        #[cfg(feature = "opentelemetry")]
+        if let Some(metrics) = self.policy.metrics() {
+            self.record_end(metrics, stop);
+        }
         RetryReport {
             verdict: self.verdict,
             records: std::mem::take(&mut self.records),
@@ -51,5 +56,60 @@ impl Attempts {
         // request may have been sent. The report adds whether the request can apply anything.
         let maybe_applied = report.reached_the_server();
         Error::after_attempts(target, report, class, maybe_applied, symptom, source)
+    }
+}
+
+#[cfg(feature = "opentelemetry")]
+impl Attempts {
+    /// Records the request's end: its attempts, and whether a write was suppressed, a retry
+    /// refused, or the server's stored response received. An inner layer of this crate
+    /// records nothing: the outer one owns the request.
+    #[cold]
+    fn record_end(&self, metrics: &crate::metrics::client::ClientInstruments, stop: StopReason) {
+        if self.outer_layer || stop == StopReason::RetriedByOuterLayer {
+            return;
+        }
+        let hedging = self.hedge.as_ref().map(|h| h.summary()).unwrap_or_default();
+        let ended = crate::metrics::client::Ended {
+            attempts: self.records.len() + hedging.superseded,
+            stop: stop.as_str(),
+            suppressed: stop == StopReason::SuppressedNotIdempotent,
+            refused: matches!(
+                stop,
+                StopReason::Budget
+                    | StopReason::Deadline
+                    | StopReason::BodyNotReplayable
+                    | StopReason::RetryAfterTooLong
+            ),
+            stored_response: stop == StopReason::Replayed,
+            last_class: self.records.iter().last().map(|r| r.class),
+            hedges: hedging.hedges,
+            hedge_won: hedging.won_by.is_some_and(|n| n > 1),
+            superseded: hedging.superseded,
+            #[cfg(feature = "tonic")]
+            grpc: self.is_grpc().then(|| self.grpc_call(hedging.hedges)),
+        };
+        metrics.ended(&self.target, self.verdict.source(), ended);
+    }
+
+    /// A gRPC call's resends, from its records: every attempt but the last was followed by a
+    /// resend, transparent when it was not sent; the hedges are not retries.
+    #[cfg(feature = "tonic")]
+    fn grpc_call(&self, hedges: u32) -> crate::metrics::client::GrpcCall {
+        let sent = self.records.len() + self.hedge.as_ref().map_or(0, |h| h.summary().superseded);
+        let resends = sent.saturating_sub(1).saturating_sub(hedges);
+        let before_last = self
+            .records
+            .iter()
+            .take(self.records.len().saturating_sub(1) as usize);
+        let not_sent = before_last
+            .filter(|r| r.class == crate::classify::FailureClass::NotSent)
+            .count() as u32;
+        let transparent_retries = not_sent.min(resends);
+        crate::metrics::client::GrpcCall {
+            retries: resends - transparent_retries,
+            transparent_retries,
+            delay: self.records.iter().filter_map(|r| r.delay).sum(),
+        }
     }
 }

@@ -372,6 +372,18 @@ impl Attempts {
         self.open_span(number, hedge);
         if number > 1 {
             self.last_attempt_at = SystemTime::now();
+            // A resend that is not a hedge, in the policy's instruments: one check without a
+            // meter, and none for a first attempt.
+            #[cfg(feature = "opentelemetry")]
+            if let (false, Some(metrics)) = (hedge, self.policy.metrics()) {
+                let last = self.records.iter().last();
+                metrics.retry(
+                    &self.target,
+                    self.verdict.source(),
+                    last.map_or(crate::classify::FailureClass::Ambiguous, |r| r.class),
+                    last.and_then(|r| r.delay),
+                );
+            }
         }
         if let Some(name) = &self.policy.headers().attempt_header {
             headers.insert(name.clone(), HeaderValue::from(number));

@@ -89,6 +89,9 @@ pub(crate) struct Inner {
     budget: Option<Arc<dyn Budget + Send + Sync>>,
     headers: Headers,
     hedge: Option<crate::hedge::Hedger>,
+    /// The instruments requests record in, made once from the builder's meter.
+    #[cfg(feature = "opentelemetry")]
+    metrics: Option<crate::metrics::client::ClientInstruments>,
     /// Whether the warning that a request's host was not visible has been logged.
     warned_host_unknown: std::sync::atomic::AtomicBool,
 }
@@ -118,12 +121,31 @@ impl fmt::Debug for RetryPolicy {
             .field("request_id_header", &i.headers.request_id_header)
             .field("attempt_header", &i.headers.attempt_header)
             .field("hedge", &i.hedge)
+            .field("metrics", &metrics_set(i))
             .field("origin", &self.origin.as_deref())
             .finish()
     }
 }
 
+/// Whether the policy records metrics (always false without the feature `opentelemetry`).
+fn metrics_set(inner: &Inner) -> bool {
+    #[cfg(feature = "opentelemetry")]
+    return inner.metrics.is_some();
+    #[cfg(not(feature = "opentelemetry"))]
+    {
+        let _ = inner;
+        false
+    }
+}
+
 impl RetryPolicy {
+    /// The instruments requests record in, if the policy was given a meter.
+    #[cfg(feature = "opentelemetry")]
+    #[inline]
+    pub(crate) fn metrics(&self) -> Option<&crate::metrics::client::ClientInstruments> {
+        self.inner.metrics.as_ref()
+    }
+
     /// The headers the policy reads and writes.
     #[inline]
     pub(crate) fn headers(&self) -> &Headers {

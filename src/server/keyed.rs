@@ -26,6 +26,14 @@ pub(crate) enum BadKey {
 }
 
 impl BadKey {
+    /// How the layer's instruments count it.
+    pub(crate) fn outcome(self) -> super::observe::KeyedOutcome {
+        match self {
+            BadKey::Missing => super::observe::KeyedOutcome::MissingKey,
+            BadKey::Malformed => super::observe::KeyedOutcome::MalformedKey,
+        }
+    }
+
     /// The answer to the request.
     #[cold]
     pub(crate) fn reply<R>(self) -> Response<ResponseBody<R>> {

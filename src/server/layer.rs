@@ -4,6 +4,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use tower_layer::Layer;
 
+use super::observe::Observe;
 use super::renewal::Renewals;
 use super::{IdempotencyService, IdempotencyStore};
 
@@ -18,6 +19,8 @@ pub(crate) struct Config {
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) required: Vec<Method>,
+    /// The instruments keyed requests record in, if the layer was given a meter.
+    pub(crate) observe: Observe,
 }
 
 const YEAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
@@ -68,7 +71,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
         let store = Arc::new(store);
         let lease = Duration::from_secs(60);
         IdempotencyLayer {
-            renewals: Arc::new(Renewals::new(store.clone(), lease)),
+            renewals: Arc::new(Renewals::new(store.clone(), lease, Observe::default())),
             store,
             config: Arc::new(Config {
                 key_header: HeaderName::from_static("idempotency-key"),
@@ -80,8 +83,30 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
                 max_request_bytes: 1024 * 1024,
                 max_response_bytes: 64 * 1024,
                 required: Vec::new(),
+                observe: Observe::default(),
             }),
         }
+    }
+
+    /// Records how the layer answers keyed requests, and its claims' lease renewals, in
+    /// OpenTelemetry instruments made once from `meter`: keys claimed, repeats answered from
+    /// the stored response, 409s while in flight, 422 reuses, 400s for malformed or missing
+    /// keys, store errors (503). The [`metrics`](crate::metrics) module lists each instrument
+    /// with its unit and attributes; keys and paths are never attributes. For the global meter
+    /// provider, hand over `opentelemetry::global::meter("tower-retry-safety")`.
+    ///
+    /// Defaults to none: nothing is recorded.
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub fn meter(self, meter: opentelemetry::metrics::Meter) -> Self {
+        let observe = Observe::new(&meter);
+        let mut layer = self.config(|c| c.observe = observe.clone());
+        layer.renewals = Arc::new(Renewals::new(
+            layer.store.clone(),
+            layer.config.lease,
+            observe,
+        ));
+        layer
     }
 
     /// The store, to inspect it (its size, a key's entry).
@@ -127,7 +152,8 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     pub fn lease(self, lease: Duration) -> Self {
         let lease = lease.clamp(Duration::from_millis(30), YEAR);
         let mut layer = self.config(|c| c.lease = lease);
-        layer.renewals = Arc::new(Renewals::new(layer.store.clone(), lease));
+        let observe = layer.config.observe.clone();
+        layer.renewals = Arc::new(Renewals::new(layer.store.clone(), lease, observe));
         layer
     }
 

@@ -206,6 +206,7 @@ mod grpc;
 mod keyed;
 mod layer;
 mod memory;
+mod observe;
 mod outcome;
 #[cfg(feature = "postgres")]
 mod postgres;

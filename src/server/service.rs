@@ -16,6 +16,7 @@ use super::derive::RequestKey;
 use super::future::ResponseFuture;
 use super::keyed::{key_of, prepare, Keyed};
 use super::layer::Config;
+use super::observe::KeyedOutcome;
 use super::outcome::{replay, reply, retry_later};
 use super::renewal::Renewals;
 use super::run;
@@ -100,11 +101,14 @@ where
         let key = match key_of(config, &req) {
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::passthrough(inner.call(req.map(Either::Right))),
-            #[cfg(feature = "tonic")]
-            Err(bad) if grpc(&req) => {
-                return ResponseFuture::reply(super::grpc::answer(bad.reply()))
+            Err(bad) => {
+                config.observe.keyed(req.method(), bad.outcome());
+                #[cfg(feature = "tonic")]
+                if grpc(&req) {
+                    return ResponseFuture::reply(super::grpc::answer(bad.reply()));
+                }
+                return ResponseFuture::reply(bad.reply());
             }
-            Err(bad) => return ResponseFuture::reply(bad.reply()),
         };
         #[cfg(feature = "tonic")]
         let grpc = grpc(&req);
@@ -157,8 +161,12 @@ where
             fingerprint,
         } = match prepare(&config, &shown, &parts, body).await {
             Ok(keyed) => keyed,
-            Err(answer) => return Ok(answer),
+            Err(answer) => {
+                config.observe.keyed(&parts.method, KeyedOutcome::Rejected);
+                return Ok(answer);
+            }
         };
+        let observe = |outcome| config.observe.keyed(&parts.method, outcome);
         // The store's lease starts when it takes the claim, after this: renewals are timed
         // from here, so a slow reply to `begin` eats none of the margin.
         let sent = renewals.now();
@@ -166,22 +174,28 @@ where
         let claim = match store.begin(&key, fingerprint, config.lease).await {
             Ok(Begin::Started(claim)) => claim,
             Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
+                observe(KeyedOutcome::InFlight);
                 return Ok(retry_later(
                     StatusCode::CONFLICT,
                     "a request with this Idempotency-Key is still in progress; retry later",
-                ))
+                ));
             }
             Ok(Begin::Existing(Entry::Completed {
                 fingerprint: first,
                 response,
-            })) if first == fingerprint => return Ok(replay(response, &config)),
+            })) if first == fingerprint => {
+                observe(KeyedOutcome::StoredResponse);
+                return Ok(replay(response, &config));
+            }
             Ok(Begin::Existing(_)) => {
+                observe(KeyedOutcome::Mismatch);
                 return Ok(reply(
                     StatusCode::UNPROCESSABLE_ENTITY,
                     "this Idempotency-Key was already used with a different request",
-                ))
+                ));
             }
             Err(err) => {
+                observe(KeyedOutcome::StoreError);
                 tracing::warn!(error = %err, cause = super::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
                 return Ok(retry_later(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -205,6 +219,10 @@ where
         };
         let Ok(renewal) = renewals.hold(&claimed.key, &claimed.shown, claimed.claim, sent) else {
             // Nothing ran: the claim may be freed.
+            claimed
+                .config
+                .observe
+                .keyed(&parts.method, KeyedOutcome::Unavailable);
             tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
             let _ = claimed.store.release(&claimed.key, claimed.claim).await;
             return Ok(retry_later(
@@ -212,6 +230,10 @@ where
                 "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
             ));
         };
+        claimed
+            .config
+            .observe
+            .keyed(&parts.method, KeyedOutcome::Claimed);
         run::call(
             inner,
             claimed,

@@ -32,6 +32,9 @@ pub struct RetryPolicyBuilder {
     responses: Responses,
     headers: Headers,
     hedge: Option<crate::Hedge>,
+    /// The meter the policy's instruments are made with, if any.
+    #[cfg(feature = "opentelemetry")]
+    meter: Option<opentelemetry::metrics::Meter>,
 }
 
 /// Route rules, host rules and trust in keys, as given (checked in `build`).
@@ -171,6 +174,8 @@ impl RetryPolicyBuilder {
                 attempt_header: None,
             },
             hedge: None,
+            #[cfg(feature = "opentelemetry")]
+            meter: None,
         }
     }
 
@@ -303,6 +308,11 @@ impl RetryPolicyBuilder {
                 budget,
                 headers: self.headers,
                 hedge,
+                #[cfg(feature = "opentelemetry")]
+                metrics: self
+                    .meter
+                    .as_ref()
+                    .map(crate::metrics::client::ClientInstruments::new),
                 warned_host_unknown: Default::default(),
             }),
         })
@@ -337,6 +347,8 @@ mod grpc;
 mod headers;
 mod hedge;
 mod limits;
+#[cfg(feature = "opentelemetry")]
+mod metrics;
 mod responses;
 mod rules;
 #[cfg(test)]

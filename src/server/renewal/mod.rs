@@ -45,6 +45,7 @@ use tokio::time::Instant;
 mod send;
 mod ticker;
 
+use super::observe::Observe;
 use super::store::{Claim, IdempotencyStore};
 use send::{renew, send_renewal};
 use ticker::Ticker;
@@ -63,6 +64,8 @@ const EVERY: u32 = 4;
 pub(crate) struct Renewals<St> {
     store: Arc<St>,
     lease: Duration,
+    /// The layer's instruments: each renewal's result.
+    observe: Observe,
     /// A twelfth of the lease.
     tick: Duration,
     runtimes: Mutex<Vec<Held>>,
@@ -100,10 +103,11 @@ impl<St> std::fmt::Debug for Renewals<St> {
 }
 
 impl<St> Renewals<St> {
-    pub(crate) fn new(store: Arc<St>, lease: Duration) -> Self {
+    pub(crate) fn new(store: Arc<St>, lease: Duration, observe: Observe) -> Self {
         Renewals {
             store,
             lease,
+            observe,
             tick: (lease / TICKS).max(Duration::from_millis(1)),
             runtimes: Mutex::new(Vec::new()),
         }
@@ -220,7 +224,15 @@ impl<St: IdempotencyStore> Renewals<St> {
         if late {
             let (renewals, key, shown) = (self.clone(), key.clone(), shown.clone());
             drop(handle.spawn(async move {
-                renew(&renewals.store, renewals.lease, key, shown, claim).await
+                renew(
+                    &renewals.store,
+                    renewals.lease,
+                    &renewals.observe,
+                    key,
+                    shown,
+                    claim,
+                )
+                .await
             }));
         }
         if let Some(first) = first {
@@ -320,6 +332,7 @@ impl<St: IdempotencyStore> Renewals<St> {
             send_renewal(
                 &self.store,
                 self.lease,
+                &self.observe,
                 key,
                 shown,
                 claim,

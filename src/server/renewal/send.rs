@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::server::observe::{Observe, RenewalResult};
 use crate::server::store::{Claim, IdempotencyStore};
 use crate::target::cap;
 
@@ -16,6 +17,7 @@ use crate::target::cap;
 pub(super) async fn renew<St: IdempotencyStore>(
     store: &Arc<St>,
     lease: Duration,
+    observe: &Observe,
     key: Arc<str>,
     shown: Arc<str>,
     claim: Claim,
@@ -23,7 +25,7 @@ pub(super) async fn renew<St: IdempotencyStore>(
     let mut call = Some((key, shown));
     std::future::poll_fn(|cx| {
         if let Some((key, shown)) = call.take() {
-            send_renewal(store, lease, key, shown, claim, cx);
+            send_renewal(store, lease, observe, key, shown, claim, cx);
         }
         Poll::Ready(())
     })
@@ -35,23 +37,31 @@ pub(super) async fn renew<St: IdempotencyStore>(
 pub(super) fn send_renewal<St: IdempotencyStore>(
     store: &Arc<St>,
     lease: Duration,
+    observe: &Observe,
     key: Arc<str>,
     shown: Arc<str>,
     claim: Claim,
     cx: &mut Context<'_>,
 ) {
     let store = store.clone();
+    let observe = observe.clone();
     let mut call = Box::pin(async move {
         let renewed = tokio::time::timeout(lease / 4, store.renew(&key, claim, lease)).await;
         match renewed {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => observe.renewal(RenewalResult::Renewed),
             Ok(Err(err)) => {
+                observe.renewal(if err.is_fenced() {
+                    RenewalResult::Fenced
+                } else {
+                    RenewalResult::Failed
+                });
                 // Fenced: the lease ended (a store outage longer than it) and the key may have
                 // been claimed again; the next tick tries again and is refused again, and the
                 // claim's outcome is fenced when it is stored.
                 tracing::warn!(error = %err, cause = crate::server::cause(&err), fenced = err.is_fenced(), key = cap(&shown, 64), "idempotency claim not renewed");
             }
             Err(_) => {
+                observe.renewal(RenewalResult::Failed);
                 tracing::warn!(key = cap(&shown, 64), "idempotency claim renewal timed out");
             }
         }

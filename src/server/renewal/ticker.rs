@@ -43,7 +43,15 @@ impl<St: IdempotencyStore> Ticker<St> {
             // renews all that fell due meanwhile.
             let due = renewals.take_due(self.runtime, Instant::now());
             for (key, shown, claim) in due {
-                renew(&renewals.store, renewals.lease, key, shown, claim).await;
+                renew(
+                    &renewals.store,
+                    renewals.lease,
+                    &renewals.observe,
+                    key,
+                    shown,
+                    claim,
+                )
+                .await;
             }
             drop(renewals);
             tokio::time::sleep(self.tick).await;

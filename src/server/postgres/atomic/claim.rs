@@ -16,6 +16,7 @@ use crate::server::derive::RequestKey;
 use crate::server::detach::DetachOnDrop;
 use crate::server::keyed::{prepare, Keyed};
 use crate::server::layer::Config;
+use crate::server::observe::KeyedOutcome;
 use crate::server::outcome::{replay, reply, retry_later};
 use crate::server::postgres::sql::{Sql, LOCKED};
 use crate::server::postgres::{lock_id, secs, token, PostgresStore};
@@ -124,20 +125,35 @@ async fn answer_from_record<B>(
     key: &str,
     fingerprint: Fingerprint,
     config: &Config,
+    method: &http::Method,
 ) -> Response<ResponseBody<B>> {
+    let observe = |outcome| config.observe.keyed(method, outcome);
     match IdempotencyStore::get(store, key).await {
         Ok(Some(Entry::Completed {
             fingerprint: first,
             response,
-        })) if first == fingerprint => replay(response, config),
-        Ok(Some(Entry::InFlight { fingerprint: first })) if first == fingerprint => in_progress(),
+        })) if first == fingerprint => {
+            observe(KeyedOutcome::StoredResponse);
+            replay(response, config)
+        }
+        Ok(Some(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
+            observe(KeyedOutcome::InFlight);
+            in_progress()
+        }
         // Expired since: the next repeat runs.
-        Ok(None) => in_progress(),
-        Ok(Some(_)) => reply(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "this Idempotency-Key was already used with a different request",
-        ),
+        Ok(None) => {
+            observe(KeyedOutcome::InFlight);
+            in_progress()
+        }
+        Ok(Some(_)) => {
+            observe(KeyedOutcome::Mismatch);
+            reply(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "this Idempotency-Key was already used with a different request",
+            )
+        }
         Err(err) => {
+            observe(KeyedOutcome::StoreError);
             tracing::warn!(error = %err, cause = crate::server::cause(&err), "idempotency (atomic): the key's record could not be read; answering 503");
             retry_later(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -170,7 +186,10 @@ where
         fingerprint,
     } = match prepare(&config, &shown, &parts, body).await {
         Ok(keyed) => keyed,
-        Err(answer) => return Ok(answer),
+        Err(answer) => {
+            config.observe.keyed(&parts.method, KeyedOutcome::Rejected);
+            return Ok(answer);
+        }
     };
 
     // From the claim on, the call runs to its end even if the request goes away (it is
@@ -216,9 +235,11 @@ impl Claim {
             fingerprint,
         } = self;
         store.count_claim();
+        let observe = |outcome| config.observe.keyed(&parts.method, outcome);
         let sql = match store.sql().await {
             Ok(sql) => sql,
             Err(err) => {
+                observe(KeyedOutcome::StoreError);
                 tracing::warn!(error = %err, cause = crate::server::cause(&err), "idempotency (atomic): the store's schema could not be read; answering 503");
                 return Ok(retry_later(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -233,14 +254,21 @@ impl Claim {
             Ok(tx) => tx,
             Err(err) => {
                 return Ok(match refusal(&err) {
-                    Some(Refusal::Busy) => in_progress(),
-                    Some(Refusal::Taken) => {
-                        answer_from_record(&store, &key, fingerprint, &config).await
+                    Some(Refusal::Busy) => {
+                        observe(KeyedOutcome::InFlight);
+                        in_progress()
                     }
-                    None => unavailable("no transaction", &err),
+                    Some(Refusal::Taken) => {
+                        answer_from_record(&store, &key, fingerprint, &config, &parts.method).await
+                    }
+                    None => {
+                        observe(KeyedOutcome::StoreError);
+                        unavailable("no transaction", &err)
+                    }
                 })
             }
         };
+        observe(KeyedOutcome::Claimed);
         // The handler runs in the transaction.
         let slot: Slot = Arc::new(Mutex::new(Some(tx)));
         parts

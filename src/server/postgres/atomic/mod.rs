@@ -226,11 +226,14 @@ where
                     Ok(res.map(|body| ResponseBody::stream(Bytes::new(), None, None, body)))
                 });
             }
-            #[cfg(feature = "tonic")]
-            Err(bad) if grpc => {
-                return Box::pin(ready(Ok(crate::server::grpc::answer(bad.reply()))))
+            Err(bad) => {
+                config.observe.keyed(req.method(), bad.outcome());
+                #[cfg(feature = "tonic")]
+                if grpc {
+                    return Box::pin(ready(Ok(crate::server::grpc::answer(bad.reply()))));
+                }
+                return Box::pin(ready(Ok(bad.reply())));
             }
-            Err(bad) => return Box::pin(ready(Ok(bad.reply()))),
         };
         let (parts, body) = req.into_parts();
         let call = claim::keyed(

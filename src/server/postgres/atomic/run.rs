@@ -15,6 +15,7 @@ use tower_service::Service;
 use super::transaction::Slot;
 use crate::server::buffer::{buffer, Buffered};
 use crate::server::layer::Config;
+use crate::server::observe::TransactionResult;
 use crate::server::outcome;
 use crate::server::outcome::retry_later;
 use crate::server::postgres::sql::{Sql, STILL_LOCKED};
@@ -147,15 +148,27 @@ impl Run {
                 }
                 return Ok(res);
             }
-            Err(err) => return Ok(unavailable("the response could not be recorded", &err)),
+            Err(err) => {
+                // The transaction is dropped uncommitted: rolled back.
+                self.config
+                    .observe
+                    .transaction(TransactionResult::RolledBack);
+                return Ok(unavailable("the response could not be recorded", &err));
+            }
         }
         if let Err(err) = tx.commit().await {
+            self.config
+                .observe
+                .transaction(TransactionResult::CommitUnconfirmed);
             tracing::warn!(error = %err, key = %self.shown, "idempotency (atomic): the commit was not acknowledged; answering 503 (a repeat with this key is replayed if it committed, runs again if not)");
             return Ok(retry_later(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the server could not confirm that this request was saved; send it again with the same Idempotency-Key: it is replayed if it was, and runs if it was not",
             ));
         }
+        self.config
+            .observe
+            .transaction(TransactionResult::Committed);
         Ok(res)
     }
 
@@ -167,6 +180,7 @@ impl Run {
         &self,
         tx: Option<Transaction<'static, Postgres>>,
     ) -> Response<ResponseBody<B>> {
+        self.config.observe.transaction(TransactionResult::Unknown);
         self.log_kept();
         if let Err(err) = self.keep_unknown(tx).await {
             // The key stays in flight (its row committed with the handler's COMMIT) or, if the
@@ -185,7 +199,17 @@ impl Run {
     /// handler had ended it itself, what it committed is unknown, and the unknown outcome is
     /// kept (`true`): a hand-made `COMMIT` committed the claim's row with the handler's writes,
     /// and a `ROLLBACK` may have been followed by writes outside any transaction.
-    async fn abandon(&self, mut tx: Transaction<'static, Postgres>) -> bool {
+    async fn abandon(&self, tx: Transaction<'static, Postgres>) -> bool {
+        let kept = self.abandon_inner(tx).await;
+        self.config.observe.transaction(if kept {
+            TransactionResult::Unknown
+        } else {
+            TransactionResult::RolledBack
+        });
+        kept
+    }
+
+    async fn abandon_inner(&self, mut tx: Transaction<'static, Postgres>) -> bool {
         let still_locked = sqlx::query_scalar::<_, Option<bool>>(STILL_LOCKED)
             .fetch_one(&mut *tx)
             .await;
