@@ -115,8 +115,8 @@ impl Attempts {
 
     /// Whether the server marked `headers`' response a replay of its stored response to this
     /// request's key.
-    pub(crate) fn is_replay(&self, headers: &HeaderMap) -> bool {
-        self.policy.is_replay(&self.verdict, headers)
+    pub(crate) fn is_stored_response(&self, headers: &HeaderMap) -> bool {
+        self.policy.is_stored_response(&self.verdict, headers)
     }
 
     /// Why the last decision stopped.

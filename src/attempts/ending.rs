@@ -81,7 +81,7 @@ impl Attempts {
                     | StopReason::BodyNotReplayable
                     | StopReason::RetryAfterTooLong
             ),
-            stored_response: stop == StopReason::Replayed,
+            stored_response: stop == StopReason::StoredResponse,
             last_class: self.records.iter().last().map(|r| r.class),
             hedges: hedging.hedges,
             hedge_won: hedging.won_by.is_some_and(|n| n > 1),

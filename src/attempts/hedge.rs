@@ -170,7 +170,7 @@ impl Attempts {
             };
         }
         let (classification, status) = self.classify_outcome(outcome);
-        if classification.class() == FailureClass::Final || classification.is_replayed() {
+        if classification.class() == FailureClass::Final || classification.is_stored_response() {
             // Recorded, logged and reported as any last attempt is.
             let reason = match self.decide(classification, status) {
                 crate::policy::Decision::Stop(reason) => reason,

@@ -49,7 +49,7 @@ impl Attempts {
                 idempotency_key_untrusted = self.idempotency_key.is_some(),
                 "retry suppressed: the request is not idempotent and may have been applied"
             ),
-            Decision::Stop(StopReason::Replayed) => event!(
+            Decision::Stop(StopReason::StoredResponse) => event!(
                 Level::DEBUG,
                 request_id = self.request_id.as_deref(),
                 "not retrying request: the response is the server's replay of a stored response"

@@ -173,7 +173,7 @@ impl RetryReport {
     ///
     /// This is the question to ask before telling a caller that a write did not happen. It
     /// holds whatever stopped the retries: a suppressed retry, retries used up on 409 ("still
-    /// in flight") after a timed-out attempt, a [replay](StopReason::Replayed) of a stored
+    /// in flight") after a timed-out attempt, a [replay](StopReason::StoredResponse) of a stored
     /// response (the server ran the write), an error response after an earlier ambiguous
     /// attempt. A success was applied, so it answers true too. The same answer as
     /// [`Error::is_ambiguous`](crate::Error::is_ambiguous) for the attempts an error ends.
@@ -210,13 +210,13 @@ impl RetryReport {
                 .any(AttemptRecord::may_have_been_applied)
     }
 
-    /// True when the response is the server's replay of its stored response to an earlier
-    /// attempt with the same idempotency key ([`StopReason::Replayed`]): the server had already
+    /// True when the response is the server's stored response (its first answer) to an earlier
+    /// attempt with the same idempotency key ([`StopReason::StoredResponse`]): the server had already
     /// run the request, and a repeat with the key gets the same answer. A replayed 5xx means
     /// the write ran and then failed on the server: check the resource's state, and do not send
     /// the request again with a new key.
-    pub fn replayed(&self) -> bool {
-        self.stop == StopReason::Replayed
+    pub fn is_stored_response(&self) -> bool {
+        self.stop == StopReason::StoredResponse
     }
 
     /// True when the request carried a well-formed idempotency key that the policy does not
@@ -317,7 +317,7 @@ impl fmt::Debug for RetryReport {
 /// let req = http::Request::post("/v1/messages").header("idempotency-key", "\"k-1\"");
 /// let res = svc.oneshot(req.body(String::new())?).await?;
 /// let report = RetryReport::of(&res).expect("the layer adds a report");
-/// assert!(report.replayed());
+/// assert!(report.is_stored_response());
 /// assert!(report.to_string().contains("had already run the request"));
 /// # Ok(()) }
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
@@ -342,9 +342,9 @@ impl fmt::Display for RetryReport {
             write!(f, ", its body cut after {cut} bytes")?;
         }
         match self.stop {
-            StopReason::Replayed => {
+            StopReason::StoredResponse => {
                 f.write_str(
-                    "; the response is the server's replay of its stored response to an \
+                    "; the response is the server's stored response to an \
                      earlier attempt with the same idempotency key: the server had already run \
                      the request",
                 )?;
@@ -360,7 +360,7 @@ impl fmt::Display for RetryReport {
             )?,
             reason => write!(f, "; stopped: {}", reason.as_str())?,
         }
-        if self.stop != StopReason::Replayed && self.verdict.can_apply() {
+        if self.stop != StopReason::StoredResponse && self.verdict.can_apply() {
             f.write_str(if self.may_have_been_applied() {
                 "; it may have been applied"
             } else {

@@ -133,14 +133,14 @@ fn applied_exhausted_on_409_after_a_timeout() {
 fn applied_on_a_replay_and_exhausted_on_one_when_the_header_is_ignored() {
     let p = policy(RetryPolicy::builder().honor_idempotency_key(true));
     let (report, _) = drive(p, keyed_post(), &[Res(503, false), Res(503, true)]);
-    assert_eq!(report.stop_reason(), StopReason::Replayed);
-    assert!(report.replayed());
+    assert_eq!(report.stop_reason(), StopReason::StoredResponse);
+    assert!(report.is_stored_response());
     assert!(report.may_have_been_applied());
     // A policy that ignores the header retries the replay until none are left.
     let p = policy(
         RetryPolicy::builder()
             .honor_idempotency_key(true)
-            .replay_header(None),
+            .stored_response_header(None),
     );
     let replays = [
         Res(503, false),

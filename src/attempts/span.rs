@@ -101,7 +101,7 @@ impl Attempts {
                 }
             }
             // An error, named by what it means for the request.
-            None if class != FailureClass::Final || outcome.is_replayed() => {
+            None if class != FailureClass::Final || outcome.is_stored_response() => {
                 span.record("error.type", class.as_str());
             }
             None => {

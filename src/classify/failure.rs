@@ -60,7 +60,7 @@ impl Classification {
 
     /// A response the server marked as a replay of its stored response to an earlier request
     /// with the same idempotency key: it is final, since a repeat gets the same answer.
-    pub(crate) fn replayed() -> Self {
+    pub(crate) fn stored_response() -> Self {
         Classification {
             class: FailureClass::Final,
             retry_after: None,
@@ -100,10 +100,10 @@ impl Classification {
 
     /// True when the response is the server's replay of the stored response to an earlier
     /// request with the same idempotency key (the policy's
-    /// [`replay_header`](crate::RetryPolicyBuilder::replay_header) says `true`), which made it
+    /// [`stored_response_header`](crate::RetryPolicyBuilder::stored_response_header) says `true`), which made it
     /// final: the server already ran the request once, and a repeat with the same key gets the
     /// same answer, whatever its status.
-    pub fn is_replayed(&self) -> bool {
+    pub fn is_stored_response(&self) -> bool {
         self.replayed
     }
 }

@@ -33,18 +33,18 @@ pub(crate) struct ResponseRules {
     /// The longest `Retry-After` waited for; a longer one ends the retries.
     pub(crate) max_retry_after: Duration,
     pub(crate) should_retry_header: Option<HeaderName>,
-    pub(crate) replay_header: Option<HeaderName>,
+    pub(crate) stored_response_header: Option<HeaderName>,
 }
 
 /// Whether the server marked this response a replay of its stored response (read only for a
 /// request with a key: no other can be answered with one).
 #[inline]
-pub(crate) fn is_replay(
+pub(crate) fn is_stored_response(
     policy: &ResponseRules,
     verdict: &RequestVerdict,
     headers: &HeaderMap,
 ) -> bool {
-    match (verdict.has_key(), &policy.replay_header) {
+    match (verdict.has_key(), &policy.stored_response_header) {
         (true, Some(name)) => headers
             .get(name)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
@@ -65,8 +65,8 @@ pub(crate) fn classify(
     // comes before the caller's classifiers, which read a status that the server will only
     // ever repeat. Only a request with a key can be answered with a replay: one without is
     // spared the header lookup.
-    if is_replay(policy, verdict, headers) {
-        return Classification::replayed();
+    if is_stored_response(policy, verdict, headers) {
+        return Classification::stored_response();
     }
     // The caller's classifiers speak first, the one that read the body before the one that
     // saw the head: they know the API (even a 2xx may be worth repeating).

@@ -46,11 +46,11 @@ pub enum StopReason {
     RetriedByOuterLayer,
     /// The inner service failed while getting ready for the next attempt.
     ServiceNotReady,
-    /// The response is the server's replay of its stored response to an earlier attempt with
-    /// the same idempotency key (see
-    /// [`replay_header`](crate::RetryPolicyBuilder::replay_header)): the server had already run
+    /// The response is the server's stored response: its first answer to an earlier attempt with
+    /// the same idempotency key, sent again (see
+    /// [`stored_response_header`](crate::RetryPolicyBuilder::stored_response_header)): the server had already run
     /// the request, and every repeat of the key gets this same answer, whatever its status.
-    Replayed,
+    StoredResponse,
 }
 
 impl StopReason {
@@ -67,7 +67,7 @@ impl StopReason {
             StopReason::BodyNotReplayable => "body-not-replayable",
             StopReason::RetriedByOuterLayer => "retried-by-outer-layer",
             StopReason::ServiceNotReady => "service-not-ready",
-            StopReason::Replayed => "replayed",
+            StopReason::StoredResponse => "stored-response",
         }
     }
 }
@@ -168,7 +168,9 @@ impl RetryPolicy {
             return Decision::Stop(NoRetryMarker);
         }
         match facts.outcome.class() {
-            FailureClass::Final if facts.outcome.is_replayed() => return Decision::Stop(Replayed),
+            FailureClass::Final if facts.outcome.is_stored_response() => {
+                return Decision::Stop(StoredResponse)
+            }
             FailureClass::Final if facts.outcome.is_retry_after_too_long() => {
                 return Decision::Stop(RetryAfterTooLong)
             }

@@ -117,7 +117,10 @@ impl fmt::Debug for RetryPolicy {
             .field("replay_buffer", &i.replay_buffer)
             .field("budget", &i.budget.as_ref().map(|_| "enabled"))
             .field("should_retry_header", &i.responses.should_retry_header)
-            .field("replay_header", &i.responses.replay_header)
+            .field(
+                "stored_response_header",
+                &i.responses.stored_response_header,
+            )
             .field("request_id_header", &i.headers.request_id_header)
             .field("attempt_header", &i.headers.attempt_header)
             .field("hedge", &i.hedge)
@@ -358,8 +361,8 @@ impl RetryPolicy {
     /// set, the server's `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
     ///
     /// - A response marked as a replay (`idempotent-replayed: true`, see
-    ///   [`replay_header`](RetryPolicyBuilder::replay_header)) is final whatever its status, and
-    ///   [`is_replayed`](Classification::is_replayed) says so: the server answers every repeat of
+    ///   [`stored_response_header`](RetryPolicyBuilder::stored_response_header)) is final whatever its status, and
+    ///   [`is_stored_response`](Classification::is_stored_response) says so: the server answers every repeat of
     ///   the key with the same stored response.
     /// - `x-should-retry: false` makes any response final; `true` makes a non-success response
     ///   retryable (the decision still suppresses it for non-idempotent requests).
@@ -394,8 +397,8 @@ impl RetryPolicy {
     }
 
     /// Whether the server marked this response to the request a replay of its stored one.
-    pub(crate) fn is_replay(&self, verdict: &RequestVerdict, headers: &HeaderMap) -> bool {
-        response::is_replay(&self.inner.responses, verdict, headers)
+    pub(crate) fn is_stored_response(&self, verdict: &RequestVerdict, headers: &HeaderMap) -> bool {
+        response::is_stored_response(&self.inner.responses, verdict, headers)
     }
 
     /// `grpc`: the request was a gRPC call, so a 2xx response's `grpc-status` is read (with

@@ -238,7 +238,7 @@ impl<B> Resume<B> {
                             let replayed = self
                                 .attempts
                                 .as_ref()
-                                .is_some_and(|a| a.is_replay(res.headers()));
+                                .is_some_and(|a| a.is_stored_response(res.headers()));
                             let checked =
                                 self.expect
                                     .check(res.status(), res.headers(), received, replayed);

@@ -11,7 +11,7 @@ use super::{IdempotencyService, IdempotencyStore};
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) key_header: HeaderName,
-    pub(crate) replay_header: HeaderName,
+    pub(crate) stored_response_header: HeaderName,
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) store_server_errors: bool,
@@ -75,7 +75,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
             store,
             config: Arc::new(Config {
                 key_header: HeaderName::from_static("idempotency-key"),
-                replay_header: HeaderName::from_static("idempotent-replayed"),
+                stored_response_header: HeaderName::from_static("idempotent-replayed"),
                 ttl: Duration::from_secs(24 * 60 * 60),
                 lease,
                 store_server_errors: true,
@@ -129,8 +129,8 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// The header set to `true` on a replayed response.
     ///
     /// Defaults to `idempotent-replayed`.
-    pub fn replay_header(self, name: HeaderName) -> Self {
-        self.config(|c| c.replay_header = name)
+    pub fn stored_response_header(self, name: HeaderName) -> Self {
+        self.config(|c| c.stored_response_header = name)
     }
 
     /// How long a key's completed outcome is kept. Values above a year are taken as a year.

@@ -108,7 +108,7 @@ pub(crate) fn replay<B>(stored: StoredResponse, config: &Config) -> Response<Res
     let server_error = is_server_error(res.status(), res.headers());
     let headers = res.headers_mut();
     headers.insert(
-        config.replay_header.clone(),
+        config.stored_response_header.clone(),
         HeaderValue::from_static("true"),
     );
     // A stored 5xx is replayed to every repeat of the key: a client that retries on 5xx

@@ -117,8 +117,8 @@ async fn a_replayed_503_is_final_and_says_the_server_ran_the_write() {
     let report = RetryReport::of(&res).expect("report").clone();
     // The handler's own 503, then one retry that got the replay, and nothing after it.
     assert_eq!(report.attempts(), 2, "{report:?}");
-    assert_eq!(report.stop_reason(), StopReason::Replayed);
-    assert!(report.replayed());
+    assert_eq!(report.stop_reason(), StopReason::StoredResponse);
+    assert!(report.is_stored_response());
     assert!(report.may_have_been_applied());
     assert!(!report.retry_suppressed());
     let text = report.to_string();
@@ -133,7 +133,7 @@ async fn a_replayed_503_is_final_and_says_the_server_ran_the_write() {
 #[tokio::test]
 async fn control_without_the_replay_header_every_retry_is_spent_on_the_replay() {
     let server = start(true).await;
-    let policy = builder().replay_header(None).build().unwrap();
+    let policy = builder().stored_response_header(None).build().unwrap();
     let res = send(&server, policy).await;
     let report = RetryReport::of(&res).expect("report").clone();
     assert_eq!(report.attempts(), 4, "{report:?}");
@@ -147,7 +147,7 @@ async fn control_without_the_replay_header_every_retry_is_spent_on_the_replay() 
 #[tokio::test]
 async fn the_server_marks_every_replay_of_a_stored_5xx_should_not_retry() {
     let server = start(false).await;
-    let policy = builder().replay_header(None).build().unwrap();
+    let policy = builder().stored_response_header(None).build().unwrap();
     let res = send(&server, policy).await;
     assert_eq!(res.headers()["x-should-retry"], "false");
     let report = RetryReport::of(&res).expect("report").clone();
@@ -197,7 +197,7 @@ async fn the_reqwest_adapter_stops_on_a_replay() {
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     let report = RetryReport::of_reqwest(&res).expect("report");
     assert_eq!(report.attempts(), 2, "{report:?}");
-    assert_eq!(report.stop_reason(), StopReason::Replayed);
+    assert_eq!(report.stop_reason(), StopReason::StoredResponse);
     assert_eq!(server.ran.load(Ordering::SeqCst), 1);
     assert_eq!(server.received.load(Ordering::SeqCst), 2);
 }
@@ -207,7 +207,7 @@ async fn the_reqwest_adapter_stops_on_a_replay() {
 async fn the_replay_header_is_configurable() {
     let server = start(true).await;
     let policy = builder()
-        .replay_header(Some(HeaderName::from_static("x-replayed")))
+        .stored_response_header(Some(HeaderName::from_static("x-replayed")))
         .build()
         .unwrap();
     let res = send(&server, policy).await;
@@ -231,7 +231,7 @@ fn only_a_request_with_a_key_reads_the_replay_mark() {
         .unwrap();
     let get = http::Request::get("http://a.example/x").body(()).unwrap();
     let c = policy.classify_response(&policy.classify(&get), &res);
-    assert!(!c.is_replayed());
+    assert!(!c.is_stored_response());
     assert_eq!(
         c.class(),
         tower_retry_safety::FailureClass::RetryableResponse
@@ -241,5 +241,5 @@ fn only_a_request_with_a_key_reads_the_replay_mark() {
         .body(())
         .unwrap();
     let c = policy.classify_response(&policy.classify(&keyed), &res);
-    assert!(c.is_replayed());
+    assert!(c.is_stored_response());
 }

@@ -310,7 +310,7 @@ async fn a_keyed_hedge_409_then_a_first_attempt_lost_after_apply_is_applied_once
     let (res, r) = send(&policy, req).await.unwrap();
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(res.body().as_ref(), b"POST kb");
-    assert!(r.replayed(), "{r}");
+    assert!(r.is_stored_response(), "{r}");
     assert_eq!(server.applied("kb"), 1);
     assert_eq!(server.stats("kb").attempts, 3);
     let statuses: Vec<_> = r.attempt_records().map(|a| a.status()).collect();

@@ -356,7 +356,7 @@ async fn stored_responses_are_counted_once_by_each_half() {
     let client = client_meters.read();
     let server = server_meters.read();
 
-    let replayed = reports.iter().filter(|r| r.replayed()).count() as u64;
+    let replayed = reports.iter().filter(|r| r.is_stored_response()).count() as u64;
     assert!(
         replayed > 0,
         "a keyed write whose first answer was lost gets the stored one"
@@ -377,7 +377,7 @@ async fn stored_responses_are_counted_once_by_each_half() {
     let stopped_replayed: u64 = client
         .u64_histogram_points("retry_safety.client.attempts")
         .iter()
-        .filter(|(a, _)| a["retry_safety.stop_reason"] == "replayed")
+        .filter(|(a, _)| a["retry_safety.stop_reason"] == "stored-response")
         .map(|(_, count)| count)
         .sum();
     assert_eq!(stopped_replayed, replayed);

@@ -15,7 +15,7 @@
 //! fix; each doc comment says what happened and the fix):
 //!
 //! - splice: `a_replayed_503_cut_then_an_unmarked_503_is_never_spliced` (and its reqwest twin):
-//!   a stale `StopReason::Replayed` made an unmarked resend count as the server's replay; the
+//!   a stale `StopReason::StoredResponse` made an unmarked resend count as the server's replay; the
 //!   replay mark is now read on each answer's own headers;
 //! - hang: `a_stall_past_the_limit_that_cannot_resume_is_cut_by_the_per_attempt_timeout` (a
 //!   streamed body without a `Resume` had no clock) and
@@ -238,13 +238,13 @@ const REPLAYED: &str = "idempotent-replayed: true";
 ///
 /// What happened: 2 requests (the resend is allowed: the key is trusted). The resend's `503`
 /// is classified retryable, so `Resume::decide` returns `Phase::Waiting` without
-/// `set_stop`; `Attempts::last_stop` still holds `StopReason::Replayed` from the *first*
+/// `set_stop`; `Attempts::last_stop` still holds `StopReason::StoredResponse` from the *first*
 /// response (`continuation(reason)`), so `Resume::poll_resume` computes `replayed = true`,
 /// `check_replay` passes (same status, length, no ETag, no coding) and the caller reads
 /// `rep(v1)[..100000] ++ rep(v2)[100000..]` as a whole body, no error.
 ///
 /// Fixed (the fix proposed): compute `replayed` from this response's own classification (the policy's replay mark
-/// on `res.headers()`, e.g. a `Classification::is_replayed` returned by the decision), or reset
+/// on `res.headers()`, e.g. a `Classification::is_stored_response` returned by the decision), or reset
 /// `last_stop` before each decision so that a `Step::Wait` cannot leave a stale `Replayed`.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).

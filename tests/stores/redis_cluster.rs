@@ -4,17 +4,16 @@
 //! failover of a shard (`CLUSTER FAILOVER`) is followed by the client (`MOVED`, slot refresh).
 #![cfg(feature = "redis")]
 
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::fleet::{Counts, Fault, Instance};
+use crate::support::redis::{wait_until, Cluster};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_until, Cluster};
 use tower_retry_safety::server::RedisStore;
 
 const LIMIT: Duration = Duration::from_secs(60);

@@ -6,17 +6,16 @@
 //! shows the scenario really loses the key without the guarantee under test.
 #![cfg(feature = "redis")]
 
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::support::fleet::{Counts, Fault, Instance};
+use crate::support::redis::{wait_replicated, wait_until, wait_until_async, Node, Proxy};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_replicated, wait_until, wait_until_async, Node, Proxy};
 use tower_retry_safety::server::{
     Begin, Entry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
 };

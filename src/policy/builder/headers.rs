@@ -26,12 +26,12 @@ impl RetryPolicyBuilder {
     /// [`IdempotencyLayer`](crate::server::IdempotencyLayer) sets `idempotent-replayed: true`).
     /// A response whose header says `true` is final, whatever its status: every repeat of the
     /// key would get the same answer. The report says so
-    /// ([`StopReason::Replayed`](crate::StopReason::Replayed)): the server had already run the
+    /// ([`StopReason::StoredResponse`](crate::StopReason::StoredResponse)): the server had already run the
     /// request. `None` ignores the header.
     ///
     /// Defaults to `idempotent-replayed`.
-    pub fn replay_header(mut self, name: Option<HeaderName>) -> Self {
-        self.responses.replay_header = name;
+    pub fn stored_response_header(mut self, name: Option<HeaderName>) -> Self {
+        self.responses.stored_response_header = name;
         self
     }
 

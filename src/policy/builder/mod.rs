@@ -72,7 +72,7 @@ struct Responses {
     on_attempt: Option<AttemptHook>,
     max_retry_after: Duration,
     should_retry_header: Option<HeaderName>,
-    replay_header: Option<HeaderName>,
+    stored_response_header: Option<HeaderName>,
 }
 
 enum BudgetChoice {
@@ -165,7 +165,7 @@ impl RetryPolicyBuilder {
                 on_attempt: None,
                 max_retry_after: Duration::from_secs(60),
                 should_retry_header: Some(HeaderName::from_static("x-should-retry")),
-                replay_header: Some(HeaderName::from_static("idempotent-replayed")),
+                stored_response_header: Some(HeaderName::from_static("idempotent-replayed")),
             },
             headers: Headers {
                 idempotency_key_header: DEFAULT_KEY_HEADER,
@@ -299,7 +299,7 @@ impl RetryPolicyBuilder {
                     hook: self.responses.response_hook,
                     max_retry_after: self.responses.max_retry_after,
                     should_retry_header: self.responses.should_retry_header,
-                    replay_header: self.responses.replay_header,
+                    stored_response_header: self.responses.stored_response_header,
                 },
                 on_attempt: self.responses.on_attempt,
                 deadline: self.timing.deadline,
