@@ -1,17 +1,19 @@
 //! Keys on a Redis Cluster: `RedisStore::cluster` over a 3-primary cluster (one replica each)
 //! started on free loopback ports. Each key's claim, record and fencing are one Redis key, in
 //! one hash slot; calls are routed by slot and wait for the key's own replica; a coordinated
-//! failover of a shard (`CLUSTER FAILOVER`) is followed by the client (`MOVED`, slot refresh).
+//! failover of a shard (`CLUSTER FAILOVER`) is followed by the client (`MOVED`, slot refresh),
+//! and so is a key's hash slot migrated to another primary while its handler runs (`ASK`, then
+//! `MOVED`).
 #![cfg(feature = "redis")]
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_until, Cluster};
+use crate::support::redis::{wait_until, Cluster, Node};
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_retry_safety::server::RedisStore;
@@ -131,4 +133,237 @@ async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
         (StatusCode::OK, false)
     );
     assert_eq!(counts.total_applied(), KEYS as u32 + 2);
+}
+
+/// Sends a keyed request once (`fault` for its operation's first attempt); returns the status,
+/// whether it was a stored response, and the body.
+async fn send_once(to: SocketAddr, op: &str, key: &str, fault: Fault) -> (StatusCode, bool, Bytes) {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = Request::post(format!("http://{to}/{op}"))
+        .header("idempotency-key", key)
+        .header("x-fault", fault.name())
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let res = client.request(req).await.expect("the instance answers");
+    let status = res.status();
+    let stored = res.headers().contains_key("idempotent-replayed");
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .expect("the body")
+        .to_bytes();
+    (status, stored, body)
+}
+
+/// The node's cluster id.
+fn id(node: &Node) -> String {
+    node.query(redis::cmd("CLUSTER").arg("MYID"))
+        .expect("CLUSTER MYID")
+}
+
+/// The id of the primary that owns `slot`, as `node` sees it (`CLUSTER NODES`; a slot being
+/// migrated or imported is listed as `[slot->-id]` / `[slot-<-id]`, not as owned).
+fn owner_seen_by(node: &Node, slot: u16) -> Option<String> {
+    let nodes: String = node.query(redis::cmd("CLUSTER").arg("NODES")).ok()?;
+    nodes.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let owns = fields.get(2)?.contains("master")
+            && fields.iter().skip(8).any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                match (lo.parse::<u16>(), hi.parse::<u16>()) {
+                    (Ok(lo), Ok(hi)) => (lo..=hi).contains(&slot),
+                    _ => false,
+                }
+            });
+        owns.then(|| fields[0].to_owned())
+    })
+}
+
+/// Keys of `slot` held by `node` itself (`CLUSTER COUNTKEYSINSLOT`: owner or not).
+fn keys_in_slot(node: &Node, slot: u16) -> u64 {
+    node.query(redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))
+        .expect("CLUSTER COUNTKEYSINSLOT")
+}
+
+/// `PTTL` of `key` on a node importing its slot (`ASKING` first, as a client sent there by
+/// `ASK` does).
+fn pttl_importing(node: &Node, key: &str) -> i64 {
+    let mut conn = redis::Client::open(node.url())
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the node");
+    let (pttl,): (i64,) = redis::pipe()
+        .cmd("ASKING")
+        .ignore()
+        .cmd("PTTL")
+        .arg(key)
+        .query(&mut conn)
+        .expect("ASKING, PTTL");
+    pttl
+}
+
+/// Covers a slot migration mid-handler (issue 36): while a keyed write's handler runs, the
+/// key's hash slot moves to another primary the standard way (`IMPORTING` on the target,
+/// `MIGRATING` on the source, `MIGRATE` of the slot's keys, `SETSLOT NODE` on every primary).
+/// The claim is renewed on the new owner (through `ASK`), repeats meanwhile get 409 at every
+/// step, the handler runs exactly once, and its stored response lands on the new owner, where
+/// a repeat afterwards is answered from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_mid_handler_neither_loses_nor_repeats_its_key() {
+    let cluster = tokio::task::block_in_place(|| Cluster::start(3, 1));
+    let seed = cluster.urls()[..1].to_vec();
+    let counts = Counts::default();
+    let prefix = "slots:";
+    let (op, key) = ("moving", "moving-key");
+    // The store's Redis key: its prefix and the idempotency key, no hash tag.
+    let redis_key = format!("{prefix}{key}");
+    // A lease short enough that the claim must be renewed on the new owner to survive.
+    let a = Instance::start_with(
+        move || async move { RedisStore::cluster(&seed).connect().await },
+        prefix,
+        Duration::from_secs(2),
+        counts.clone(),
+    )
+    .await;
+
+    let slot: u16 = cluster.nodes[0]
+        .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(&redis_key))
+        .expect("CLUSTER KEYSLOT");
+    let primaries: Vec<&Node> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.replication("role").as_deref() == Some("master"))
+        .collect();
+    assert_eq!(primaries.len(), 3);
+    let src_id = owner_seen_by(primaries[0], slot).expect("the slot has an owner");
+    let src = *primaries
+        .iter()
+        .find(|n| id(n) == src_id)
+        .expect("the owner is a primary");
+    let dst = *primaries
+        .iter()
+        .find(|n| id(n) != src_id)
+        .expect("another primary");
+    let dst_id = id(dst);
+
+    // The first request: its handler applies, then is held until the test lets it answer.
+    let first = tokio::spawn(send_once(a.addr, op, key, Fault::HeldAfterApply));
+    tokio::time::timeout(LIMIT, counts.stop_requested())
+        .await
+        .expect("the handler to run");
+    assert_eq!(counts.applied(op), 1);
+    assert_eq!(keys_in_slot(src, slot), 1, "the claim is on the source");
+    let repeat = || send_once(a.addr, op, key, Fault::None);
+
+    // 1. The slot is migrating; the claim is still on the source.
+    let _: String = dst
+        .query(
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("IMPORTING")
+                .arg(&src_id),
+        )
+        .expect("SETSLOT IMPORTING");
+    let _: String = src
+        .query(
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("MIGRATING")
+                .arg(&dst_id),
+        )
+        .expect("SETSLOT MIGRATING");
+    assert_eq!(repeat().await.0, StatusCode::CONFLICT, "slot migrating");
+
+    // 2. The slot's keys move; the source still owns the slot and sends callers on (`ASK`).
+    let keys: Vec<String> = src
+        .query(
+            redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100),
+        )
+        .expect("GETKEYSINSLOT");
+    assert_eq!(keys, [redis_key.as_str()]);
+    let _: String = src
+        .query(
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(dst.port)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys),
+        )
+        .expect("MIGRATE");
+    assert_eq!(keys_in_slot(src, slot), 0);
+    assert_eq!(keys_in_slot(dst, slot), 1);
+    assert_eq!(repeat().await.0, StatusCode::CONFLICT, "keys migrated");
+    // The claim is renewed on the new owner (its expiry moves back up), never lost.
+    tokio::task::block_in_place(|| {
+        let mut last = pttl_importing(dst, &redis_key);
+        wait_until("a renewal on the new owner", LIMIT, || {
+            let now = pttl_importing(dst, &redis_key);
+            assert!(now > 0, "the claim is gone from the new owner ({now})");
+            let renewed = now > last;
+            last = now;
+            renewed
+        });
+    });
+    assert_eq!(repeat().await.0, StatusCode::CONFLICT, "claim renewed");
+
+    // 3. The new owner owns the slot, on every primary; every node comes to agree.
+    for node in [dst, src].into_iter().chain(
+        primaries
+            .iter()
+            .copied()
+            .filter(|n| id(n) != src_id && id(n) != dst_id),
+    ) {
+        let _: String = node
+            .query(
+                redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&dst_id),
+            )
+            .expect("SETSLOT NODE");
+    }
+    tokio::task::block_in_place(|| {
+        wait_until("every node to see the new owner", LIMIT, || {
+            cluster
+                .nodes
+                .iter()
+                .all(|n| owner_seen_by(n, slot).as_deref() == Some(dst_id.as_str()))
+        })
+    });
+    assert_eq!(repeat().await.0, StatusCode::CONFLICT, "slot moved");
+    assert_eq!(counts.applied(op), 1, "no repeat ran the handler");
+
+    // The handler answers: its response is stored on the new owner.
+    counts.let_answer();
+    let answer = tokio::time::timeout(LIMIT, first)
+        .await
+        .expect("the first request answered")
+        .unwrap();
+    assert_eq!(
+        answer,
+        (StatusCode::OK, false, Bytes::from_static(b"sent")),
+        "the first request gets its own answer"
+    );
+    assert_eq!(
+        repeat().await,
+        (StatusCode::OK, true, Bytes::from_static(b"sent")),
+        "a repeat gets the stored response"
+    );
+    assert_eq!(counts.applied(op), 1);
+    assert_eq!(counts.total_applied(), 1);
+    assert_eq!(keys_in_slot(src, slot), 0);
+    assert_eq!(keys_in_slot(dst, slot), 1, "the record is on the new owner");
+    let record: Option<Vec<u8>> = dst
+        .query(redis::cmd("GET").arg(&redis_key))
+        .expect("GET on the new owner");
+    assert!(record.is_some_and(|r| !r.is_empty()));
 }
