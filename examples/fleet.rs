@@ -139,7 +139,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         // The shared Redis keeps nothing of the run: its keys are under a prefix of its own.
         let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-        let mut con = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+        let mut con = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
         let keys: Vec<String> = redis::cmd("KEYS")
             .arg(format!("{prefix}*"))
             .query_async(&mut con)
