@@ -87,7 +87,7 @@ impl Attempts {
             hedge_won: hedging.won_by.is_some_and(|n| n > 1),
             superseded: hedging.superseded,
             #[cfg(feature = "tonic")]
-            grpc: self.is_grpc().then(|| self.grpc_call(hedging.hedges)),
+            grpc: self.is_grpc().then(|| self.grpc_call(hedging)),
         };
         metrics.ended(&self.target, self.verdict.source(), ended);
     }
@@ -95,9 +95,9 @@ impl Attempts {
     /// A gRPC call's resends, from its records: every attempt but the last was followed by a
     /// resend, transparent when it was not sent; the hedges are not retries.
     #[cfg(feature = "tonic")]
-    fn grpc_call(&self, hedges: u32) -> crate::metrics::client::GrpcCall {
-        let sent = self.records.len() + self.hedge.as_ref().map_or(0, |h| h.summary().superseded);
-        let resends = sent.saturating_sub(1).saturating_sub(hedges);
+    fn grpc_call(&self, hedging: super::HedgeSummary) -> crate::metrics::client::GrpcCall {
+        let sent = self.records.len() + hedging.superseded;
+        let resends = sent.saturating_sub(1).saturating_sub(hedging.hedges);
         let before_last = self
             .records
             .iter()

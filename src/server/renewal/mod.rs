@@ -223,17 +223,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         self.send_from_task(neighbours);
         if late {
             let (renewals, key, shown) = (self.clone(), key.clone(), shown.clone());
-            drop(handle.spawn(async move {
-                renew(
-                    &renewals.store,
-                    renewals.lease,
-                    &renewals.observe,
-                    key,
-                    shown,
-                    claim,
-                )
-                .await
-            }));
+            drop(handle.spawn(async move { renew(&renewals, (key, shown, claim)).await }));
         }
         if let Some(first) = first {
             // The guard goes into the task before it is spawned: a task that the runtime drops

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use super::{DueClaim, Renewals};
 use crate::server::observe::{Observe, RenewalResult};
 use crate::server::store::{Claim, IdempotencyStore};
 use crate::target::cap;
@@ -15,16 +16,13 @@ use crate::target::cap;
 /// from a task of its own, bounded by the renewal interval, so that the next renewal never
 /// waits for it.
 pub(super) async fn renew<St: IdempotencyStore>(
-    store: &Arc<St>,
-    lease: Duration,
-    observe: &Observe,
-    key: Arc<str>,
-    shown: Arc<str>,
-    claim: Claim,
+    renewals: &Renewals<St>,
+    (key, shown, claim): DueClaim,
 ) {
     let mut call = Some((key, shown));
     std::future::poll_fn(|cx| {
         if let Some((key, shown)) = call.take() {
+            let (store, lease, observe) = (&renewals.store, renewals.lease, &renewals.observe);
             send_renewal(store, lease, observe, key, shown, claim, cx);
         }
         Poll::Ready(())

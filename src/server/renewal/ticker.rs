@@ -42,16 +42,8 @@ impl<St: IdempotencyStore> Ticker<St> {
             // Timed by the clock, not by wakes: a ticker that woke late (its thread was busy)
             // renews all that fell due meanwhile.
             let due = renewals.take_due(self.runtime, Instant::now());
-            for (key, shown, claim) in due {
-                renew(
-                    &renewals.store,
-                    renewals.lease,
-                    &renewals.observe,
-                    key,
-                    shown,
-                    claim,
-                )
-                .await;
+            for claim in due {
+                renew(&renewals, claim).await;
             }
             drop(renewals);
             tokio::time::sleep(self.tick).await;
