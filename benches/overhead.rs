@@ -253,6 +253,7 @@ async fn main() {
                 "tower_retry" => one(&mut tower_retry, Kind::Get).await,
                 "floor" => one(&mut floor, Kind::Get).await,
                 "layer" => one(&mut layer, Kind::Get).await,
+                "layer_post" => one(&mut layer, Kind::Post).await,
                 "layer_no_budget" => one(&mut layer_no_budget, Kind::Get).await,
                 "layer_tps" => one(&mut layer_tps, Kind::Get).await,
                 "layer_spans_off" => {

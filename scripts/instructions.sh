@@ -11,7 +11,7 @@ count() {
         sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
 }
 declare -A per
-for variant in bare tower_retry floor layer layer_no_budget layer_tps \
+for variant in bare tower_retry floor layer layer_post layer_no_budget layer_tps \
     stream_put full_put bare_stream_put bare_full_put; do
     zero=$(count "$variant" 0)
     many=$(count "$variant" "$n")

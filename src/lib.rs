@@ -142,9 +142,12 @@
 //! - `reqwest-middleware`: the reqwest-middleware adapter, reqwest error classification, and
 //!   `reqwest::Body` as a [`ReplayBody`] (hyper-util's `Client<_, reqwest::Body>` behind the
 //!   layer).
-//! - `tonic`: gRPC over tonic 0.14 (the `grpc` module): `tonic::body::Body`
-//!   as a [`ReplayBody`], calls classified by `grpc-status`, verdicts from a proto's
-//!   `idempotency_level`, this crate's error as a `tonic::Status`.
+//! - `tonic`: the front end for tonic 0.14 (the `grpc` module): `tonic::body::Body` as a
+//!   [`ReplayBody`] that brings tonic's own errors (`ConnectError` not sent), verdicts from a
+//!   proto's `idempotency_level`, this crate's error as a `tonic::Status`. gRPC's wire rules
+//!   need no feature: a POST with `content-type: application/grpc…` is read as a gRPC call
+//!   (its failure class from `grpc-status`, its deadline from `grpc-timeout`) in every build,
+//!   and the server layer answers a gRPC call's conflicts as gRPC statuses.
 //! - `server`: the server half, `server::IdempotencyLayer` over `server::MemoryStore`. A
 //!   client-only build compiles none of it (nor SHA-256).
 //! - `redis` (implies `server`): `server::RedisStore`, idempotency keys shared by a fleet
@@ -167,8 +170,7 @@ mod budget;
 mod build_error;
 pub mod classify;
 
-#[cfg(feature = "tonic")]
-#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+// gRPC's front end: its feature gate is inside the module.
 pub mod grpc;
 mod hedge;
 #[cfg(feature = "opentelemetry")]

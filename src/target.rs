@@ -49,7 +49,6 @@ impl Target {
     }
 
     /// The same request, known to be a gRPC call.
-    #[cfg_attr(not(feature = "tonic"), allow(dead_code))]
     pub(crate) fn grpc_call(mut self) -> Self {
         self.grpc = true;
         self

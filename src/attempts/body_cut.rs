@@ -68,8 +68,8 @@ impl Attempts {
             request_id: self.request_id.clone(),
             idempotency_key: self.idempotency_key.clone(),
             last_stop: stop,
-            #[cfg(feature = "tonic")]
             grpc: self.grpc,
+            stack: self.stack,
             hedge: None,
             span: None,
         }

@@ -49,7 +49,7 @@ impl Attempts {
             .iter()
             .last()
             .map_or(FailureClass::Ambiguous, |r| r.class);
-        let symptom = Symptom::of(&*source);
+        let symptom = Symptom::of(&*source, self.stack);
         let target = self.target.clone();
         let report = self.take_report(stop);
         // Ambiguous: any response but proof that nothing was applied, or a failure after the
@@ -86,7 +86,6 @@ impl Attempts {
             hedges: hedging.hedges,
             hedge_won: hedging.won_by.is_some_and(|n| n > 1),
             superseded: hedging.superseded,
-            #[cfg(feature = "tonic")]
             grpc: self.is_grpc().then(|| self.grpc_call(hedging)),
         };
         metrics.ended(&self.target, self.verdict.source(), ended);
@@ -94,7 +93,6 @@ impl Attempts {
 
     /// A gRPC call's resends, from its records: every attempt but the last was followed by a
     /// resend, transparent when it was not sent; the hedges are not retries.
-    #[cfg(feature = "tonic")]
     fn grpc_call(&self, hedging: super::HedgeSummary) -> crate::metrics::client::GrpcCall {
         let sent = self.records.len() + hedging.superseded;
         let resends = sent.saturating_sub(1).saturating_sub(hedging.hedges);

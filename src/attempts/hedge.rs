@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::{AttemptRecord, BodyCut, HedgeSummary};
 use super::{Attempts, Outcome, Step};
-use crate::classify::{classify_error, BodyVerdict, Classification, FailureClass};
+use crate::classify::{classify_error_with, BodyVerdict, Classification, FailureClass};
 use crate::policy::StopReason;
 
 /// A hedge-able request's bookkeeping.
@@ -288,7 +288,7 @@ impl Attempts {
                 );
                 (c, Some(status))
             }
-            Outcome::Error(err) => (classify_error(err).into(), None),
+            Outcome::Error(err) => (classify_error_with(err, self.stack).into(), None),
             // A resume's cut, decided after the response went to the caller: not hedged.
             Outcome::BodyCut { status, .. } => (FailureClass::Ambiguous.into(), Some(status)),
         }

@@ -31,7 +31,9 @@ use std::time::{Duration, SystemTime};
 use http::{Extensions, HeaderMap, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
-use crate::classify::{classify_error, BodyVerdict, Classification, RequestVerdict};
+use crate::classify::{
+    classify_error_with, BodyVerdict, Classification, RequestVerdict, StackErrors,
+};
 use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
 use crate::target::Target;
 use crate::timed_out::TimedOut;
@@ -87,7 +89,6 @@ impl<'a> Outcome<'a> {
 pub(crate) trait CarriesReport {
     fn extensions_mut(&mut self) -> &mut Extensions;
     /// A gRPC status drops the extensions: the report's gist goes in its metadata.
-    #[cfg(feature = "tonic")]
     fn headers_mut(&mut self) -> &mut HeaderMap;
 }
 
@@ -97,7 +98,6 @@ impl<B> CarriesReport for http::Response<B> {
         http::Response::extensions_mut(self)
     }
 
-    #[cfg(feature = "tonic")]
     fn headers_mut(&mut self) -> &mut HeaderMap {
         http::Response::headers_mut(self)
     }
@@ -128,8 +128,9 @@ pub(crate) struct Attempts {
     /// Why the last decision stopped (kept only for a body that resumes after `finish`).
     last_stop: StopReason,
     /// A gRPC call: each attempt carries the time left and the attempts before it.
-    #[cfg(feature = "tonic")]
     grpc: bool,
+    /// What the client stack's own errors say (the front end's hook).
+    stack: &'static StackErrors,
     /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
     /// not hedged pays one word).
     hedge: Option<Box<hedge::HedgeRun>>,
@@ -155,8 +156,7 @@ impl Attempts {
             None
         };
         let max_retries = plan.max_retries(policy);
-        #[cfg(feature = "tonic")]
-        let grpc = plan.grpc;
+        let (grpc, stack) = (plan.grpc, plan.stack);
         let Plan {
             verdict,
             outer_layer,
@@ -176,12 +176,10 @@ impl Attempts {
             )
         };
         // A gRPC caller's own timeout bounds every attempt together, as its deadline.
-        #[cfg(feature = "tonic")]
         let deadline = match grpc.flatten() {
             Some(timeout) if !outer_layer => Some(deadline.map_or(timeout, |d| d.min(timeout))),
             _ => deadline,
         };
-        #[cfg(feature = "tonic")]
         let target = if grpc.is_some() {
             target.grpc_call()
         } else {
@@ -206,8 +204,8 @@ impl Attempts {
             request_id,
             idempotency_key,
             last_stop: StopReason::Final,
-            #[cfg(feature = "tonic")]
             grpc: grpc.is_some() && !outer_layer,
+            stack,
             hedge: None,
             span: None,
         }
@@ -218,13 +216,10 @@ impl Attempts {
         &self.policy
     }
 
-    /// Whether the request is a gRPC call (always `false` without the feature `tonic`).
+    /// Whether the request is a gRPC call.
     #[inline]
     pub(crate) fn is_grpc(&self) -> bool {
-        #[cfg(feature = "tonic")]
-        return self.grpc;
-        #[cfg(not(feature = "tonic"))]
-        false
+        self.grpc
     }
 
     /// The request's target: kept once, here, for messages and for resending the request.
@@ -324,20 +319,15 @@ impl Attempts {
                     if !extensions.is_empty() {
                         self.take_body_marks(extensions, reason);
                     }
-                    #[cfg(not(feature = "tonic"))]
-                    extensions.insert(self.take_report(reason));
-                    #[cfg(feature = "tonic")]
-                    {
-                        let report = self.take_report(reason);
-                        if self.grpc {
-                            crate::classify::grpc::mark_status(
-                                res.headers_mut(),
-                                report.attempts(),
-                                report.may_have_been_applied(),
-                            );
-                        }
-                        res.extensions_mut().insert(report);
+                    let report = self.take_report(reason);
+                    if self.grpc {
+                        crate::classify::grpc::mark_status(
+                            res.headers_mut(),
+                            report.attempts(),
+                            report.may_have_been_applied(),
+                        );
                     }
+                    res.extensions_mut().insert(report);
                 }
                 Ok(res)
             }
@@ -388,7 +378,6 @@ impl Attempts {
         if let Some(name) = &self.policy.headers().attempt_header {
             headers.insert(name.clone(), HeaderValue::from(number));
         }
-        #[cfg(feature = "tonic")]
         if self.grpc {
             crate::classify::grpc::mark_attempt(headers, number, self.time_left());
         }
@@ -425,7 +414,7 @@ impl Attempts {
     pub(crate) fn on_error(&mut self, err: &(dyn StdError + 'static)) -> Decision {
         // Whether it may have been applied is read from the records: not sent, or a request the
         // client refused to build (final), did not reach the server.
-        let class = classify_error(err);
+        let class = classify_error_with(err, self.stack);
         self.decide(class.into(), None)
     }
 
@@ -497,7 +486,7 @@ impl Attempts {
     }
 }
 
-#[cfg(all(test, feature = "tonic"))]
+#[cfg(test)]
 mod grpc_tests;
 #[cfg(test)]
 mod hedge_tests;

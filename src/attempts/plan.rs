@@ -3,7 +3,7 @@
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::LayerAttempt;
-use crate::classify::{idempotency_key, Idempotency, RequestVerdict};
+use crate::classify::{idempotency_key, Idempotency, RequestVerdict, StackErrors};
 use crate::policy::{RequestOptions, RetryPolicy};
 use crate::target::cap;
 
@@ -47,9 +47,8 @@ fn two_headers<'h>(
     (found_a, found_b)
 }
 
-/// [`two_headers`] and whether the request is a gRPC call, in the same pass (feature
-/// `tonic`): the content type is compared with the other names rather than looked up.
-#[cfg(feature = "tonic")]
+/// [`two_headers`] and whether the request is a gRPC call, in the same pass: the content type
+/// is compared with the other names rather than looked up.
 #[inline]
 #[allow(clippy::type_complexity)]
 fn two_headers_and_grpc<'h>(
@@ -94,10 +93,11 @@ pub(crate) struct Plan {
     pub(super) request_id: Option<Box<str>>,
     /// The caller's per-request settings, if any.
     pub(super) options: Option<RequestOptions>,
-    /// A gRPC call (`content-type: application/grpc…`), with the `grpc-timeout` the caller
-    /// set, if any: it is the call's deadline too.
-    #[cfg(feature = "tonic")]
+    /// A gRPC call (a POST with `content-type: application/grpc…`), with the `grpc-timeout`
+    /// the caller set, if any: it is the call's deadline too.
     pub(super) grpc: Option<Option<std::time::Duration>>,
+    /// What the client stack's own errors say (the front end's hook; none by default).
+    pub(super) stack: &'static StackErrors,
 }
 
 impl Plan {
@@ -110,18 +110,19 @@ impl Plan {
         headers: &HeaderMap,
         extensions: &Extensions,
     ) -> Self {
-        #[cfg(not(feature = "tonic"))]
-        let (key, request_id) = two_headers(
-            headers,
-            &policy.headers().idempotency_key_header,
-            policy.headers().request_id_header.as_ref(),
+        let names = policy.headers();
+        let (key_name, id_name) = (
+            &names.idempotency_key_header,
+            names.request_id_header.as_ref(),
         );
-        #[cfg(feature = "tonic")]
-        let (key, request_id, grpc) = two_headers_and_grpc(
-            headers,
-            &policy.headers().idempotency_key_header,
-            policy.headers().request_id_header.as_ref(),
-        );
+        // gRPC calls are POSTs (the gRPC-over-HTTP/2 spec): any other method pays no look at
+        // its content type.
+        let (key, request_id, grpc) = if method == Method::POST {
+            two_headers_and_grpc(headers, key_name, id_name)
+        } else {
+            let (key, request_id) = two_headers(headers, key_name, id_name);
+            (key, request_id, false)
+        };
         let has_key_header = key.is_some();
         let key = key.and_then(idempotency_key::parse);
         Plan {
@@ -131,13 +132,20 @@ impl Plan {
             has_key_header,
             request_id: printable(request_id, MAX_REQUEST_ID_LEN),
             options: extensions.get::<RequestOptions>().copied(),
-            #[cfg(feature = "tonic")]
             grpc: grpc.then(|| {
                 headers
                     .get(crate::classify::grpc::GRPC_TIMEOUT)
                     .and_then(crate::classify::grpc::parse_timeout)
             }),
+            stack: &StackErrors::NONE,
         }
+    }
+
+    /// Reads the client stack's own errors with `stack` (a front end's hook: the tower layer
+    /// takes it from the request body's type).
+    #[inline]
+    pub(crate) fn read_errors_with(&mut self, stack: &'static StackErrors) {
+        self.stack = stack;
     }
 
     /// Gives a non-idempotent request without a key a minted one when the policy mints
@@ -201,7 +209,6 @@ mod tests {
             assert_eq!(scanned, (headers.get(&key), headers.get(&id)), "{extra}");
             assert_eq!(scanned.1.unwrap(), "first");
             assert_eq!(two_headers(&headers, &id, None), (headers.get(&id), None));
-            #[cfg(feature = "tonic")]
             {
                 let (a, b, grpc) = two_headers_and_grpc(&headers, &key, Some(&id));
                 assert_eq!((a, b), scanned);

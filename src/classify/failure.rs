@@ -117,8 +117,9 @@ impl From<FailureClass> for Classification {
 /// Classifies an error by walking its `source()` chain down to the concrete types this crate
 /// knows: tower's `Elapsed`, `Overloaded`, buffer and `Optional` errors, hyper-util's client
 /// error, `hyper::Error`, `h2::Error` (feature `h2`), `std::io::Error`, `reqwest::Error`
-/// (feature `reqwest-middleware`), and tonic's `ConnectError` (not sent) and `TimeoutExpired`
-/// (ambiguous; feature `tonic`).
+/// (feature `reqwest-middleware`). A front end reads its own stack's errors first (see
+/// [`StackErrors`]): tonic's `ConnectError` and `TimeoutExpired` through
+/// `grpc::classify_error` (feature `tonic`).
 ///
 /// The first error in the chain that tells something decides. An error that nothing in the
 /// chain explains is [`FailureClass::Ambiguous`]: a write is never assumed not to have happened.
@@ -137,9 +138,47 @@ impl From<FailureClass> for Classification {
 /// assert_eq!(classify_error(&elapsed), FailureClass::Ambiguous);
 /// ```
 pub fn classify_error(err: &(dyn StdError + 'static)) -> FailureClass {
+    classify_error_with(err, &StackErrors::NONE)
+}
+
+/// [`classify_error`], with the errors only `stack` knows read first at each step of the chain.
+pub(crate) fn classify_error_with(
+    err: &(dyn StdError + 'static),
+    stack: &StackErrors,
+) -> FailureClass {
     chain(err)
-        .find_map(classify_one)
+        .find_map(|e| (stack.class)(e).or_else(|| classify_one(e)))
         .unwrap_or(FailureClass::Ambiguous)
+}
+
+/// What a client stack's own error types say, read before the types this crate knows: the
+/// hook a front end gives the decision core for errors that only it can name. A request body
+/// type brings its stack's ([`ReplayBody::stack_errors`](crate::ReplayBody::stack_errors)):
+/// tonic's `Body` (feature `tonic`) reads tonic's `ConnectError` as
+/// [`FailureClass::NotSent`] and its `TimeoutExpired` as a timeout; every other body reads
+/// none ([`StackErrors::NONE`]).
+///
+/// Made by this crate's front ends only: it has no public constructor.
+#[derive(Clone, Copy)]
+pub struct StackErrors {
+    /// The class one error of the chain tells, if the stack knows it.
+    pub(crate) class: fn(&(dyn StdError + 'static)) -> Option<FailureClass>,
+    /// Whether one error of the chain is the stack's timeout.
+    pub(crate) timed_out: fn(&(dyn StdError + 'static)) -> bool,
+}
+
+impl StackErrors {
+    /// No errors of a stack's own: the chain is read with the types this crate knows.
+    pub const NONE: StackErrors = StackErrors {
+        class: |_| None,
+        timed_out: |_| false,
+    };
+}
+
+impl std::fmt::Debug for StackErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StackErrors").finish_non_exhaustive()
+    }
 }
 
 /// `err` and its `source()`s, outermost first. Chains are short; the bound only guards
@@ -172,16 +211,6 @@ fn classify_one(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
     #[cfg(feature = "reqwest-middleware")]
     if let Some(err) = err.downcast_ref::<reqwest::Error>() {
         return reqwest_class(err);
-    }
-    // tonic's Channel: its connector failed, so no connection carried the call; or the
-    // call's `grpc-timeout` ran out, whether or not the server had it.
-    #[cfg(feature = "tonic")]
-    if err.is::<tonic::ConnectError>() {
-        return Some(FailureClass::NotSent);
-    }
-    #[cfg(feature = "tonic")]
-    if err.is::<tonic::TimeoutExpired>() {
-        return Some(FailureClass::Ambiguous);
     }
     if let Some(err) = err.downcast_ref::<io::Error>() {
         return io_class(err);

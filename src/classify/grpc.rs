@@ -1,4 +1,4 @@
-//! gRPC over HTTP/2 as the decision core reads it (feature `tonic`): the failure class of a
+//! gRPC over HTTP/2 as the decision core reads it, with or without tonic: the failure class of a
 //! trailers-only response from its `grpc-status` (gRFC A6 and the gRPC status-code guide),
 //! the server's `grpc-retry-pushback-ms`, and the request's `grpc-timeout` and
 //! `grpc-previous-rpc-attempts`. Every value a server sends is read without panicking.

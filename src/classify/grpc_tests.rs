@@ -175,17 +175,3 @@ fn retries_carry_the_attempts_before_them_and_the_time_left() {
     assert_eq!(headers[PREVIOUS_ATTEMPTS], "2");
     assert_eq!(headers[GRPC_TIMEOUT], "40000000n");
 }
-
-#[test]
-fn tonics_connect_error_is_not_sent_and_its_timeout_ambiguous() {
-    use crate::classify_error;
-    // A connector error that says nothing of its own: tonic's wrapper decides.
-    let connect = tonic::ConnectError(Box::new(std::io::Error::other("no route")));
-    assert_eq!(classify_error(&connect), FailureClass::NotSent);
-    let timeout = tonic::TimeoutExpired(());
-    assert_eq!(classify_error(&timeout), FailureClass::Ambiguous);
-    assert_eq!(
-        crate::classify::Symptom::of(&timeout),
-        crate::classify::Symptom::Timeout
-    );
-}

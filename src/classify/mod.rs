@@ -12,7 +12,6 @@
 
 mod body_verdict;
 pub(crate) mod failure;
-#[cfg(feature = "tonic")]
 pub(crate) mod grpc;
 pub(crate) mod host;
 pub(crate) mod idempotency_key;
@@ -25,6 +24,7 @@ pub(crate) mod statuses;
 mod symptom;
 
 pub(crate) use body_verdict::BodyVerdict;
-pub use failure::{classify_error, Classification, FailureClass};
+pub(crate) use failure::classify_error_with;
+pub use failure::{classify_error, Classification, FailureClass, StackErrors};
 pub use request::{Idempotency, NoRetry, RequestVerdict, VerdictSource};
 pub(crate) use symptom::Symptom;

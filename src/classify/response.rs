@@ -80,13 +80,11 @@ pub(crate) fn classify(
         };
     }
     // The retry set holds no 2xx and the server's hint is ignored on one: no header to read,
-    // but for a gRPC call, whose failures are 200s with a `grpc-status` (feature `tonic`).
+    // but for a gRPC call, whose failures are 200s with a `grpc-status`.
     if status.is_success() {
-        #[cfg(feature = "tonic")]
         if grpc && super::grpc::is_grpc(headers) {
             return super::grpc::classify(verdict, headers, policy.max_retry_after);
         }
-        let _ = grpc;
         return FailureClass::Final.into();
     }
     if policy.not_applied_statuses.contains(status) {

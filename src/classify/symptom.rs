@@ -3,7 +3,7 @@
 
 use std::error::Error as StdError;
 
-use super::failure::chain;
+use super::failure::{chain, StackErrors};
 use crate::timed_out::TimedOut;
 
 /// How an ambiguous attempt failed, in words a caller understands.
@@ -15,18 +15,20 @@ pub(crate) enum Symptom {
 }
 
 impl Symptom {
-    pub(crate) fn of(err: &(dyn StdError + 'static)) -> Symptom {
+    /// `stack` names the timeouts of the client stack's own error types.
+    pub(crate) fn of(err: &(dyn StdError + 'static), stack: &StackErrors) -> Symptom {
         chain(err)
-            .find_map(Symptom::of_one)
+            .find_map(|e| {
+                if (stack.timed_out)(e) {
+                    return Some(Symptom::Timeout);
+                }
+                Symptom::of_one(e)
+            })
             .unwrap_or(Symptom::Other)
     }
 
     fn of_one(err: &(dyn StdError + 'static)) -> Option<Symptom> {
         if err.is::<tower::timeout::error::Elapsed>() || err.is::<TimedOut>() {
-            return Some(Symptom::Timeout);
-        }
-        #[cfg(feature = "tonic")]
-        if err.is::<tonic::TimeoutExpired>() {
             return Some(Symptom::Timeout);
         }
         if let Some(e) = err.downcast_ref::<hyper::Error>() {

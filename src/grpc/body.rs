@@ -1,5 +1,6 @@
 //! tonic's request body as a [`ReplayBody`].
 
+use crate::classify::StackErrors;
 use crate::service::{Recorded, ReplayBody, ReplayBuffer};
 use crate::Replayable;
 
@@ -16,5 +17,10 @@ impl ReplayBody for tonic::body::Body {
 
     fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
         Recorded::stream(self, buffer, tonic::body::Body::new::<Replayable<Self>>)
+    }
+
+    /// A `Channel`'s errors: tonic's `ConnectError` is not sent, its `TimeoutExpired` a timeout.
+    fn stack_errors() -> &'static StackErrors {
+        &super::errors::TONIC
     }
 }

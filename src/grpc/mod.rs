@@ -1,3 +1,5 @@
+#![cfg(feature = "tonic")]
+#![cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 //! gRPC over tonic (feature `tonic`): the layer on a `tonic::transport::Channel`.
 //!
 //! tonic is a tower stack over hyper, so the [`RetryPolicy`](crate::RetryPolicy) layer goes
@@ -51,8 +53,14 @@
 //!   | every other code, and a malformed one | final |
 //!
 //!   A transport error is classified as for HTTP: a call that provably never left (connect
-//!   refused, `REFUSED_STREAM`) is retried for writes too. Response headers without a
-//!   `grpc-status` commit the call: it is never retried after them (A6).
+//!   refused, `REFUSED_STREAM`, tonic's `ConnectError`) is retried for writes too. Response
+//!   headers without a `grpc-status` commit the call: it is never retried after them (A6).
+//!
+//!   These wire rules are the decision core's, in every build: any POST whose `content-type`
+//!   is `application/grpc…` is read as a gRPC call, with or without this feature. What this
+//!   module adds is tonic's own: its `Body` (which brings tonic's errors to the core, see
+//!   [`ReplayBody::stack_errors`](crate::ReplayBody::stack_errors)), [`classify_error`] for
+//!   a retry loop of your own, descriptor sets, and `Status` conversions.
 //! - **The server's hint**: `grpc-retry-pushback-ms` is the wait before the retry; a negative
 //!   or unreadable value means "do not retry"; a wait over
 //!   [`max_retry_after`](crate::RetryPolicyBuilder::max_retry_after) ends the retries.
@@ -79,6 +87,9 @@
 #![doc = include_str!("../docs/grpc.md")]
 
 mod body;
+mod descriptors;
+mod errors;
 mod status;
 
+pub use errors::classify_error;
 pub use status::{into_status, status_of, ATTEMPTS_KEY, MARK_KEY, MAY_HAVE_BEEN_APPLIED_KEY};

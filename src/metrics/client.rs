@@ -31,12 +31,10 @@ pub(crate) struct ClientInstruments {
     refused: Counter<u64>,
     stored_responses: Counter<u64>,
     /// gRFC A96's per-call histograms, for gRPC calls.
-    #[cfg(feature = "tonic")]
     grpc: GrpcInstruments,
 }
 
 /// gRFC A96's instruments: per gRPC call, recorded only when the call was resent.
-#[cfg(feature = "tonic")]
 struct GrpcInstruments {
     retries: Histogram<u64>,
     transparent_retries: Histogram<u64>,
@@ -45,7 +43,6 @@ struct GrpcInstruments {
 }
 
 /// What a gRPC call's resends were, as gRFC A96 counts them.
-#[cfg(feature = "tonic")]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GrpcCall {
     /// Resends after an attempt that may have reached the server (not hedges).
@@ -82,7 +79,6 @@ pub(crate) struct Ended {
     pub(crate) hedge_won: bool,
     pub(crate) superseded: u32,
     /// A gRPC call's resends, for gRFC A96's instruments.
-    #[cfg(feature = "tonic")]
     pub(crate) grpc: Option<GrpcCall>,
 }
 
@@ -146,7 +142,6 @@ impl ClientInstruments {
                     "Responses that are the server's stored response to an idempotency key",
                 )
                 .build(),
-            #[cfg(feature = "tonic")]
             grpc: GrpcInstruments {
                 retries: meter
                     .u64_histogram("grpc.client.call.retries")
@@ -241,7 +236,6 @@ impl ClientInstruments {
         if ended.superseded > 0 {
             self.superseded.add(u64::from(ended.superseded), attributes);
         }
-        #[cfg(feature = "tonic")]
         if let Some(call) = ended.grpc {
             self.grpc_call(target, call, ended.hedges);
         }
@@ -249,7 +243,6 @@ impl ClientInstruments {
 
     /// gRFC A96's histograms for a gRPC call: each only when it is not zero, as A96 has it,
     /// the delay only for a call that was resent.
-    #[cfg(feature = "tonic")]
     #[cold]
     fn grpc_call(&self, target: &Target, call: GrpcCall, hedges: u32) {
         let method = target.path().strip_prefix('/').unwrap_or(target.path());

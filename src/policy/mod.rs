@@ -2,7 +2,7 @@
 //! reqwest-middleware adapter.
 #![doc = include_str!("../docs/policy.md")]
 
-mod builder;
+pub(crate) mod builder;
 mod decision;
 mod events;
 mod host_routes;

@@ -238,7 +238,6 @@ impl CarriesReport for Response {
         Response::extensions_mut(self)
     }
 
-    #[cfg(feature = "tonic")]
     fn headers_mut(&mut self) -> &mut http::HeaderMap {
         Response::headers_mut(self)
     }

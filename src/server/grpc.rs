@@ -1,4 +1,4 @@
-//! The layer's own answers to a gRPC call (feature `tonic`), as a gRPC client reads them: a
+//! The layer's own answers to a gRPC call (with or without tonic), as a gRPC client reads them: a
 //! trailers-only response whose `grpc-status` says what the HTTP status said.
 //!
 //! | the layer's answer | `grpc-status` | why |

@@ -201,7 +201,6 @@ mod detach;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
-#[cfg(feature = "tonic")]
 mod grpc;
 mod keyed;
 mod layer;

@@ -92,14 +92,12 @@ pub(crate) fn is_server_error(status: StatusCode, headers: &HeaderMap) -> bool {
     if status.is_server_error() {
         return true;
     }
-    #[cfg(feature = "tonic")]
     if status.is_success() && crate::classify::grpc::is_trailers_only(headers) {
         let code = headers
             .get("grpc-status")
             .and_then(crate::classify::grpc::status_code);
         return matches!(code, Some(2 | 4 | 12 | 13 | 14 | 15));
     }
-    let _ = headers;
     false
 }
 

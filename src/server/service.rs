@@ -96,21 +96,18 @@ where
         // (that one lives in the keyed call's own box, see `run`).
         // A gRPC call gets the layer's own answers as gRPC statuses: one header read, for
         // keyed and refused requests only.
-        #[cfg(feature = "tonic")]
         let grpc = |req: &Request<B>| crate::classify::grpc::is_grpc(req.headers());
         let key = match key_of(config, &req) {
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::passthrough(inner.call(req.map(Either::Right))),
             Err(bad) => {
                 config.observe.keyed(req.method(), bad.outcome());
-                #[cfg(feature = "tonic")]
                 if grpc(&req) {
                     return ResponseFuture::reply(super::grpc::answer(bad.reply()));
                 }
                 return ResponseFuture::reply(bad.reply());
             }
         };
-        #[cfg(feature = "tonic")]
         let grpc = grpc(&req);
         let (parts, body) = req.into_parts();
         let call = keyed(
@@ -121,7 +118,6 @@ where
             parts,
             body,
         );
-        #[cfg(feature = "tonic")]
         if grpc {
             return ResponseFuture::keyed(Box::pin(
                 async move { call.await.map(super::grpc::answer) },

@@ -3,6 +3,7 @@ use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyStream, Either, Empty, Full, StreamBody};
 
 use super::replay::{Recorded, ReplayBuffer};
+use crate::classify::StackErrors;
 
 /// A request body the layer can send again.
 ///
@@ -58,6 +59,14 @@ pub trait ReplayBody: Sized {
     fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
         let _ = buffer;
         Recorded::once(self)
+    }
+
+    /// The errors of the client stack this body's requests go down that only its front end
+    /// can name, read before the types this crate knows (see [`StackErrors`]). Defaults to
+    /// [`StackErrors::NONE`]; tonic's `Body` (feature `tonic`) brings tonic's `ConnectError`
+    /// (not sent) and `TimeoutExpired` (a timeout).
+    fn stack_errors() -> &'static StackErrors {
+        &StackErrors::NONE
     }
 }
 

@@ -94,6 +94,7 @@ where
             &parts.extensions,
         );
         plan.mint_key(policy, &mut parts.headers);
+        plan.read_errors_with(B::stack_errors());
         // Copy or record the body only if the request could ever be sent again. Written to
         // move the body as little as possible: a copyable body is the common case.
         let mut kept = None;
@@ -295,12 +296,8 @@ fn may_resend<S, B: ReplayBody, R>(
 #[inline]
 fn responded<B>(result: &Result<Response<B>, BoxError>, grpc: bool) -> bool {
     match result {
-        #[cfg(feature = "tonic")]
         Ok(res) if grpc => !crate::classify::grpc::is_trailers_only(res.headers()),
-        Ok(_) => {
-            let _ = grpc;
-            true
-        }
+        Ok(_) => true,
         Err(_) => false,
     }
 }

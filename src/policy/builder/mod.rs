@@ -14,6 +14,7 @@ use crate::classify::response::{ResponseHook, ResponseRules};
 use crate::classify::routes::RouteTable;
 use crate::classify::{FailureClass, Idempotency};
 use crate::LockFreeBudget;
+pub(crate) use described::DescribedRoutes;
 
 /// The replay buffer's default limit, in bytes.
 const DEFAULT_REPLAY_BUFFER: usize = 64 * 1024;
@@ -46,9 +47,9 @@ struct Rules {
     key_hosts: Vec<String>,
     key_routes: Vec<(Method, String, bool)>,
     mint_idempotency_keys: bool,
-    /// Routes read from gRPC descriptor sets (`grpc_descriptors`), or why one was refused.
-    #[cfg(feature = "tonic")]
-    proto: grpc::ProtoRoutes,
+    /// Routes read from a service's description (the gRPC front end's descriptor sets), or
+    /// why one was refused.
+    described: DescribedRoutes,
 }
 
 /// How many retries, when, and within what.
@@ -126,6 +127,15 @@ impl Default for RetryPolicyBuilder {
 }
 
 impl RetryPolicyBuilder {
+    /// Where a front end that reads a service's description (gRPC's descriptor sets) puts
+    /// the idempotent paths it found.
+    #[allow(dead_code)] // without the gRPC front end (feature `tonic`), nothing describes routes
+    pub(crate) fn described_routes(&mut self) -> &mut DescribedRoutes {
+        &mut self.rules.described
+    }
+}
+
+impl RetryPolicyBuilder {
     /// A builder with the defaults listed on each setter.
     pub fn new() -> Self {
         RetryPolicyBuilder {
@@ -136,8 +146,7 @@ impl RetryPolicyBuilder {
                 key_hosts: Vec::new(),
                 key_routes: Vec::new(),
                 mint_idempotency_keys: false,
-                #[cfg(feature = "tonic")]
-                proto: grpc::ProtoRoutes::default(),
+                described: DescribedRoutes::default(),
             },
             timing: Timing {
                 max_retries: 2,
@@ -239,8 +248,7 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
-        #[cfg(feature = "tonic")]
-        self.rules.proto.add_to(&mut self.rules.routes)?;
+        self.rules.described.add_to(&mut self.rules.routes)?;
         let hedge = self.hedge.map(crate::Hedge::build).transpose()?;
         let mut key_trust = KeyTrust {
             everywhere: self.rules.honor_idempotency_key
@@ -342,8 +350,7 @@ fn check_tps(ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Result<(), 
     Ok(())
 }
 
-#[cfg(feature = "tonic")]
-mod grpc;
+mod described;
 mod headers;
 mod hedge;
 mod limits;

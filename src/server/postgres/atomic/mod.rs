@@ -215,7 +215,6 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = &self.config;
         // A gRPC call gets the layer's own answers as gRPC statuses (as in lease mode).
-        #[cfg(feature = "tonic")]
         let grpc = crate::classify::grpc::is_grpc(req.headers());
         let key = match key_of(config, &req) {
             Ok(Some(key)) => key,
@@ -228,7 +227,6 @@ where
             }
             Err(bad) => {
                 config.observe.keyed(req.method(), bad.outcome());
-                #[cfg(feature = "tonic")]
                 if grpc {
                     return Box::pin(ready(Ok(crate::server::grpc::answer(bad.reply()))));
                 }
@@ -244,7 +242,6 @@ where
             parts,
             body,
         );
-        #[cfg(feature = "tonic")]
         if grpc {
             return Box::pin(async move { call.await.map(crate::server::grpc::answer) });
         }

@@ -4,76 +4,43 @@ use prost::Message;
 use prost_types::method_options::IdempotencyLevel;
 use prost_types::FileDescriptorSet;
 
-use super::*;
+use crate::policy::builder::DescribedRoutes;
+use crate::{BuildError, RetryPolicyBuilder};
 
-/// The harmless methods' paths read so far, or the first descriptor set that was refused.
-#[derive(Debug, Default)]
-pub(super) struct ProtoRoutes {
-    paths: Vec<String>,
-    refused: Option<BuildError>,
-}
-
-impl ProtoRoutes {
-    /// Adds a rule for each path that has none of its own: a rule given by hand outranks
-    /// the proto.
-    pub(super) fn add_to(
-        &mut self,
-        routes: &mut Vec<(Method, String, Idempotency)>,
-    ) -> Result<(), BuildError> {
-        if let Some(err) = self.refused.take() {
-            return Err(err);
-        }
-        // The hand rules for POST, to find the ones a proto path falls under: a catch-all
-        // such as `/pkg.Service/{*rest}` given by hand outranks the proto's exact paths
-        // (matching would prefer the exact one).
-        let mut hand = RouteTable::default();
-        for (method, template, idempotency) in routes.iter() {
-            if *method == Method::POST {
-                hand.insert(method.clone(), template, *idempotency)?;
-            }
-        }
-        for path in self.paths.drain(..) {
-            if hand.lookup(&Method::POST, &path).is_none() {
-                routes.push((Method::POST, path, Idempotency::Idempotent));
-            }
-        }
-        Ok(())
-    }
-
-    fn read(&mut self, set: &FileDescriptorSet) {
-        for file in &set.file {
-            let package = file.package();
-            for service in &file.service {
-                for method in &service.method {
-                    let level = method
-                        .options
-                        .as_ref()
-                        .map_or(IdempotencyLevel::IdempotencyUnknown, |o| {
-                            o.idempotency_level()
-                        });
-                    // IDEMPOTENCY_UNKNOWN says nothing: the call stays a POST, a write.
-                    if level == IdempotencyLevel::IdempotencyUnknown {
-                        continue;
-                    }
-                    let (service, method) = (service.name(), method.name());
-                    // Names from bytes are checked, so no rule can be a template by accident.
-                    if !is_full_name(package) || !is_name(service) || !is_name(method) {
-                        self.refused.get_or_insert(BuildError::setting(
-                            "grpc_descriptors",
-                            format!(
-                                "{package:?}.{service:?}/{method:?} is not a proto name \
-                                 (letters, digits and `_`, dotted in the package)"
-                            ),
-                        ));
-                        continue;
-                    }
-                    let path = if package.is_empty() {
-                        format!("/{service}/{method}")
-                    } else {
-                        format!("/{package}.{service}/{method}")
-                    };
-                    self.paths.push(path);
+/// Adds the harmless methods of `set` to `routes`, or says why `set` is refused.
+fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {
+    for file in &set.file {
+        let package = file.package();
+        for service in &file.service {
+            for method in &service.method {
+                let level = method
+                    .options
+                    .as_ref()
+                    .map_or(IdempotencyLevel::IdempotencyUnknown, |o| {
+                        o.idempotency_level()
+                    });
+                // IDEMPOTENCY_UNKNOWN says nothing: the call stays a POST, a write.
+                if level == IdempotencyLevel::IdempotencyUnknown {
+                    continue;
                 }
+                let (service, method) = (service.name(), method.name());
+                // Names from bytes are checked, so no rule can be a template by accident.
+                if !is_full_name(package) || !is_name(service) || !is_name(method) {
+                    routes.refused.get_or_insert(BuildError::setting(
+                        "grpc_descriptors",
+                        format!(
+                            "{package:?}.{service:?}/{method:?} is not a proto name \
+                             (letters, digits and `_`, dotted in the package)"
+                        ),
+                    ));
+                    continue;
+                }
+                let path = if package.is_empty() {
+                    format!("/{service}/{method}")
+                } else {
+                    format!("/{package}.{service}/{method}")
+                };
+                routes.paths.push(path);
             }
         }
     }
@@ -92,7 +59,7 @@ fn is_full_name(package: &str) -> bool {
 }
 
 impl RetryPolicyBuilder {
-    /// Rules from a gRPC service's descriptors (feature `tonic`): each method whose
+    /// Rules from a gRPC service's descriptors: each method whose
     /// `idempotency_level` is `NO_SIDE_EFFECTS` or `IDEMPOTENT` gets a rule
     /// [`Idempotent`](Idempotency::Idempotent) for `POST /package.Service/Method`, so the
     /// proto, not a list by hand, says which calls are safe to repeat. A method without the
@@ -139,7 +106,7 @@ impl RetryPolicyBuilder {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn grpc_descriptors(mut self, set: &FileDescriptorSet) -> Self {
-        self.rules.proto.read(set);
+        read(self.described_routes(), set);
         self
     }
 
@@ -148,12 +115,14 @@ impl RetryPolicyBuilder {
     /// service serves). [`build`](Self::build) refuses bytes that do not decode.
     pub fn grpc_descriptor_bytes(mut self, bytes: &[u8]) -> Self {
         match FileDescriptorSet::decode(bytes) {
-            Ok(set) => self.rules.proto.read(&set),
+            Ok(set) => read(self.described_routes(), &set),
             Err(err) => {
-                self.rules.proto.refused.get_or_insert(BuildError::setting(
-                    "grpc_descriptor_bytes",
-                    format!("not an encoded FileDescriptorSet: {err}"),
-                ));
+                self.described_routes()
+                    .refused
+                    .get_or_insert(BuildError::setting(
+                        "grpc_descriptor_bytes",
+                        format!("not an encoded FileDescriptorSet: {err}"),
+                    ));
             }
         }
         self
@@ -163,6 +132,7 @@ impl RetryPolicyBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::RetryPolicy;
 
     #[test]
     fn bad_bytes_and_bad_names_fail_build_naming_the_setting() {

@@ -1,0 +1,55 @@
+//! tonic's own errors, which only this front end can name: the hook it gives the decision
+//! core through tonic's request body.
+
+use std::error::Error as StdError;
+
+use crate::classify::{FailureClass, StackErrors};
+
+/// tonic's `Channel`: its connector failed, so no connection carried the call (not sent); or
+/// the call's `grpc-timeout` ran out, whether or not the server had it (a timeout, ambiguous).
+pub(crate) const TONIC: StackErrors = StackErrors {
+    class: |err| {
+        if err.is::<tonic::ConnectError>() {
+            return Some(FailureClass::NotSent);
+        }
+        if err.is::<tonic::TimeoutExpired>() {
+            return Some(FailureClass::Ambiguous);
+        }
+        None
+    },
+    timed_out: |err| err.is::<tonic::TimeoutExpired>(),
+};
+
+/// [`classify_error`](crate::classify_error), reading tonic's own errors too: a
+/// `tonic::ConnectError` is [`FailureClass::NotSent`] (its connector failed: no connection
+/// carried the call) whatever its source says, a `tonic::TimeoutExpired` ambiguous. The layer
+/// on a `Channel` reads them so already (tonic's `Body` brings them).
+///
+/// ```
+/// use tower_retry_safety::{grpc, FailureClass};
+///
+/// let connect = tonic::ConnectError(Box::new(std::io::Error::other("no route")));
+/// assert_eq!(grpc::classify_error(&connect), FailureClass::NotSent);
+/// ```
+pub fn classify_error(err: &(dyn StdError + 'static)) -> FailureClass {
+    crate::classify::classify_error_with(err, &TONIC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::Symptom;
+
+    #[test]
+    fn tonics_connect_error_is_not_sent_and_its_timeout_ambiguous() {
+        // A connector error that says nothing of its own: tonic's wrapper decides.
+        let connect = tonic::ConnectError(Box::new(std::io::Error::other("no route")));
+        assert_eq!(classify_error(&connect), FailureClass::NotSent);
+        let timeout = tonic::TimeoutExpired(());
+        assert_eq!(classify_error(&timeout), FailureClass::Ambiguous);
+        assert_eq!(Symptom::of(&timeout, &TONIC), Symptom::Timeout);
+        // Without tonic's hook, the same errors say nothing this crate knows.
+        assert_eq!(crate::classify_error(&connect), FailureClass::Ambiguous);
+        assert_eq!(Symptom::of(&timeout, &StackErrors::NONE), Symptom::Other);
+    }
+}
