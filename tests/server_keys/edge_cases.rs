@@ -388,7 +388,12 @@ async fn a_slow_response_body_keeps_the_claim() {
 
 /// 64 callers at once on one key, handler slower than the lease: one run; every other caller
 /// gets 409 or the replay, byte for byte.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+///
+/// On paused time (the memory store's leases and the renewals run on tokio's clock): on a
+/// real clock with a 30 ms lease, a stall of 30 ms of the whole process (three builds beside
+/// the suite on two cores) lapsed the claim and ran the handler twice — the lease's
+/// documented limit, not the layer's fault, and the test's assumption to fix.
+#[tokio::test(start_paused = true)]
 async fn sixty_four_callers_on_one_key_run_it_once() {
     let runs = Arc::new(AtomicU32::new(0));
     let r = runs.clone();
