@@ -173,6 +173,9 @@ pub mod classify;
 // gRPC's front end: its feature gate is inside the module.
 pub mod grpc;
 mod hedge;
+#[cfg(feature = "lab")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lab")))]
+pub mod lab;
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub mod metrics;
