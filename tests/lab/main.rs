@@ -2,7 +2,14 @@
 //! tells operations apart, its exit status, and the key conformance check against this
 //! crate's server layer and against servers that break its rules.
 
+#[cfg(feature = "postgres")]
+#[path = "../pg/mod.rs"]
+mod pg;
+#[path = "../support/mod.rs"]
+mod support;
+
 mod command_line;
 mod keys_conformance;
+mod keys_over_shared_stores;
 mod op_identity;
 mod proxy_counts;
