@@ -46,6 +46,8 @@ struct Books {
 #[derive(Debug)]
 pub(crate) struct Attempt {
     op: OpId,
+    /// Which of the operation's attempts this is (1 for the first).
+    number: u64,
     /// The fault to inject: the mix's next on an operation's first attempt, else none.
     pub(crate) fault: Fault,
 }
@@ -80,6 +82,7 @@ impl Ledger {
             state.attempts += 1;
             return Attempt {
                 op,
+                number: state.attempts,
                 fault: Fault::None,
             };
         }
@@ -112,7 +115,11 @@ impl Ledger {
                 answer: Answer::Pending,
             },
         );
-        Attempt { op, fault }
+        Attempt {
+            op,
+            number: 1,
+            fault,
+        }
     }
 
     /// The attempt reached the upstream, which answered; `applied` unless the answer says
@@ -124,10 +131,13 @@ impl Ledger {
         }
     }
 
-    /// What the client was given for the attempt (the last one given wins).
+    /// What the client was given for the attempt. Only the operation's latest attempt
+    /// counts: a held answer that ends after the client resent is not what it ended with.
     pub(crate) fn answered(&self, attempt: &Attempt, answer: Answer) {
         if let Some(state) = self.books().ops.get_mut(&attempt.op) {
-            state.answer = answer;
+            if state.attempts == attempt.number {
+                state.answer = answer;
+            }
         }
     }
 

@@ -64,10 +64,7 @@ impl ProxyConfig {
             return Err(bad("user information is not supported in the upstream URL"));
         }
         if uri.scheme_str() != Some("http") {
-            return Err(LabError::new(
-                "--upstream",
-                format!("{uri}: only http:// upstreams are supported"),
-            ));
+            return Err(bad("only http:// upstreams are supported"));
         }
         Ok(ProxyConfig {
             upstream_display: format!("http://{authority}"),

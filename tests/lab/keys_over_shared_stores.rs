@@ -2,8 +2,6 @@
 //! under a prefix of the test's own, deleted when it ends) and PostgreSQL (a schema of its
 //! own, dropped when it ends). Run with `--features lab,redis,postgres`.
 
-#![allow(unused_imports)]
-
 use std::net::{Ipv4Addr, SocketAddr};
 
 use tower_retry_safety::lab::{KeysCheck, KeysReport, Outcome, Upstream};

@@ -10,6 +10,7 @@ mod support;
 
 mod command_line;
 mod keys_conformance;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod keys_over_shared_stores;
 mod op_identity;
 mod proxy_counts;

@@ -59,6 +59,29 @@ async fn a_typical_tower_retry_applies_every_write_that_failed_after_apply_twice
     assert!(report.passes(30));
 }
 
+/// The proxy speaks HTTP/2 to clients that do (prior knowledge, as gRPC-style clients), and
+/// counts them as it counts HTTP/1.1 ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_is_counted_as_an_http1_client_is() {
+    let h2 = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let naive = ServiceBuilder::new()
+        .retry(TypicalPolicy::new(3))
+        .timeout(PER_ATTEMPT)
+        .service(h2.clone());
+    let report = run_stack(naive, OPS).await.expect("lab starts");
+    assert_eq!(report.writes(), OPS as u64);
+    assert_eq!(report.applied_twice(), failing_after_apply(OPS));
+    assert_eq!(report.reads_recovered(), OPS as u64);
+    let ours = ServiceBuilder::new()
+        .layer(policy().build().expect("valid policy"))
+        .service(h2);
+    let report = run_stack(ours, OPS).await.expect("lab starts");
+    assert_eq!(report.applied_twice(), 0);
+    assert_eq!(report.reads_recovered(), OPS as u64);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn this_crates_layer_applies_no_write_twice_and_recovers_every_read() {
     let svc = ServiceBuilder::new()
