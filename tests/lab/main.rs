@@ -13,4 +13,5 @@ mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod keys_over_shared_stores;
 mod op_identity;
+mod other_clients;
 mod proxy_counts;

@@ -18,7 +18,7 @@ use tower_retry_safety::RetryPolicy;
 /// 10 operations per fault of the default mix, per kind.
 const OPS: usize = 60;
 /// Far below the proxy's slow hold (20 s in `run_stack`), far above a loopback round trip.
-const PER_ATTEMPT: Duration = Duration::from_secs(1);
+const PER_ATTEMPT: Duration = Duration::from_secs(2);
 
 fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
