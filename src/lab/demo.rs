@@ -93,8 +93,19 @@ pub fn demo_routes() -> RouteKinds {
 }
 
 /// A fresh upstream and proxy on loopback (default mix), `ops` writes and `ops` reads sent
-/// at once through `svc`; what the proxy counted.
+/// through `svc`, 24 at a time; what the proxy counted.
 pub async fn run_stack<S, B>(svc: S, ops: usize) -> Result<Report, LabError>
+where
+    S: Service<Req, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+{
+    run_stack_with(svc, ops, IN_FLIGHT).await
+}
+
+/// [`run_stack`] with `in_flight` operations at a time.
+pub async fn run_stack_with<S, B>(svc: S, ops: usize, in_flight: usize) -> Result<Report, LabError>
 where
     S: Service<Req, Response = Response<B>> + Clone + Send + 'static,
     S::Future: Send,
@@ -109,7 +120,7 @@ where
     let proxy = Proxy::start(config, loopback).await?;
     let base = format!("http://{}", proxy.addr());
     let mut tasks = tokio::task::JoinSet::new();
-    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
     for i in 0..ops {
         for method in [Method::POST, Method::GET] {
             let svc = svc.clone();

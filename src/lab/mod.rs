@@ -80,7 +80,10 @@ mod routes;
 mod serve;
 
 pub use cli::{main_with_args, USAGE};
-pub use demo::{demo_holds, demo_routes, demo_table, run_demo, run_stack, DemoRow, TypicalPolicy};
+pub use demo::{
+    demo_holds, demo_routes, demo_table, run_demo, run_stack, run_stack_with, DemoRow,
+    TypicalPolicy,
+};
 pub use error::LabError;
 pub use fault::Fault;
 pub use keys::{KeysCheck, KeysReport, Outcome, RuleResult};

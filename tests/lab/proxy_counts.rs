@@ -11,7 +11,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_retry_safety::lab::{
-    run_stack, Fault, Kind, OpIdentity, Proxy, ProxyConfig, RouteKinds, TypicalPolicy, Upstream,
+    run_stack, run_stack_with, Fault, Kind, OpIdentity, Proxy, ProxyConfig, RouteKinds,
+    TypicalPolicy, Upstream,
 };
 use tower_retry_safety::RetryPolicy;
 
@@ -119,6 +120,40 @@ async fn with_minted_keys_every_write_succeeds_and_none_is_applied_twice() {
     assert_eq!(report.applied_twice(), 0);
     assert_eq!(report.writes_answered(), OPS as u64);
     assert_eq!(report.reads_recovered(), OPS as u64);
+}
+
+/// Nothing lost, nothing counted twice with many operations in flight: 120 operations per
+/// kind, 64 in flight (`RETRY_SAFETY_SOAK=1`: 1,020). With keys, a write's resend is
+/// answered from the stored response, so each op's upstream requests are known exactly:
+/// one, or two after a fault that failed the attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_stay_exact_with_64_operations_in_flight() {
+    let ops = if std::env::var_os("RETRY_SAFETY_SOAK").is_some() {
+        1020
+    } else {
+        120
+    };
+    let svc = ServiceBuilder::new()
+        .layer(
+            policy()
+                .lock_free_budget(Duration::from_secs(10), 10_000, 1.0)
+                .mint_idempotency_keys(true)
+                .build()
+                .expect("valid policy"),
+        )
+        .service(client());
+    let report = run_stack_with(svc, ops, 64).await.expect("lab starts");
+    let ops = ops as u64;
+    assert_eq!(report.writes(), ops);
+    assert_eq!(report.reads(), ops);
+    assert_eq!(report.applied_twice(), 0);
+    assert_eq!(report.writes_answered(), ops);
+    assert_eq!(report.reads_recovered(), ops);
+    // Per kind: none 1, drop/slow/503 2 (the resend), 429/500 1 (only the resend).
+    assert_eq!(report.upstream_requests(), 2 * (ops / 6) * 9);
+    let attempts: u64 = report.routes().iter().map(|r| r.attempts).sum();
+    // Every fault but none costs a resend.
+    assert_eq!(attempts, 2 * (ops + ops / 6 * 5));
 }
 
 /// A client with no retry layer at all: a loop that resends after any error or 5xx/429, as
