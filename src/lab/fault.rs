@@ -26,6 +26,11 @@ pub enum Fault {
     /// Not forwarded: the connection is closed without a response. The client cannot tell
     /// this from [`DropAfterApply`](Fault::DropAfterApply); the lab can.
     ResetBeforeForwarding,
+    /// Not forwarded: an HTTP/2 client's stream is reset with `REFUSED_STREAM`, which tells
+    /// it the request was not processed (RFC 9113 §8.7), so a client may resend even a
+    /// write. An HTTP/1.1 client's connection is closed, as for
+    /// [`ResetBeforeForwarding`](Fault::ResetBeforeForwarding).
+    RefusedStream,
 }
 
 impl Fault {
@@ -41,7 +46,7 @@ impl Fault {
     ];
 
     /// Every fault the proxy knows.
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 8] = [
         Fault::None,
         Fault::DropAfterApply,
         Fault::SlowAfterApply,
@@ -49,6 +54,7 @@ impl Fault {
         Fault::TooManyRequestsBeforeApply,
         Fault::InternalErrorBeforeApply,
         Fault::ResetBeforeForwarding,
+        Fault::RefusedStream,
     ];
 
     /// The fault's name in `--faults` lists and in output.
@@ -61,6 +67,7 @@ impl Fault {
             Fault::TooManyRequestsBeforeApply => "429-before-apply",
             Fault::InternalErrorBeforeApply => "500-before-apply",
             Fault::ResetBeforeForwarding => "reset-before-forwarding",
+            Fault::RefusedStream => "refused-stream",
         }
     }
 

@@ -10,8 +10,8 @@
 //! - **`proxy --upstream URL`**: a reverse proxy ([`Proxy`]) the client under test is pointed
 //!   at. Each operation's first attempt gets one [`Fault`] from a mix given out in turn per
 //!   route (by default: none; response lost after the upstream applied the write; answer held
-//!   after apply; 503 after apply; 429 before apply; 500 before apply), and later attempts
-//!   pass through. Attempts are told to be one operation as a client repeats them
+//!   after apply; 503 after apply; 429 before apply; 500 before apply; on request, a reset
+//!   before forwarding, and HTTP/2's `REFUSED_STREAM`), and later attempts pass through. Attempts are told to be one operation as a client repeats them
 //!   ([`OpIdentity`]: `Idempotency-Key`, else `--op-header`, else method, path and a body
 //!   fingerprint, or `--op-id /json/pointer`). Writes and reads are told apart by method and
 //!   by `--write` / `--read` rules in the crate's route syntax ([`RouteKinds`]). On SIGINT or
@@ -62,7 +62,8 @@
 //!
 //! # Limits
 //!
-//! The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream; bodies are
+//! The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream; it does
+//! not send `GOAWAY` as a fault; bodies are
 //! read whole, up to `--max-body` (1 MiB; a longer request gets 413 and is not counted); it
 //! keeps one entry per operation until it stops.
 

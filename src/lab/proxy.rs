@@ -210,9 +210,14 @@ async fn check_reachable(config: &ProxyConfig) -> Result<(), LabError> {
 }
 
 /// The proxy's answer when a fault closes the connection: hyper closes it without a
-/// response (HTTP/1.1) or resets the stream (HTTP/2).
+/// response (HTTP/1.1) or resets the stream (HTTP/2) with the reason found in the error's
+/// sources (`INTERNAL_ERROR` when there is none).
 #[derive(Debug)]
-struct Dropped;
+struct Dropped {
+    reason: Option<h2::Error>,
+}
+
+const DROPPED: Dropped = Dropped { reason: None };
 
 impl fmt::Display for Dropped {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -220,7 +225,11 @@ impl fmt::Display for Dropped {
     }
 }
 
-impl std::error::Error for Dropped {}
+impl std::error::Error for Dropped {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.reason.as_ref().map(|r| r as _)
+    }
+}
 
 fn text(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
     let mut res = Response::new(Full::new(Bytes::from_static(message.as_bytes())));
@@ -243,7 +252,7 @@ async fn handle(
             ));
         }
         // The client's body broke off: there is no request to forward.
-        Err(_) => return Err(Dropped),
+        Err(_) => return Err(DROPPED),
     };
     let path_and_query = parts
         .uri
@@ -269,7 +278,13 @@ async fn handle(
         }
         Fault::ResetBeforeForwarding => {
             shared.ledger.answered(&attempt, Answer::Lost);
-            return Err(Dropped);
+            return Err(DROPPED);
+        }
+        Fault::RefusedStream => {
+            shared.ledger.answered(&attempt, Answer::Lost);
+            return Err(Dropped {
+                reason: Some(h2::Error::from(h2::Reason::REFUSED_STREAM)),
+            });
         }
         _ => {}
     }
@@ -289,7 +304,7 @@ async fn handle(
             (attempt, res)
         }
     });
-    let (attempt, res) = forwarding.await.map_err(|_| Dropped)?;
+    let (attempt, res) = forwarding.await.map_err(|_| DROPPED)?;
     let res = match res {
         Ok(res) => res,
         Err(res) => return Ok(answered(&shared, &attempt, res)),
@@ -297,7 +312,7 @@ async fn handle(
     match fault {
         Fault::DropAfterApply => {
             shared.ledger.answered(&attempt, Answer::Lost);
-            Err(Dropped)
+            Err(DROPPED)
         }
         Fault::SlowAfterApply => {
             // Lost unless the hold ends before the client gives up (hyper drops this future

@@ -238,6 +238,43 @@ async fn a_reset_before_forwarding_never_reaches_the_upstream() {
     assert_eq!(upstream.handler_runs(), 0);
 }
 
+/// `REFUSED_STREAM` tells an HTTP/2 client the request was not processed: this crate's layer
+/// resends even a write, which the upstream then applies once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_is_resent_by_this_crates_layer_and_applied_once() {
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let upstream = Upstream::start(loopback).await.expect("upstream");
+    let config = ProxyConfig::new(&format!("http://{}", upstream.addr()))
+        .expect("valid upstream")
+        .faults(vec![Fault::RefusedStream]);
+    let proxy = Proxy::start(config, loopback).await.expect("proxy");
+    let h2 = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let svc = ServiceBuilder::new()
+        .layer(policy().build().expect("valid policy"))
+        .service(h2);
+    for op in 0..3 {
+        let req = Request::post(format!("http://{}/v1/charges", proxy.addr()))
+            .body(Full::new(Bytes::from(format!("{{\"op\":{op}}}"))))
+            .expect("valid request");
+        let res = svc
+            .clone()
+            .oneshot(req)
+            .await
+            .expect("resent after the refusal");
+        assert!(res.status().is_success());
+    }
+    let report = proxy.report();
+    let row = &report.routes()[0];
+    assert_eq!(row.operations, 3);
+    assert_eq!(row.attempts, 6);
+    assert_eq!(row.upstream_requests, 3);
+    assert_eq!(row.applied_twice, 0);
+    assert_eq!(row.answered_ok, 3);
+    assert_eq!(upstream.handler_runs(), 3);
+}
+
 #[test]
 fn the_exit_status_fails_only_past_the_allowed_count() {
     use tower_retry_safety::lab::passes;
