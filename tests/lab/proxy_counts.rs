@@ -275,6 +275,25 @@ async fn a_refused_stream_is_resent_by_this_crates_layer_and_applied_once() {
     assert_eq!(upstream.handler_runs(), 3);
 }
 
+/// The proxy's memory is bounded by its body limit: a longer request is refused, not
+/// forwarded and not counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_refused_and_not_counted() {
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let upstream = Upstream::start(loopback).await.expect("upstream");
+    let config = ProxyConfig::new(&format!("http://{}", upstream.addr()))
+        .expect("valid upstream")
+        .max_body(1024);
+    let proxy = Proxy::start(config, loopback).await.expect("proxy");
+    let req = Request::post(format!("http://{}/v1/files", proxy.addr()))
+        .body(Full::new(Bytes::from(vec![b'x'; 4096])))
+        .expect("valid request");
+    let res = client().oneshot(req).await.expect("an answer");
+    assert_eq!(res.status(), 413);
+    assert!(proxy.report().routes().is_empty());
+    assert_eq!(upstream.handler_runs(), 0);
+}
+
 #[test]
 fn the_exit_status_fails_only_past_the_allowed_count() {
     use tower_retry_safety::lab::passes;
