@@ -251,18 +251,24 @@ pub fn demo_table(rows: &[DemoRow]) -> String {
     );
     let _ = writeln!(
         out,
-        "\n{:<40} {:>20} {:>16} {:>17} {:>18}",
-        "stack", "writes applied twice", "reads recovered", "writes answered", "upstream requests"
+        "\n{:<40} {:>20} {:>16} {:>17} {:>9} {:>18}",
+        "stack",
+        "writes applied twice",
+        "reads recovered",
+        "writes answered",
+        "attempts",
+        "upstream requests"
     );
     for r in rows {
         let report = &r.report;
         let _ = writeln!(
             out,
-            "{:<40} {:>20} {:>16} {:>17} {:>18}",
+            "{:<40} {:>20} {:>16} {:>17} {:>9} {:>18}",
             r.stack,
             format!("{} / {}", report.applied_twice(), report.writes()),
             format!("{} / {}", report.reads_recovered(), report.reads()),
             format!("{} / {}", report.writes_answered(), report.writes()),
+            report.attempts(),
             report.upstream_requests(),
         );
     }
@@ -271,7 +277,10 @@ pub fn demo_table(rows: &[DemoRow]) -> String {
         "\nwrites applied twice  writes the upstream applied more than once (a stored response applies nothing)\n\
          reads recovered       reads whose client got a 2xx, after retries if any\n\
          writes answered       writes whose client got a 2xx; the others got an error or the failed response\n\
-         upstream requests     attempts that reached the upstream\n"
+         attempts              attempts the proxy saw: the operations, plus one per resend\n\
+         upstream requests     attempts the proxy forwarded and the upstream answered (not the 429s and 500s\n\
+         {:22}it gave itself before apply)\n",
+        ""
     );
     out
 }

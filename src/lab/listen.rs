@@ -49,8 +49,9 @@ where
         loop {
             while connections.try_join_next().is_some() {}
             let Ok((stream, _)) = listener.accept().await else {
-                // Out of descriptors or a connection reset before accept: keep serving.
-                tokio::task::yield_now().await;
+                // Out of descriptors, or a connection reset before accept: keep serving, after
+                // a pause that lets connections close (no busy loop while descriptors lack).
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             };
             let handler = handler.clone();

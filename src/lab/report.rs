@@ -98,6 +98,11 @@ impl Report {
         self.sum(Kind::Write, |r| r.answered_ok)
     }
 
+    /// Attempts seen by the proxy, on every route.
+    pub fn attempts(&self) -> u64 {
+        self.routes.iter().map(|r| r.attempts).sum()
+    }
+
     /// Requests that reached the upstream, on every route.
     pub fn upstream_requests(&self) -> u64 {
         self.routes.iter().map(|r| r.upstream_requests).sum()
