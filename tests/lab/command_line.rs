@@ -2,7 +2,7 @@
 //! status after SIGINT.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -87,27 +87,54 @@ async fn a_port_in_use_is_named() {
     one_line_error(&out, "--listen");
 }
 
+/// The proxy's process, killed if the test ends before it interrupts it (a failed assertion).
+struct ProxyProcess(Option<Child>);
+
+impl ProxyProcess {
+    /// SIGINT, as ctrl-c sends; then its output.
+    fn interrupt(mut self) -> Output {
+        let child = self.0.take().expect("running");
+        let killed = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(killed.success());
+        child.wait_with_output().expect("the proxy ends")
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_proxy_prints_its_counts_on_sigint_and_fails_when_a_write_was_applied_twice() {
     let upstream = Upstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         .await
         .expect("upstream");
     let listen = format!("127.0.0.1:{}", free_port());
-    let child = Command::new(LAB)
-        .args([
-            "proxy",
-            "--upstream",
-            &format!("http://{}", upstream.addr()),
-            "--listen",
-            &listen,
-            "--faults",
-            "none,503-after-apply,429-before-apply",
-            "--json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
+    let child = ProxyProcess(Some(
+        Command::new(LAB)
+            .args([
+                "proxy",
+                "--upstream",
+                &format!("http://{}", upstream.addr()),
+                "--listen",
+                &listen,
+                "--faults",
+                "none,503-after-apply,429-before-apply",
+                "--json",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary starts"),
+    ));
     // Up when it accepts a connection; bounded, so a broken binary fails the test.
     let mut up = false;
     for _ in 0..600 {
@@ -134,12 +161,7 @@ async fn the_proxy_prints_its_counts_on_sigint_and_fails_when_a_write_was_applie
             }
         }
     }
-    let killed = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(killed.success());
-    let out = child.wait_with_output().expect("the proxy ends");
+    let out = child.interrupt();
     assert!(up, "the proxy never listened: {out:?}");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
