@@ -11,9 +11,10 @@
 //!   at. Each operation's first attempt gets one [`Fault`] from a mix given out in turn per
 //!   route (by default: none; response lost after the upstream applied the write; answer held
 //!   after apply; 503 after apply; 429 before apply; 500 before apply; on request, a reset
-//!   before forwarding, and HTTP/2's `REFUSED_STREAM`), and later attempts pass through. Attempts are told to be one operation as a client repeats them
-//!   ([`OpIdentity`]: `Idempotency-Key`, else `--op-header`, else method, path and a body
-//!   fingerprint, or `--op-id /json/pointer`). Writes and reads are told apart by method and
+//!   before forwarding, and HTTP/2's `REFUSED_STREAM`), and later attempts pass through.
+//!   Attempts are told to be one operation as a client repeats them ([`OpIdentity`]:
+//!   `Idempotency-Key`, else `--op-header`, else method, path and a body fingerprint, or
+//!   `--op-id /json/pointer`). Writes and reads are told apart by method and
 //!   by `--write` / `--read` rules in the crate's route syntax ([`RouteKinds`]). On SIGINT or
 //!   SIGTERM it prints a [`Report`] per route (`--json` for machines) and exits 1 when more
 //!   writes than `--max-applied-twice` (default 0) reached the upstream twice.
@@ -36,6 +37,10 @@
 //! server layer and Stripe mark them), or a 400, 409 or 422 to a keyed request, ran nothing.
 //! What the client got is the proxy's last answer for the operation; an answer held for the
 //! slow fault counts as lost unless the client waited it out.
+//!
+//! Two identical requests without a key or an op header are one operation to the proxy
+//! (a second GET of the same path counts as a resend): give each logical request its own
+//! id, or its own path or body, when a test repeats one on purpose.
 //!
 //! # For a server's keys to be checked
 //!
