@@ -247,6 +247,10 @@ async fn main() {
         if variant.ends_with("_put") {
             return put_only(&policy, variant, n).await;
         }
+        #[cfg(feature = "opentelemetry")]
+        if variant == "layer_metrics" || variant == "otel_floor" {
+            return metrics_only(variant, n).await;
+        }
         for _ in 0..n {
             match variant {
                 "bare" => one(&mut bare, Kind::Get).await,
@@ -508,6 +512,46 @@ async fn metrics_overhead() {
         &format!(" (+{:.0} ns per request)", med[1] - med[0]),
     );
     println!("allocs layer_get_metrics {}", v[1].allocs - v[0].allocs);
+    drop(provider);
+}
+
+/// `OVERHEAD_ONLY=layer_metrics:<n>`: `n` GETs through a layer recording in an SDK meter.
+/// `OVERHEAD_ONLY=otel_floor:<n>`: the SDK's own floor for the same requests, with no layer:
+/// one histogram record per request with the attributes the layer gives a plain GET's end
+/// (method, verdict source, stop reason, the host as a new string), into the same SDK.
+#[cfg(feature = "opentelemetry")]
+async fn metrics_only(variant: &str, n: u64) {
+    use opentelemetry::metrics::MeterProvider;
+    use opentelemetry::KeyValue;
+    use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+
+    let reader = PeriodicReader::builder(InMemoryMetricExporter::default())
+        .with_interval(Duration::from_secs(3600))
+        .build();
+    let provider = SdkMeterProvider::builder().with_reader(reader).build();
+    let meter = provider.meter("overhead");
+    if variant == "otel_floor" {
+        let histogram = meter
+            .u64_histogram("floor.attempts")
+            .with_boundaries(vec![1.0, 2.0, 3.0, 4.0, 5.0])
+            .build();
+        let host = black_box("api.example.com");
+        for _ in 0..n {
+            let attributes = [
+                KeyValue::new("http.request.method", "GET"),
+                KeyValue::new("retry_safety.verdict_source", "method"),
+                KeyValue::new("retry_safety.stop_reason", "final"),
+                KeyValue::new("server.address", host.to_owned()),
+            ];
+            histogram.record(black_box(1), &attributes);
+        }
+    } else {
+        let metered = RetryPolicy::builder().meter(meter).build().expect("policy");
+        let mut layer = tower::Layer::layer(&metered, Instant200);
+        for _ in 0..n {
+            one(&mut layer, Kind::Get).await;
+        }
+    }
     drop(provider);
 }
 

@@ -35,7 +35,9 @@ async fn keys_are_deleted_when_a_test_ends_and_no_redis_fails_in_one_line() {
     let dead = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .unwrap();
-    std::env::set_var("REDIS_URL", format!("redis://{dead}"));
+    // SAFETY: the only test of this binary (that is why it is one), on a current-thread
+    // runtime: no other thread of the process reads or writes the environment meanwhile.
+    unsafe { std::env::set_var("REDIS_URL", format!("redis://{dead}")) };
     let Err(panic) = std::panic::catch_unwind(|| TestRedis::start("harness")) else {
         panic!("a REDIS_URL that does not answer was taken");
     };

@@ -101,7 +101,10 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// `host` is called only if the policy trusts named hosts.
+    /// `host` is called only if the policy trusts named hosts. Inlined: called once per
+    /// request, from each front end's start (out of line, its arguments were spilled and
+    /// copied: 19 instructions per request more in a build that LLVM chose not to inline it).
+    #[inline]
     pub(crate) fn new<'h>(
         policy: &RetryPolicy,
         method: &Method,

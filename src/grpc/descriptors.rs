@@ -61,7 +61,7 @@ fn is_full_name(package: &str) -> bool {
 impl RetryPolicyBuilder {
     /// Rules from a gRPC service's descriptors: each method whose
     /// `idempotency_level` is `NO_SIDE_EFFECTS` or `IDEMPOTENT` gets a rule
-    /// [`Idempotent`](Idempotency::Idempotent) for `POST /package.Service/Method`, so the
+    /// [`Idempotent`](crate::Idempotency::Idempotent) for `POST /package.Service/Method`, so the
     /// proto, not a list by hand, says which calls are safe to repeat. A method without the
     /// option stays a write. A [`route`](Self::route) given by hand for the same path
     /// outranks the proto's.

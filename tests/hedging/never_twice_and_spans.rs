@@ -72,7 +72,8 @@ fn scripted(
     seen: &Seen,
     script: Script,
 ) -> impl Service<Request<String>, Response = Response<String>, Error = std::io::Error, Future = Fut>
-       + Clone {
+       + Clone
+       + use<> {
     let seen = seen.clone();
     let t0 = tokio::time::Instant::now();
     service_fn(move |req: Request<String>| {

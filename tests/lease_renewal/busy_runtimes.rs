@@ -254,7 +254,7 @@ fn redis_store(
     case: &str,
 ) -> (
     Clean,
-    impl FnOnce() -> Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + 'static,
+    impl FnOnce() -> Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + 'static + use<>,
 ) {
     let prefix = format!("{}:", fresh(&format!("trs-r2-{case}")));
     let clean = Clean(prefix.clone());
