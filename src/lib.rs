@@ -158,6 +158,10 @@
 //! - `axum`: axum's `Body` as a [`ReplayBody`]; with `server`, `server::AxumIdempotencyLayer`
 //!   (`IdempotencyLayer::for_axum`) to wrap a whole axum 0.8 `Router` for `axum::serve`, and
 //!   extractors for the request's key.
+//! - `lab` (implies `server`): the fault lab ([the `lab` module](lab)) and its
+//!   `retry-safety-lab` binary: a fault-injecting reverse proxy that counts the writes an
+//!   upstream applied twice, for clients in any language, and a conformance check for servers
+//!   that honour idempotency keys.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -173,6 +177,9 @@ pub mod classify;
 // gRPC's front end: its feature gate is inside the module.
 pub mod grpc;
 mod hedge;
+#[cfg(feature = "lab")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lab")))]
+pub mod lab;
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub mod metrics;

@@ -1,0 +1,326 @@
+//! The `retry-safety-lab` command line: arguments parsed by hand (no parser dependency), each
+//! error a line naming the argument.
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::demo::{demo_holds, demo_table, run_demo, OPS};
+use super::{
+    Fault, KeysCheck, Kind, LabError, OpIdentity, Proxy, ProxyConfig, RouteKinds, Upstream,
+};
+
+/// The usage text of `retry-safety-lab help`.
+pub const USAGE: &str = "\
+retry-safety-lab: a fault lab for HTTP clients, and a conformance check for servers that honour keys
+
+USAGE
+  retry-safety-lab proxy --upstream URL [--listen ADDR] [--faults LIST] [--op-header NAME]
+                         [--op-id /json/pointer] [--write 'POST /v1/{*rest}']... [--read 'GET /v1/{id}']...
+                         [--slow-ms N] [--max-body BYTES] [--json] [--max-applied-twice N]
+      Forward to URL; fault each operation's first attempt; on SIGINT (ctrl-c) or SIGTERM print
+      the counts per route and exit 1 if more writes than N (default 0) reached the upstream twice.
+      --listen defaults to 127.0.0.1:8080; --faults to the six of the default mix:
+      none,drop-after-apply,slow-after-apply,503-after-apply,429-before-apply,500-before-apply
+      (also: reset-before-forwarding, refused-stream); --slow-ms to 30000.
+  retry-safety-lab serve [--listen ADDR]
+      An upstream answering any route with a small JSON body, honouring Idempotency-Key
+      (this crate's IdempotencyLayer, in memory). --listen defaults to 127.0.0.1:4010.
+  retry-safety-lab demo
+      Upstream, proxy and clients in one process: this crate's stacks and tower::retry.
+  retry-safety-lab keys --target URL --route 'POST /v1/payments' [--concurrency N] [--hold-ms N]
+      Check that the server at URL honours Idempotency-Key on that route; exit 1 on a failure.
+
+Exit status: 0 pass, 1 a check failed, 2 bad input.
+";
+
+/// Runs the command line (`args` without the program name); the process's exit status.
+pub fn main_with_args<I>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = OsString>,
+{
+    let command = match parse(args) {
+        Ok(command) => command,
+        Err(err) => {
+            eprintln!("retry-safety-lab: {err}\n(run `retry-safety-lab help` for usage)");
+            return ExitCode::from(2);
+        }
+    };
+    if let Command::Help = command {
+        print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("retry-safety-lab: cannot start the runtime: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(run(command)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(err) => {
+            eprintln!("retry-safety-lab: {err}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Command {
+    Help,
+    Proxy {
+        config: Box<ProxyConfig>,
+        listen: SocketAddr,
+        json: bool,
+        max_applied_twice: u64,
+    },
+    Serve {
+        listen: SocketAddr,
+    },
+    Demo,
+    Keys {
+        check: KeysCheck,
+    },
+}
+
+/// The arguments after the subcommand, taken flag by flag.
+struct Args {
+    rest: std::vec::IntoIter<String>,
+}
+
+impl Args {
+    /// The next flag and its value, if it takes one (`--flag VALUE` or `--flag=VALUE`).
+    fn next_flag(
+        &mut self,
+        takes_value: &dyn Fn(&str) -> bool,
+    ) -> Result<Option<(String, String)>, LabError> {
+        let Some(arg) = self.rest.next() else {
+            return Ok(None);
+        };
+        if !arg.starts_with("--") {
+            return Err(LabError::new(
+                arg,
+                "unexpected argument (flags start with --)",
+            ));
+        }
+        if let Some((flag, value)) = arg.split_once('=') {
+            return Ok(Some((flag.to_owned(), value.to_owned())));
+        }
+        if !takes_value(&arg) {
+            return Ok(Some((arg, String::new())));
+        }
+        let value = self
+            .rest
+            .next()
+            .ok_or_else(|| LabError::new(arg.clone(), "needs a value"))?;
+        Ok(Some((arg, value)))
+    }
+}
+
+fn parse<I>(args: I) -> Result<Command, LabError>
+where
+    I: IntoIterator<Item = OsString>,
+{
+    let mut strings = Vec::new();
+    for (i, arg) in args.into_iter().enumerate() {
+        let arg = arg
+            .into_string()
+            .map_err(|_| LabError::new(format!("argument {}", i + 1), "not valid UTF-8"))?;
+        strings.push(arg);
+    }
+    let mut rest = strings.into_iter();
+    let Some(command) = rest.next() else {
+        return Ok(Command::Help);
+    };
+    let mut args = Args { rest };
+    match command.as_str() {
+        "help" | "--help" | "-h" => Ok(Command::Help),
+        "proxy" => parse_proxy(&mut args),
+        "serve" => {
+            let mut listen = default_addr(4010);
+            while let Some((flag, value)) = args.next_flag(&|_| true)? {
+                match flag.as_str() {
+                    "--listen" => listen = parse_addr(&flag, &value)?,
+                    _ => return Err(unknown(&flag, "serve")),
+                }
+            }
+            Ok(Command::Serve { listen })
+        }
+        "demo" => match args.next_flag(&|_| false)? {
+            None => Ok(Command::Demo),
+            Some((flag, _)) => Err(unknown(&flag, "demo")),
+        },
+        "keys" => parse_keys(&mut args),
+        other => Err(LabError::new(
+            other,
+            "unknown subcommand (proxy, serve, demo, keys, help)",
+        )),
+    }
+}
+
+fn default_addr(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+fn unknown(flag: &str, command: &str) -> LabError {
+    LabError::new(flag, format!("not a flag of `{command}`"))
+}
+
+fn parse_addr(flag: &str, value: &str) -> Result<SocketAddr, LabError> {
+    value.parse().map_err(|_| {
+        LabError::new(
+            flag,
+            format!("{value:?} is not an IP address and port (127.0.0.1:8080)"),
+        )
+    })
+}
+
+fn parse_number(flag: &str, value: &str) -> Result<u64, LabError> {
+    value
+        .parse()
+        .map_err(|_| LabError::new(flag, format!("{value:?} is not a whole number")))
+}
+
+fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
+    let mut upstream = None;
+    let mut listen = default_addr(8080);
+    let mut faults = Fault::DEFAULT_MIX.to_vec();
+    let mut identity = OpIdentity::new();
+    let mut routes = RouteKinds::new();
+    let mut slow = Duration::from_secs(30);
+    let mut max_body = None;
+    let mut json = false;
+    let mut max_applied_twice = 0;
+    while let Some((flag, value)) = args.next_flag(&|flag| flag != "--json")? {
+        match flag.as_str() {
+            "--upstream" => upstream = Some(value),
+            "--listen" => listen = parse_addr(&flag, &value)?,
+            "--faults" => faults = Fault::parse_list(&value)?,
+            "--op-header" => identity = identity.op_header(&value)?,
+            "--op-id" => identity = identity.op_id_pointer(&value)?,
+            "--write" => routes.add(&flag, &value, Kind::Write)?,
+            "--read" => routes.add(&flag, &value, Kind::Read)?,
+            "--slow-ms" => slow = Duration::from_millis(parse_number(&flag, &value)?),
+            "--max-body" => max_body = Some(parse_number(&flag, &value)?),
+            "--json" => json = true,
+            "--max-applied-twice" => max_applied_twice = parse_number(&flag, &value)?,
+            _ => return Err(unknown(&flag, "proxy")),
+        }
+    }
+    let upstream = upstream.ok_or_else(|| LabError::new("--upstream", "required"))?;
+    let mut config = ProxyConfig::new(&upstream)?
+        .faults(faults)
+        .identity(identity)
+        .routes(routes)
+        .slow(slow);
+    if let Some(bytes) = max_body {
+        let bytes = usize::try_from(bytes)
+            .map_err(|_| LabError::new("--max-body", "too large for this machine"))?;
+        config = config.max_body(bytes);
+    }
+    Ok(Command::Proxy {
+        config: Box::new(config),
+        listen,
+        json,
+        max_applied_twice,
+    })
+}
+
+fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
+    let (mut target, mut route, mut concurrency, mut hold) = (None, None, None, None);
+    while let Some((flag, value)) = args.next_flag(&|_| true)? {
+        match flag.as_str() {
+            "--target" => target = Some(value),
+            "--route" => route = Some(value),
+            "--concurrency" => concurrency = Some(parse_number(&flag, &value)?),
+            "--hold-ms" => hold = Some(parse_number(&flag, &value)?),
+            _ => return Err(unknown(&flag, "keys")),
+        }
+    }
+    let target = target.ok_or_else(|| LabError::new("--target", "required"))?;
+    let route = route.ok_or_else(|| LabError::new("--route", "required"))?;
+    let mut check = KeysCheck::new(&target, &route)?;
+    if let Some(n) = concurrency {
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|n| (2..=1024).contains(n))
+            .ok_or_else(|| LabError::new("--concurrency", "must be from 2 to 1024"))?;
+        check = check.concurrency(n);
+    }
+    if let Some(ms) = hold {
+        check = check.hold(Duration::from_millis(ms));
+    }
+    Ok(Command::Keys { check })
+}
+
+/// Waits for SIGINT (ctrl-c) or, on Unix, SIGTERM.
+async fn stopped() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// Runs a command; `Ok(false)` when its check failed.
+async fn run(command: Command) -> Result<bool, LabError> {
+    match command {
+        Command::Help => Ok(true),
+        Command::Proxy {
+            config,
+            listen,
+            json,
+            max_applied_twice,
+        } => {
+            let proxy = Proxy::start(*config, listen).await?;
+            eprintln!(
+                "retry-safety-lab: proxy listening on http://{}; SIGINT (ctrl-c) or SIGTERM prints the counts",
+                proxy.addr()
+            );
+            stopped().await;
+            let report = proxy.report();
+            if json {
+                println!("{}", report.to_json(max_applied_twice));
+            } else {
+                print!("{}", report.table(max_applied_twice));
+            }
+            Ok(report.passes(max_applied_twice))
+        }
+        Command::Serve { listen } => {
+            let upstream = Upstream::start(listen).await?;
+            eprintln!(
+                "retry-safety-lab: upstream listening on http://{}; SIGINT (ctrl-c) or SIGTERM stops it",
+                upstream.addr()
+            );
+            stopped().await;
+            eprintln!(
+                "retry-safety-lab: the handler ran {} times",
+                upstream.handler_runs()
+            );
+            Ok(true)
+        }
+        Command::Demo => {
+            let rows = run_demo(OPS).await?;
+            print!("{}", demo_table(&rows));
+            Ok(demo_holds(&rows))
+        }
+        Command::Keys { check } => {
+            let report = check.run().await;
+            print!("{report}");
+            Ok(report.passed())
+        }
+    }
+}

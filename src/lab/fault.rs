@@ -1,0 +1,109 @@
+//! The faults the proxy injects into an operation's first attempt.
+
+use super::LabError;
+
+/// What happens to an operation's first attempt. Later attempts always pass through.
+///
+/// "After apply" means the proxy forwarded the request and the upstream answered; the proxy
+/// then loses, delays or replaces that answer. "Before" means the request never reached the
+/// upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Forwarded, and the upstream's answer passed on.
+    None,
+    /// Forwarded; once the upstream has answered, the connection is closed without a response.
+    DropAfterApply,
+    /// Forwarded; the upstream's answer is held for the proxy's slow delay (or until the
+    /// client gives up).
+    SlowAfterApply,
+    /// Forwarded; the upstream's answer is replaced by a 503.
+    UnavailableAfterApply,
+    /// Not forwarded: a 429 with `Retry-After: 0`.
+    TooManyRequestsBeforeApply,
+    /// Not forwarded: a 500.
+    InternalErrorBeforeApply,
+    /// Not forwarded: the connection is closed without a response. The client cannot tell
+    /// this from [`DropAfterApply`](Fault::DropAfterApply); the lab can.
+    ResetBeforeForwarding,
+    /// Not forwarded: an HTTP/2 client's stream is reset with `REFUSED_STREAM`, which tells
+    /// it the request was not processed (RFC 9113 §8.7), so a client may resend even a
+    /// write. An HTTP/1.1 client's connection is closed, as for
+    /// [`ResetBeforeForwarding`](Fault::ResetBeforeForwarding).
+    RefusedStream,
+}
+
+impl Fault {
+    /// The default mix, given in turn to the first attempts of each route's operations: the
+    /// tour's six faults.
+    pub const DEFAULT_MIX: [Fault; 6] = [
+        Fault::None,
+        Fault::DropAfterApply,
+        Fault::SlowAfterApply,
+        Fault::UnavailableAfterApply,
+        Fault::TooManyRequestsBeforeApply,
+        Fault::InternalErrorBeforeApply,
+    ];
+
+    /// Every fault the proxy knows.
+    pub const ALL: [Fault; 8] = [
+        Fault::None,
+        Fault::DropAfterApply,
+        Fault::SlowAfterApply,
+        Fault::UnavailableAfterApply,
+        Fault::TooManyRequestsBeforeApply,
+        Fault::InternalErrorBeforeApply,
+        Fault::ResetBeforeForwarding,
+        Fault::RefusedStream,
+    ];
+
+    /// The fault's name in `--faults` lists and in output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::DropAfterApply => "drop-after-apply",
+            Fault::SlowAfterApply => "slow-after-apply",
+            Fault::UnavailableAfterApply => "503-after-apply",
+            Fault::TooManyRequestsBeforeApply => "429-before-apply",
+            Fault::InternalErrorBeforeApply => "500-before-apply",
+            Fault::ResetBeforeForwarding => "reset-before-forwarding",
+            Fault::RefusedStream => "refused-stream",
+        }
+    }
+
+    /// The fault of that name, if any.
+    pub fn from_name(name: &str) -> Option<Fault> {
+        Fault::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// Whether the attempt reaches the upstream.
+    pub fn forwards(self) -> bool {
+        matches!(
+            self,
+            Fault::None
+                | Fault::DropAfterApply
+                | Fault::SlowAfterApply
+                | Fault::UnavailableAfterApply
+        )
+    }
+
+    /// A comma-separated list of names (`none,drop-after-apply`), in the order the faults are
+    /// given out. Refuses an empty list and names the unknown entry.
+    pub fn parse_list(list: &str) -> Result<Vec<Fault>, LabError> {
+        let mut faults = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let fault = Fault::from_name(name).ok_or_else(|| {
+                let known: Vec<_> = Fault::ALL.iter().map(|f| f.name()).collect();
+                LabError::new(
+                    "--faults",
+                    format!("unknown fault {name:?}; known: {}", known.join(", ")),
+                )
+            })?;
+            faults.push(fault);
+        }
+        if faults.is_empty() {
+            return Err(LabError::new("--faults", "the list is empty"));
+        }
+        Ok(faults)
+    }
+}

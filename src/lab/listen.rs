@@ -1,0 +1,67 @@
+//! Serving HTTP/1.1 and HTTP/2 connections on a bound listener, until dropped.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::LabError;
+use crate::BoxError;
+
+/// Binds `addr`; the error names the address (a port in use, an address not of this host).
+pub(crate) async fn bind(flag: &str, addr: SocketAddr) -> Result<TcpListener, LabError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|err| LabError::new(flag, format!("cannot listen on {addr}: {err}")))
+}
+
+/// The accept loop and every connection it serves; dropping it closes them all (a held
+/// answer included), so a proxy or an upstream ends with its owner.
+#[derive(Debug)]
+pub(crate) struct Listening {
+    task: JoinHandle<()>,
+}
+
+impl Drop for Listening {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves each connection with `handler`, HTTP/1.1 or HTTP/2 as the client speaks.
+pub(crate) fn serve<F, Fut, B, E>(listener: TcpListener, handler: F) -> Listening
+where
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<B>, E>> + Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    E: Into<BoxError>,
+{
+    let task = tokio::spawn(async move {
+        // Owned here: aborting this task drops the set, which aborts every connection.
+        let mut connections = JoinSet::new();
+        loop {
+            while connections.try_join_next().is_some() {}
+            let Ok((stream, _)) = listener.accept().await else {
+                // Out of descriptors, or a connection reset before accept: keep serving, after
+                // a pause that lets connections close (no busy loop while descriptors lack).
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            };
+            let handler = handler.clone();
+            connections.spawn(async move {
+                let svc = service_fn(handler);
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Listening { task }
+}

@@ -1,0 +1,99 @@
+//! A fault lab for any client: prove, in CI, that an SDK in any language never applies a
+//! write twice.
+//!
+//! Feature `lab`; the `retry-safety-lab` binary is its command line
+//! (`cargo install tower-retry-safety --features lab --bin retry-safety-lab`). A library user
+//! without the feature compiles none of it.
+//!
+//! # The commands
+//!
+//! - **`proxy --upstream URL`**: a reverse proxy ([`Proxy`]) the client under test is pointed
+//!   at. Each operation's first attempt gets one [`Fault`] from a mix given out in turn per
+//!   route (by default: none; response lost after the upstream applied the write; answer held
+//!   after apply; 503 after apply; 429 before apply; 500 before apply; on request, a reset
+//!   before forwarding, and HTTP/2's `REFUSED_STREAM`), and later attempts pass through.
+//!   Attempts are told to be one operation as a client repeats them ([`OpIdentity`]:
+//!   `Idempotency-Key`, else `--op-header`, else method, path and a body fingerprint, or
+//!   `--op-id /json/pointer`). Writes and reads are told apart by method and
+//!   by `--write` / `--read` rules in the crate's route syntax ([`RouteKinds`]). On SIGINT or
+//!   SIGTERM it prints a [`Report`] per route (`--json` for machines) and exits 1 when more
+//!   writes than `--max-applied-twice` (default 0) reached the upstream twice.
+//! - **`serve`**: an [`Upstream`] for a quick try: any route answers a small JSON body,
+//!   behind this crate's [`IdempotencyLayer`](crate::server::IdempotencyLayer) over the
+//!   memory store.
+//! - **`demo`**: upstream, proxy and clients in one process on loopback: `tower::retry` with a
+//!   typical policy applies writes twice, this crate's layer none.
+//! - **`keys --target URL --route 'POST /v1/payments'`**: a conformance check ([`KeysCheck`])
+//!   for a server that honours `Idempotency-Key`: a malformed key gets 400, a key in flight
+//!   409, a key reused with another payload 422, a repeat the first answer (status, body,
+//!   `content-type`, `location`, `content-location`, `etag`), concurrent requests with one key
+//!   run the handler once, and a repeat after the handler failed does not run it again.
+//!
+//! # What the counts mean
+//!
+//! An attempt reached the upstream when the proxy forwarded it and the upstream answered. A
+//! write is *applied twice* when two or more of its attempts reached the upstream and were
+//! run: an answer marked `idempotent-replayed: true` (a stored response, as this crate's
+//! server layer and Stripe mark them), or a 400, 409 or 422 to a keyed request, ran nothing.
+//! What the client got is the proxy's last answer for the operation; an answer held for the
+//! slow fault counts as lost unless the client waited it out.
+//!
+//! Two identical requests without a key or an op header are one operation to the proxy
+//! (a second GET of the same path counts as a resend): give each logical request its own
+//! id, or its own path or body, when a test repeats one on purpose.
+//!
+//! # For a server's keys to be checked
+//!
+//! `keys` asks the server for three things through headers, which a test deployment honours:
+//! `x-lab-hold-ms: N` (the handler holds its answer N ms, so that repeats overlap it),
+//! `x-lab-fail` (the handler fails after it may have applied its effect), and a response
+//! header `x-lab-handler-run` unique per handler run (without it, bodies are compared: a
+//! created resource's id serves). `serve` does all three. A rule the server does not let the
+//! check try is reported `skip`.
+//!
+//! # In an SDK's CI
+//!
+//! ```text
+//! cargo install tower-retry-safety --features lab --bin retry-safety-lab
+//! retry-safety-lab serve --listen 127.0.0.1:4010 &          # or your API's stand-in
+//! retry-safety-lab proxy --upstream http://127.0.0.1:4010 --listen 127.0.0.1:8080 \
+//!     --write 'POST /v1/{*rest}' --op-header x-stainless-retry-id > lab.txt &
+//! LAB=$!
+//! API_BASE_URL=http://127.0.0.1:8080 TIMEOUT_SECONDS=2 pytest tests/retries   # your SDK's tests
+//! kill -INT $LAB; wait $LAB      # exit status 1 if any write reached the upstream twice
+//! ```
+//!
+//! Set the SDK's timeout well below the proxy's `--slow-ms` (30 s by default).
+//!
+//! # Limits
+//!
+//! The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream; it does
+//! not send `GOAWAY` as a fault. Bodies are read whole, up to `--max-body` (1 MiB; a longer
+//! request gets 413 and is not counted). It keeps one entry per operation until it stops.
+
+mod cli;
+mod demo;
+mod error;
+mod fault;
+mod keys;
+mod ledger;
+mod listen;
+mod op_id;
+mod proxy;
+mod report;
+mod routes;
+mod serve;
+
+pub use cli::{main_with_args, USAGE};
+pub use demo::{
+    demo_holds, demo_routes, demo_table, run_demo, run_stack, run_stack_with, DemoRow,
+    TypicalPolicy,
+};
+pub use error::LabError;
+pub use fault::Fault;
+pub use keys::{KeysCheck, KeysReport, Outcome, RuleResult};
+pub use op_id::{OpId, OpIdentity};
+pub use proxy::{Proxy, ProxyConfig};
+pub use report::{passes, Report, RouteCounts};
+pub use routes::{Kind, RouteKinds};
+pub use serve::{Upstream, FAIL_HEADER, HOLD_HEADER, RUN_HEADER};

@@ -1,0 +1,408 @@
+//! `proxy`: the fault-injecting reverse proxy. Each operation's first attempt gets the next
+//! fault of its route's turn in the mix; later attempts pass through; the ledger counts
+//! what reached the upstream.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Request, Response, StatusCode, Uri, Version};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::ledger::{Answer, Attempt, Ledger};
+use super::listen::{self, Listening};
+use super::{Fault, LabError, OpIdentity, Report, RouteKinds};
+
+/// Headers of one hop, never forwarded (RFC 9110 §7.6.1), and `host`, which the proxy's
+/// client sets for the upstream.
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::TRANSFER_ENCODING,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::HOST,
+];
+
+/// What the proxy does and where it forwards.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    upstream: Uri,
+    upstream_display: String,
+    faults: Vec<Fault>,
+    identity: OpIdentity,
+    routes: RouteKinds,
+    slow: Duration,
+    max_body: usize,
+    stored_response_header: HeaderName,
+}
+
+impl ProxyConfig {
+    /// Forwards to `upstream`, an `http://` URL (a path, if any, is put before every
+    /// request's). Refuses another scheme and user information (never echoed: it may hold a
+    /// password).
+    pub fn new(upstream: &str) -> Result<Self, LabError> {
+        let bad = |reason: &str| LabError::new("--upstream", reason.to_owned());
+        let uri: Uri = upstream
+            .parse()
+            .map_err(|_| bad("not a URL: expected http://HOST:PORT"))?;
+        let authority = uri
+            .authority()
+            .ok_or_else(|| bad("not a URL: expected http://HOST:PORT"))?;
+        if authority.as_str().contains('@') {
+            return Err(bad("user information is not supported in the upstream URL"));
+        }
+        if uri.scheme_str() != Some("http") {
+            return Err(bad("only http:// upstreams are supported"));
+        }
+        Ok(ProxyConfig {
+            upstream_display: format!("http://{authority}"),
+            upstream: uri,
+            faults: Fault::DEFAULT_MIX.to_vec(),
+            identity: OpIdentity::new(),
+            routes: RouteKinds::new(),
+            slow: Duration::from_secs(30),
+            max_body: 1024 * 1024,
+            stored_response_header: HeaderName::from_static("idempotent-replayed"),
+        })
+    }
+
+    /// The faults given in turn to each route's operations' first attempts. An empty list
+    /// means none.
+    ///
+    /// Defaults to [`Fault::DEFAULT_MIX`].
+    pub fn faults(mut self, faults: Vec<Fault>) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// How attempts are told to be one operation.
+    ///
+    /// Defaults to [`OpIdentity::new`].
+    pub fn identity(mut self, identity: OpIdentity) -> Self {
+        self.identity = identity;
+        self
+    }
+
+    /// Which routes are writes and which reads, and the rows they are counted in.
+    ///
+    /// Defaults to the method's kind, one row per method.
+    pub fn routes(mut self, routes: RouteKinds) -> Self {
+        self.routes = routes;
+        self
+    }
+
+    /// How long a slow answer is held (unless the client gives up first, which ends it):
+    /// set the client's timeout well below it.
+    ///
+    /// Defaults to 30 s.
+    pub fn slow(mut self, slow: Duration) -> Self {
+        self.slow = slow;
+        self
+    }
+
+    /// The longest request or upstream response body read; a longer request is refused with
+    /// a 413 and not counted, a longer response answered 502.
+    ///
+    /// Defaults to 1 MiB.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
+    }
+
+    fn target(&self, path_and_query: &str) -> Option<Uri> {
+        let base = self.upstream.path().trim_end_matches('/');
+        let authority = self.upstream.authority()?;
+        Uri::builder()
+            .scheme("http")
+            .authority(authority.clone())
+            .path_and_query(format!("{base}{path_and_query}"))
+            .build()
+            .ok()
+    }
+}
+
+/// A running proxy. Stops when dropped.
+#[derive(Debug)]
+pub struct Proxy {
+    addr: SocketAddr,
+    ledger: Arc<Ledger>,
+    _listening: Listening,
+}
+
+#[derive(Debug)]
+struct Shared {
+    config: ProxyConfig,
+    ledger: Arc<Ledger>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    /// Whether an upstream failure was reported on stderr (once is enough).
+    reported: AtomicBool,
+}
+
+impl Proxy {
+    /// Checks that the upstream accepts connections, then listens on `addr`. Errors name the
+    /// input: the upstream, or the address.
+    pub async fn start(config: ProxyConfig, addr: SocketAddr) -> Result<Proxy, LabError> {
+        check_reachable(&config).await?;
+        let listener = listen::bind("--listen", addr).await?;
+        let addr = listener
+            .local_addr()
+            .map_err(|err| LabError::new("--listen", err.to_string()))?;
+        let ledger = Arc::new(Ledger::new(config.faults.clone()));
+        let shared = Arc::new(Shared {
+            config,
+            ledger: ledger.clone(),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            reported: AtomicBool::new(false),
+        });
+        let listening = listen::serve(listener, move |req| handle(shared.clone(), req));
+        Ok(Proxy {
+            addr,
+            ledger,
+            _listening: listening,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The counts so far.
+    pub fn report(&self) -> Report {
+        self.ledger.report()
+    }
+}
+
+async fn check_reachable(config: &ProxyConfig) -> Result<(), LabError> {
+    let unreachable = |reason: String| {
+        LabError::new(
+            "--upstream",
+            format!("{} is unreachable: {reason}", config.upstream_display),
+        )
+    };
+    let authority = config
+        .upstream
+        .authority()
+        .ok_or_else(|| unreachable("no host".to_owned()))?;
+    let port = authority.port_u16().unwrap_or(80);
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    let connect = tokio::net::TcpStream::connect((host, port));
+    match tokio::time::timeout(Duration::from_secs(5), connect).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(err)) => Err(unreachable(err.to_string())),
+        Err(_) => Err(unreachable("no answer in 5 s".to_owned())),
+    }
+}
+
+/// The proxy's answer when a fault closes the connection: hyper closes it without a
+/// response (HTTP/1.1) or resets the stream (HTTP/2) with the reason found in the error's
+/// sources (`INTERNAL_ERROR` when there is none).
+#[derive(Debug)]
+struct Dropped {
+    reason: Option<h2::Error>,
+}
+
+const DROPPED: Dropped = Dropped { reason: None };
+
+impl fmt::Display for Dropped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the fault lab closed the connection")
+    }
+}
+
+impl std::error::Error for Dropped {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.reason.as_ref().map(|r| r as _)
+    }
+}
+
+fn text(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from_static(message.as_bytes())));
+    *res.status_mut() = status;
+    res
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Dropped> {
+    let config = &shared.config;
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, config.max_body).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            return Ok(text(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the fault lab reads request bodies up to its --max-body; this one is longer\n",
+            ));
+        }
+        // The client's body broke off: there is no request to forward.
+        Err(_) => return Err(DROPPED),
+    };
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    let op = config
+        .identity
+        .identify(&parts.method, &path_and_query, &parts.headers, &body);
+    let (kind, route) = config.routes.classify(&parts.method, parts.uri.path());
+    let attempt = shared.ledger.begin(op, kind, route);
+    let fault = attempt.fault;
+    match fault {
+        Fault::TooManyRequestsBeforeApply => {
+            let mut res = text(StatusCode::TOO_MANY_REQUESTS, "");
+            res.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("0"));
+            return Ok(answered(&shared, &attempt, res));
+        }
+        Fault::InternalErrorBeforeApply => {
+            let res = text(StatusCode::INTERNAL_SERVER_ERROR, "");
+            return Ok(answered(&shared, &attempt, res));
+        }
+        Fault::ResetBeforeForwarding => {
+            shared.ledger.answered(&attempt, Answer::Lost);
+            return Err(DROPPED);
+        }
+        Fault::RefusedStream => {
+            shared.ledger.answered(&attempt, Answer::Lost);
+            return Err(Dropped {
+                reason: Some(h2::Error::from(h2::Reason::REFUSED_STREAM)),
+            });
+        }
+        _ => {}
+    }
+    // Forwarded and counted in a task of its own: a client that gives up (hyper then drops
+    // this future) does not stop a request the upstream may already be running, nor its count.
+    let forwarding = tokio::spawn({
+        let shared = shared.clone();
+        async move {
+            let keyed = parts
+                .headers
+                .contains_key(shared.config.identity.key_header());
+            let res = forward(&shared, &parts, &path_and_query, body).await;
+            if let Ok(res) = &res {
+                let applied = applied(res, keyed, &shared.config.stored_response_header);
+                shared.ledger.reached(&attempt, applied);
+            }
+            (attempt, res)
+        }
+    });
+    let (attempt, res) = forwarding.await.map_err(|_| DROPPED)?;
+    let res = match res {
+        Ok(res) => res,
+        Err(res) => return Ok(answered(&shared, &attempt, res)),
+    };
+    match fault {
+        Fault::DropAfterApply => {
+            shared.ledger.answered(&attempt, Answer::Lost);
+            Err(DROPPED)
+        }
+        Fault::SlowAfterApply => {
+            // Lost unless the hold ends before the client gives up (hyper drops this future
+            // when the client closes the connection).
+            shared.ledger.answered(&attempt, Answer::Lost);
+            tokio::time::sleep(shared.config.slow).await;
+            Ok(answered(&shared, &attempt, res))
+        }
+        Fault::UnavailableAfterApply => {
+            let res = text(StatusCode::SERVICE_UNAVAILABLE, "");
+            Ok(answered(&shared, &attempt, res))
+        }
+        _ => Ok(answered(&shared, &attempt, res)),
+    }
+}
+
+/// Records what the client is given, and gives it.
+fn answered(
+    shared: &Shared,
+    attempt: &Attempt,
+    res: Response<Full<Bytes>>,
+) -> Response<Full<Bytes>> {
+    shared
+        .ledger
+        .answered(attempt, Answer::Status(res.status().as_u16()));
+    res
+}
+
+/// Whether the upstream ran the request: not when its answer is a stored response, nor when
+/// it refused a keyed request (400 malformed, 409 in flight, 422 another payload).
+fn applied(res: &Response<Full<Bytes>>, keyed: bool, stored_header: &HeaderName) -> bool {
+    let stored = res
+        .headers()
+        .get(stored_header)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+    let refused = keyed && matches!(res.status().as_u16(), 400 | 409 | 422);
+    !stored && !refused
+}
+
+fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for (name, value) in from {
+        if !HOP_BY_HOP.contains(name) {
+            to.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Sends the request upstream and reads its answer whole. `Err` is the proxy's own answer
+/// when that failed (502).
+async fn forward(
+    shared: &Shared,
+    parts: &Parts,
+    path_and_query: &str,
+    body: Bytes,
+) -> Result<Response<Full<Bytes>>, Response<Full<Bytes>>> {
+    let config = &shared.config;
+    let bad_gateway = |message: &'static str| text(StatusCode::BAD_GATEWAY, message);
+    let Some(uri) = config.target(path_and_query) else {
+        return Err(bad_gateway(
+            "the fault lab cannot forward this request target\n",
+        ));
+    };
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    // The client may speak HTTP/2 to the proxy; the upstream is spoken to in HTTP/1.1.
+    *req.version_mut() = Version::HTTP_11;
+    copy_headers(&parts.headers, req.headers_mut());
+    let res = match shared.client.request(req).await {
+        Ok(res) => res,
+        Err(err) => {
+            if !shared.reported.swap(true, Ordering::Relaxed) {
+                eprintln!(
+                    "retry-safety-lab: the upstream {} failed a request: {err} (502 to the client; reported once)",
+                    config.upstream_display
+                );
+            }
+            return Err(bad_gateway("the fault lab could not reach the upstream\n"));
+        }
+    };
+    let (head, body) = res.into_parts();
+    let body =
+        match Limited::new(body, config.max_body).collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => return Err(bad_gateway(
+                "the upstream's answer broke off or is longer than the fault lab's --max-body\n",
+            )),
+        };
+    let mut res = Response::new(Full::new(body));
+    *res.status_mut() = head.status;
+    copy_headers(&head.headers, res.headers_mut());
+    Ok(res)
+}

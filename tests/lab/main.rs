@@ -1,0 +1,17 @@
+//! The fault lab (`lab` feature): the proxy's counts against real clients on loopback, how it
+//! tells operations apart, its exit status, and the key conformance check against this
+//! crate's server layer and against servers that break its rules.
+
+#[cfg(feature = "postgres")]
+#[path = "../pg/mod.rs"]
+mod pg;
+#[path = "../support/mod.rs"]
+mod support;
+
+mod command_line;
+mod keys_conformance;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod keys_over_shared_stores;
+mod op_identity;
+mod other_clients;
+mod proxy_counts;
