@@ -472,7 +472,7 @@ mod pg {
             admin.close().await;
             for (i, name) in ["pg_floor", "idem_pg"].into_iter().enumerate() {
                 println!(
-                    "count {name}.round_trips {:.3} (of which the pool's pings {:.3})",
+                    "count {name}.round_trips {:.3} (of which a Sync alone, a ping of the pool's: {:.3})",
                     trips[i].0, trips[i].1
                 );
                 println!("count {name}.wal_bytes {:.0}", wal[i]);
