@@ -18,7 +18,10 @@
 //!   the end): `pg_floor`, the handler doing the same `INSERT` in a transaction of its own
 //!   (`BEGIN`, `INSERT`, `COMMIT`: three round trips), and `idem_pg`, the handler doing it in
 //!   the request's transaction behind the layer in atomic mode (the key's lock and check with
-//!   `BEGIN`, the `INSERT`, the record's write, `COMMIT`: four round trips).
+//!   `BEGIN`, the `INSERT`, the record's write with `COMMIT`: three round trips);
+//!   `pg_floor_async` and `idem_pg_async`, the same two with `synchronous_commit = off` in
+//!   their sessions (what is left without the wait for the WAL flush). Then, through a proxy
+//!   that counts round trips, `count` lines: round trips and WAL bytes per request for both.
 //!
 //! Run: `cargo bench --bench server --features redis,postgres`
 //!
@@ -26,7 +29,7 @@
 //! `memory`, `floor`, `redis`) sends 20 warm-up requests then `n` through one variant and
 //! nothing else, so under `valgrind --tool=callgrind` the difference between `n` and `0`
 //! divided by `n` is the count (`scripts/server-instructions.sh`); with `--features postgres`,
-//! `pg_floor` and `pg` too.
+//! `pg_floor`, `pg`, `pg_floor_async` and `pg_async` too.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -45,6 +48,10 @@ use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
 
 mod common;
 use common::{median, print_ratio};
+
+#[cfg(feature = "postgres")]
+#[path = "server_counts/proxy.rs"]
+mod proxy;
 
 /// Serves `handle` on a fresh loopback port; returns its base URL.
 async fn serve<F, Fut, B>(handle: F) -> String
@@ -135,6 +142,10 @@ async fn main() {
             "pg_floor" => &pg.floor,
             #[cfg(feature = "postgres")]
             "pg" => &pg.layered,
+            #[cfg(feature = "postgres")]
+            "pg_floor_async" => &pg.floor_async,
+            #[cfg(feature = "postgres")]
+            "pg_async" => &pg.layered_async,
             other => panic!("unknown variant {other}"),
         };
         for _ in 0..20 + n {
@@ -162,11 +173,14 @@ async fn main() {
         {
             keyed_post(&client, &pg.floor).await;
             keyed_post(&client, &pg.layered).await;
+            keyed_post(&client, &pg.floor_async).await;
+            keyed_post(&client, &pg.layered_async).await;
         }
     }
     let (mut a, mut b, mut c, mut d) = (vec![], vec![], vec![], vec![]);
     let (mut e, mut f): (Vec<f64>, Vec<f64>) = (vec![], vec![]);
     let (mut g, mut h): (Vec<f64>, Vec<f64>) = (vec![], vec![]);
+    let (mut i, mut j): (Vec<f64>, Vec<f64>) = (vec![], vec![]);
     // Up to 301 rounds (60 s at most): on a shared machine the medians of 61 batches moved by
     // several percent from run to run.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -207,6 +221,14 @@ async fn main() {
                 batch!(f, 100, keyed_post(&client, &pg.layered).await);
             }
         }
+        #[cfg(feature = "postgres")]
+        for side in [first, second] {
+            if side == 0 {
+                batch!(i, 100, keyed_post(&client, &pg.floor_async).await);
+            } else {
+                batch!(j, 100, keyed_post(&client, &pg.layered_async).await);
+            }
+        }
         if Instant::now() > deadline {
             break;
         }
@@ -230,7 +252,19 @@ async fn main() {
         println!("(the PostgreSQL rows need --features postgres)");
     } else {
         print_ratio("idem_pg/pg_floor", &f, &e, "");
+        print_ratio(
+            "idem_pg_async/pg_floor_async",
+            &j,
+            &i,
+            " (synchronous_commit off: no wait for the WAL flush)",
+        );
     }
+    #[cfg(feature = "redis")]
+    if let Some(pair) = &pair {
+        print_redis_counts(&client, pair).await;
+    }
+    #[cfg(feature = "postgres")]
+    pg.print_counts(&client).await;
     for (name, samples) in [
         ("bare_server", &mut a),
         ("idem_memory", &mut b),
@@ -240,6 +274,8 @@ async fn main() {
         ("idem_redis_wait1", &mut h),
         ("pg_floor", &mut e),
         ("idem_pg", &mut f),
+        ("pg_floor_async", &mut i),
+        ("idem_pg_async", &mut j),
     ] {
         if !samples.is_empty() {
             println!("{name:<16} median {:>9.0} ns/request", median(samples));
@@ -257,28 +293,39 @@ mod pg {
     use std::convert::Infallible;
     use std::hint::black_box;
     use std::str::FromStr;
+    use std::time::Duration;
 
     use bytes::Bytes;
     use http::{Request, Response};
     use http_body_util::{BodyExt, Either, Full};
     use hyper::body::Incoming;
+    use hyper_util::client::legacy::{connect::HttpConnector, Client};
     use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
     use tower::ServiceExt;
     use tower_retry_safety::server::{IdempotencyLayer, KeyTransaction, PostgresStore};
+
+    use super::proxy;
 
     const INSERT: &str = "INSERT INTO bench_orders (body) VALUES ($1)";
 
     pub(crate) struct Variants {
         pub(crate) floor: String,
         pub(crate) layered: String,
+        /// The same two with `synchronous_commit = off` in their sessions: what is left
+        /// without the wait for the WAL flush.
+        pub(crate) floor_async: String,
+        pub(crate) layered_async: String,
         url: String,
         schema: String,
     }
 
-    async fn pool(url: &str, schema: &str) -> PgPool {
-        let options = PgConnectOptions::from_str(url)
+    fn options(url: &str, schema: &str) -> PgConnectOptions {
+        PgConnectOptions::from_str(url)
             .expect("DATABASE_URL")
-            .options([("search_path", schema)]);
+            .options([("search_path", schema)])
+    }
+
+    async fn pool(options: PgConnectOptions) -> PgPool {
         PgPoolOptions::new()
             .max_connections(4)
             .connect_with(options)
@@ -286,27 +333,48 @@ mod pg {
             .expect("PostgreSQL")
     }
 
+    fn database_url() -> String {
+        std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+    }
+
     pub(crate) async fn variants() -> Variants {
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+        let url = database_url();
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
         let schema = format!("trs_bench_{}_{nanos}", std::process::id());
-        let admin = pool(&url, "public").await;
+        let admin = pool(options(&url, "public")).await;
         sqlx::query(&format!("CREATE SCHEMA {schema}"))
             .execute(&admin)
             .await
             .expect("CREATE SCHEMA");
         admin.close().await;
-        let pool = pool(&url, &schema).await;
+        let pool = pool(options(&url, &schema)).await;
         sqlx::raw_sql("CREATE TABLE bench_orders (id bigserial PRIMARY KEY, body bytea NOT NULL)")
             .execute(&pool)
             .await
             .expect("CREATE TABLE");
-        let store = PostgresStore::from_pool(pool.clone());
-        store.migrate().await.expect("migrate");
+        PostgresStore::from_pool(pool.clone())
+            .migrate()
+            .await
+            .expect("migrate");
+        let (floor, layered) = pair(pool).await;
+        let no_flush = options(&url, &schema).options([("synchronous_commit", "off")]);
+        let (floor_async, layered_async) = pair(self::pool(no_flush).await).await;
+        Variants {
+            floor,
+            layered,
+            floor_async,
+            layered_async,
+            url,
+            schema,
+        }
+    }
 
+    /// The floor and atomic mode over `pool`: their URLs.
+    async fn pair(pool: PgPool) -> (String, String) {
+        let store = PostgresStore::from_pool(pool.clone());
         let floor = super::serve(move |req: Request<Incoming>| {
             let pool = pool.clone();
             async move {
@@ -331,12 +399,7 @@ mod pg {
             svc.oneshot(req)
         })
         .await;
-        Variants {
-            floor,
-            layered,
-            url,
-            schema,
-        }
+        (floor, layered)
     }
 
     /// The same `INSERT`, in the request's transaction.
@@ -358,8 +421,67 @@ mod pg {
     }
 
     impl Variants {
+        /// Per request, for the floor and atomic mode: round trips to PostgreSQL (counted by a
+        /// proxy between a pool of their own and the server; the pool's pings of the
+        /// connection it hands out and gets back, two per request on both, are among them)
+        /// and WAL bytes (the insert position before and after a batch: the server's, so
+        /// others' writes add to it; the least of three batches).
+        pub(crate) async fn print_counts(&self, client: &Client<HttpConnector, Full<Bytes>>) {
+            const N: u64 = 200;
+            let options = options(&self.url, &self.schema);
+            let upstream = format!("{}:{}", options.get_host(), options.get_port());
+            let (port, tally) = proxy::start(upstream).await;
+            let (floor, layered) =
+                pair(pool(options.clone().host("127.0.0.1").port(port)).await).await;
+            let admin = pool(options).await;
+            let lsn = || async {
+                sqlx::query_scalar::<_, String>("SELECT pg_current_wal_insert_lsn()::text")
+                    .fetch_one(&admin)
+                    .await
+                    .expect("WAL position")
+            };
+            let mut wal = [f64::MAX; 2];
+            let mut trips = [(f64::MAX, 0.0); 2];
+            for _ in 0..3 {
+                for (i, url) in [&floor, &layered].into_iter().enumerate() {
+                    for _ in 0..20 {
+                        super::keyed_post(client, url).await;
+                    }
+                    // The last request's connection back in the pool (its ping answered).
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let (start, (rt0, pings0)) = (lsn().await, tally.read());
+                    for _ in 0..N {
+                        super::keyed_post(client, url).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let (rt1, pings1) = tally.read();
+                    let bytes: f64 = sqlx::query_scalar(
+                        "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::float8",
+                    )
+                    .bind(&start)
+                    .fetch_one(&admin)
+                    .await
+                    .expect("WAL bytes");
+                    wal[i] = wal[i].min(bytes / N as f64);
+                    let per = (rt1 - rt0) as f64 / N as f64;
+                    if per < trips[i].0 {
+                        trips[i] = (per, (pings1 - pings0) as f64 / N as f64);
+                    }
+                }
+            }
+            admin.close().await;
+            for (i, name) in ["pg_floor", "idem_pg"].into_iter().enumerate() {
+                println!(
+                    "count {name}.round_trips {:.3} (of which a Sync alone, a ping of the pool's: {:.3})",
+                    trips[i].0, trips[i].1
+                );
+                println!("count {name}.wal_bytes {:.0}", wal[i]);
+            }
+            println!("count idem_pg/pg_floor.wal_bytes {:.3}", wal[1] / wal[0]);
+        }
+
         pub(crate) async fn drop_schema(&self) {
-            let admin = pool(&self.url, "public").await;
+            let admin = pool(options(&self.url, "public")).await;
             sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.schema))
                 .execute(&admin)
                 .await
@@ -399,13 +521,23 @@ async fn redis_variants() -> RedisVariants {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     let prefix = format!("trs-bench-{nanos}:");
-    let client = redis::Client::open(url.as_str()).expect("redis url");
+    let floor = redis_floor(&url, format!("{prefix}floor:")).await;
+    let store = RedisStore::connect(&url)
+        .await
+        .expect("redis")
+        .prefix(format!("{prefix}layer:"));
+    RedisVariants(floor, layered(store).await, prefix)
+}
+
+/// The Redis floor on the Redis at `url`, its keys under `prefix`: its URL.
+#[cfg(feature = "redis")]
+async fn redis_floor(url: &str, prefix: String) -> String {
+    let client = redis::Client::open(url).expect("redis url");
     let manager = redis::aio::ConnectionManager::new(client)
         .await
         .expect("redis");
-    let floor_prefix = format!("{prefix}floor:");
-    let floor = serve(move |req: Request<Incoming>| {
-        let (mut con, prefix) = (manager.clone(), floor_prefix.clone());
+    serve(move |req: Request<Incoming>| {
+        let (mut con, prefix) = (manager.clone(), prefix.clone());
         async move {
             let key = format!(
                 "{prefix}{}",
@@ -436,12 +568,58 @@ async fn redis_variants() -> RedisVariants {
             Ok(res)
         }
     })
-    .await;
-    let store = RedisStore::connect(&url)
-        .await
-        .expect("redis")
-        .prefix(format!("{prefix}layer:"));
-    RedisVariants(floor, layered(store).await, prefix)
+    .await
+}
+
+/// Redis's own count of the commands a keyed request sends, floor and layer (`INFO
+/// commandstats` before and after a batch, on the bench's own primary where nothing else runs:
+/// the layer there is `idem_redis_pair`'s, the same store as `idem_redis`). A command that a
+/// script runs is counted as well as the script's own call.
+#[cfg(feature = "redis")]
+async fn print_redis_counts(client: &Client<HttpConnector, Full<Bytes>>, pair: &Pair) {
+    use std::collections::BTreeMap;
+    const N: u64 = 200;
+    let url = format!("redis://127.0.0.1:{}", pair.ports[0]);
+    let floor = redis_floor(&url, "bench-floor:".into()).await;
+    let mut con = redis::Client::open(url.as_str())
+        .and_then(|c| c.get_connection())
+        .expect("the pair's primary");
+    let mut stats = || -> BTreeMap<String, u64> {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut con)
+            .expect("INFO");
+        info.lines()
+            .filter_map(|line| {
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+                let calls = rest.strip_prefix("calls=")?.split(',').next()?;
+                Some((name.to_owned(), calls.parse().ok()?))
+            })
+            .collect()
+    };
+    for (name, url) in [("redis_floor", &floor), ("idem_redis", &pair.wait0)] {
+        for _ in 0..20 {
+            keyed_post(client, url).await;
+        }
+        let before = stats();
+        for _ in 0..N {
+            keyed_post(client, url).await;
+        }
+        let after = stats();
+        let mut total = 0.0;
+        for (command, calls) in &after {
+            // The bench's own INFO, and the replica's acknowledgements.
+            if command == "info" || command == "replconf" {
+                continue;
+            }
+            let per = (calls - before.get(command).copied().unwrap_or(0)) as f64 / N as f64;
+            if per > 0.0 {
+                println!("count {name}.calls.{command} {per:.3}");
+                total += per;
+            }
+        }
+        println!("count {name}.calls {total:.3} (commands Redis ran per request)");
+    }
 }
 
 /// A primary with one replica, of the bench's own, and the layer over `RedisStore` on it not

@@ -14,6 +14,7 @@ thread_local! {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCS.with(|c| c.set(c.get() + 1));
+        trace(layout.size());
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -21,7 +22,33 @@ unsafe impl GlobalAlloc for Counting {
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCS.with(|c| c.set(c.get() + 1));
+        trace(new_size);
         unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+thread_local! {
+    /// Set by a test run with `ALLOC_TRACE=1`: each allocation it counts is printed with the
+    /// frames that made it (how the keyed path's sites were found).
+    pub(crate) static TRACE: Cell<bool> = const { Cell::new(false) };
+}
+
+fn trace(size: usize) {
+    // Off while printing: the backtrace allocates too.
+    if TRACE.with(|t| t.replace(false)) {
+        let frames = std::backtrace::Backtrace::force_capture().to_string();
+        let ours: Vec<&str> = frames
+            .lines()
+            .map(str::trim)
+            .filter(|l| {
+                l.contains("tower_retry_safety")
+                    || l.contains("::{{closure}}")
+                    || l.contains(" http")
+            })
+            .take(4)
+            .collect();
+        eprintln!("allocation of {size} bytes: {}", ours.join(" < "));
+        TRACE.with(|t| t.set(true));
     }
 }
 
@@ -35,4 +62,5 @@ pub(crate) fn allocations(f: impl FnOnce()) -> u64 {
 }
 
 mod host_and_path_classify;
+mod keyed_memory;
 mod layer_and_classify;
