@@ -147,7 +147,7 @@ pub(crate) fn classify_error_with(
     stack: &StackErrors,
 ) -> FailureClass {
     chain(err)
-        .find_map(|e| (stack.class)(e).or_else(|| classify_one(e)))
+        .find_map(|e| (stack.class)(e).or_else(|| classify_one(e, stack)))
         .unwrap_or(FailureClass::Ambiguous)
 }
 
@@ -165,6 +165,8 @@ pub struct StackErrors {
     pub(crate) class: fn(&(dyn StdError + 'static)) -> Option<FailureClass>,
     /// Whether one error of the chain is the stack's timeout.
     pub(crate) timed_out: fn(&(dyn StdError + 'static)) -> bool,
+    /// Whether the stack names any error of its own (`false` only for [`StackErrors::NONE`]).
+    pub(crate) reads: bool,
 }
 
 impl StackErrors {
@@ -172,7 +174,14 @@ impl StackErrors {
     pub const NONE: StackErrors = StackErrors {
         class: |_| None,
         timed_out: |_| false,
+        reads: false,
     };
+
+    /// Whether the stack names errors of its own: a body type that wraps two others
+    /// forwards the one that does.
+    pub fn reads_errors(&self) -> bool {
+        self.reads
+    }
 }
 
 impl std::fmt::Debug for StackErrors {
@@ -190,7 +199,7 @@ pub(crate) fn chain<'a>(
 }
 
 /// What one error in the chain tells, if anything. `None` means: look at its source.
-fn classify_one(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
+fn classify_one(err: &(dyn StdError + 'static), stack: &StackErrors) -> Option<FailureClass> {
     if err.is::<tower::timeout::error::Elapsed>() {
         // A per-attempt timeout fires whether or not the server got the request.
         return Some(FailureClass::Ambiguous);
@@ -206,14 +215,14 @@ fn classify_one(err: &(dyn StdError + 'static)) -> Option<FailureClass> {
     }
     #[cfg(feature = "h2")]
     if let Some(err) = err.downcast_ref::<h2::Error>() {
-        return h2_class(err);
+        return h2_class(err, stack);
     }
     #[cfg(feature = "reqwest-middleware")]
     if let Some(err) = err.downcast_ref::<reqwest::Error>() {
         return reqwest_class(err);
     }
     if let Some(err) = err.downcast_ref::<io::Error>() {
-        return io_class(err);
+        return io_class(err, stack);
     }
     None
 }
@@ -281,7 +290,7 @@ fn hyper_class(err: &hyper::Error) -> Option<FailureClass> {
 }
 
 #[cfg(feature = "h2")]
-fn h2_class(err: &h2::Error) -> Option<FailureClass> {
+fn h2_class(err: &h2::Error, stack: &StackErrors) -> Option<FailureClass> {
     if err.is_remote() && (err.reason() == Some(h2::Reason::REFUSED_STREAM)) {
         // RFC 9113 §8.7: REFUSED_STREAM means the stream was not processed at all.
         return Some(FailureClass::NotSent);
@@ -295,7 +304,7 @@ fn h2_class(err: &h2::Error) -> Option<FailureClass> {
         return Some(FailureClass::Ambiguous);
     }
     if let Some(io) = err.get_io() {
-        return io_class(io);
+        return io_class(io, stack);
     }
     Some(FailureClass::Ambiguous)
 }
@@ -316,7 +325,9 @@ fn reqwest_class(err: &reqwest::Error) -> Option<FailureClass> {
     None
 }
 
-fn io_class(err: &io::Error) -> Option<FailureClass> {
+/// `stack` reads a custom payload as it reads the chain: tonic's error wrapped in an
+/// `io::Error` is still tonic's.
+fn io_class(err: &io::Error, stack: &StackErrors) -> Option<FailureClass> {
     use io::ErrorKind::*;
     match err.kind() {
         ConnectionRefused => Some(FailureClass::NotSent),
@@ -326,7 +337,7 @@ fn io_class(err: &io::Error) -> Option<FailureClass> {
         // `io::Error::source` skips a custom payload's own type; look at it directly.
         _ => err.get_ref().and_then(|inner| {
             let inner: &(dyn StdError + 'static) = inner;
-            match classify_error(inner) {
+            match classify_error_with(inner, stack) {
                 FailureClass::Ambiguous => None,
                 class => Some(class),
             }

@@ -42,6 +42,36 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
 
+/// A proto name: a letter or `_`, then letters, digits and `_`.
+pub(crate) fn is_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A proto package: names joined by dots, or none.
+pub(crate) fn is_full_name(package: &str) -> bool {
+    package.is_empty() || package.split('.').all(is_name)
+}
+
+/// `pkg.Service/Method` from a call's path `/pkg.Service/Method`, if it has that shape: a
+/// bounded name for a metric's attribute, never an arbitrary path.
+pub(crate) fn method_name(path: &str) -> Option<&str> {
+    let name = path.strip_prefix('/')?;
+    let (service, method) = name.split_once('/')?;
+    let (package, service) = service.rsplit_once('.').unwrap_or(("", service));
+    (is_full_name(package) && is_name(service) && is_name(method)).then_some(name)
+}
+
+/// Whether a request is a gRPC call: a POST (gRPC over HTTP/2 sends nothing else) with a
+/// gRPC content type. The client's layer and the server's read a request alike through it.
+#[inline]
+pub(crate) fn is_call(method: &http::Method, headers: &HeaderMap) -> bool {
+    method == http::Method::POST && is_grpc(headers)
+}
+
 /// Whether `headers` end a gRPC call by themselves: a trailers-only response.
 #[inline]
 pub(crate) fn is_trailers_only(headers: &HeaderMap) -> bool {

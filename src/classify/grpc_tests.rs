@@ -175,3 +175,47 @@ fn retries_carry_the_attempts_before_them_and_the_time_left() {
     assert_eq!(headers[PREVIOUS_ATTEMPTS], "2");
     assert_eq!(headers[GRPC_TIMEOUT], "40000000n");
 }
+
+#[test]
+fn names_are_proto_names() {
+    assert!(is_name("Ledger") && is_name("_x1") && !is_name("1x") && !is_name(""));
+    assert!(is_full_name("") && is_full_name("a.b_c.D") && !is_full_name("a..b"));
+    assert!(!is_full_name("a/{b}"));
+}
+
+/// A metric names a call by `pkg.Service/Method` only when the path has that shape: any
+/// POST with a gRPC content type is a call, and an arbitrary path is no bounded attribute.
+/// Found by review.
+#[test]
+fn a_method_name_is_read_only_from_a_path_of_grpcs_shape() {
+    assert_eq!(
+        method_name("/lab.v1.Ledger/Append"),
+        Some("lab.v1.Ledger/Append")
+    );
+    assert_eq!(method_name("/Ledger/Append"), Some("Ledger/Append"));
+    for path in [
+        "/",
+        "/v1/users/42/orders",
+        "/lab.v1.Ledger",
+        "/a..b.C/D",
+        "/x/y?z",
+        "/s/m/extra",
+    ] {
+        assert_eq!(method_name(path), None, "{path}");
+    }
+}
+
+/// A request is a call only as a POST with a gRPC content type, on both halves alike.
+/// Found by review: the server read any method's content type.
+#[test]
+fn only_a_post_with_a_grpc_content_type_is_a_call() {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    assert!(is_call(&http::Method::POST, &headers));
+    assert!(!is_call(&http::Method::PUT, &headers));
+    assert!(!is_call(&http::Method::GET, &headers));
+    assert!(!is_call(&http::Method::POST, &HeaderMap::new()));
+}

@@ -4,6 +4,7 @@ use prost::Message;
 use prost_types::method_options::IdempotencyLevel;
 use prost_types::FileDescriptorSet;
 
+use crate::classify::grpc::{is_full_name, is_name};
 use crate::policy::builder::DescribedRoutes;
 use crate::{BuildError, RetryPolicyBuilder};
 
@@ -44,18 +45,6 @@ fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {
             }
         }
     }
-}
-
-fn is_name(name: &str) -> bool {
-    let mut bytes = name.bytes();
-    bytes
-        .next()
-        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
-}
-
-fn is_full_name(package: &str) -> bool {
-    package.is_empty() || package.split('.').all(is_name)
 }
 
 impl RetryPolicyBuilder {
@@ -166,12 +155,5 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.setting_name(), "grpc_descriptors");
         assert!(err.to_string().contains("not a proto name"), "{err}");
-    }
-
-    #[test]
-    fn names_are_proto_names() {
-        assert!(is_name("Ledger") && is_name("_x1") && !is_name("1x") && !is_name(""));
-        assert!(is_full_name("") && is_full_name("a.b_c.D") && !is_full_name("a..b"));
-        assert!(!is_full_name("a/{b}"));
     }
 }

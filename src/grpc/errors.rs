@@ -18,6 +18,7 @@ pub(crate) const TONIC: StackErrors = StackErrors {
         None
     },
     timed_out: |err| err.is::<tonic::TimeoutExpired>(),
+    reads: true,
 };
 
 /// [`classify_error`](crate::classify_error), reading tonic's own errors too: a
@@ -51,5 +52,27 @@ mod tests {
         // Without tonic's hook, the same errors say nothing this crate knows.
         assert_eq!(crate::classify_error(&connect), FailureClass::Ambiguous);
         assert_eq!(Symptom::of(&timeout, &StackErrors::NONE), Symptom::Other);
+    }
+
+    /// tonic's error inside an `io::Error`'s payload is read as tonic's (the payload is
+    /// classified with the same hook as the chain). Found by review.
+    #[test]
+    fn tonics_connect_error_inside_an_io_error_is_still_not_sent() {
+        let connect = tonic::ConnectError(Box::new(std::io::Error::other("no route")));
+        let wrapped = std::io::Error::other(connect);
+        assert_eq!(classify_error(&wrapped), FailureClass::NotSent);
+    }
+
+    /// A body that is tonic's on one side of an `Either` brings tonic's errors: the wrapper
+    /// forwards the side that names any. Found by review.
+    #[test]
+    fn an_either_with_tonics_body_forwards_its_errors() {
+        use crate::ReplayBody;
+        use http_body_util::{Either, Full};
+        type Left = Either<tonic::body::Body, Full<bytes::Bytes>>;
+        type Right = Either<Full<bytes::Bytes>, tonic::body::Body>;
+        assert!(Left::stack_errors().reads_errors());
+        assert!(Right::stack_errors().reads_errors());
+        assert!(!<Full<bytes::Bytes>>::stack_errors().reads_errors());
     }
 }

@@ -245,7 +245,9 @@ impl ClientInstruments {
     /// the delay only for a call that was resent.
     #[cold]
     fn grpc_call(&self, target: &Target, call: GrpcCall, hedges: u32) {
-        let method = target.path().strip_prefix('/').unwrap_or(target.path());
+        // A path of gRPC's shape, else `other`: any POST with a gRPC content type is a call,
+        // and a path is no bounded attribute.
+        let method = crate::classify::grpc::method_name(target.path()).unwrap_or("other");
         let attributes = [KeyValue::new("grpc.method", method.to_owned())];
         let g = &self.grpc;
         if call.retries > 0 {

@@ -372,6 +372,10 @@ impl RetryPolicy {
     ///   [`is_retry_after_too_long`](Classification::is_retry_after_too_long) says so.
     /// - A 409 to a request with an idempotency key the policy honours is retryable: the
     ///   original is still in flight on the server, so the same key is tried again later.
+    /// - A 2xx with a gRPC content type (`application/grpc…`) is read as a gRPC call's answer:
+    ///   its `grpc-status` gives the class (see the `grpc` module; never *not sent*). This
+    ///   function sees the response only, so it cannot tell that the request was a POST, as
+    ///   the layer does: give it gRPC responses to gRPC calls.
     /// - Everything else is final. Allocates nothing.
     ///
     /// ```
@@ -392,7 +396,7 @@ impl RetryPolicy {
         res: &Response<B>,
     ) -> Classification {
         let body_verdict = res.extensions().get::<BodyVerdict>().map(|v| v.0);
-        // Any response may be a gRPC one here: its content type says (feature `tonic`).
+        // Any response may be a gRPC one here: its content type says.
         self.classify_status(verdict, res.status(), res.headers(), body_verdict, true)
     }
 
@@ -401,8 +405,8 @@ impl RetryPolicy {
         response::is_stored_response(&self.inner.responses, verdict, headers)
     }
 
-    /// `grpc`: the request was a gRPC call, so a 2xx response's `grpc-status` is read (with
-    /// the feature `tonic`); other requests are spared the look at the content type.
+    /// `grpc`: the request was a gRPC call, so a 2xx response's `grpc-status` is read; other
+    /// requests are spared the look at the content type.
     pub(crate) fn classify_status(
         &self,
         verdict: &RequestVerdict,

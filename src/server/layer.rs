@@ -162,6 +162,9 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// freed and a repeat runs the handler again. Turn it off only for handlers that answer
     /// 5xx solely when they applied nothing (a transaction rolled back, a dependency refused
     /// before any effect): the layer takes that as the proof that the handler did not run.
+    /// A gRPC handler's server errors count too: a trailers-only answer with a gRPC content
+    /// type whose `grpc-status` maps to a 5xx (UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED,
+    /// INTERNAL, UNAVAILABLE, DATA_LOSS), in every build.
     ///
     /// Defaults to true (Stripe's choice).
     pub fn store_server_errors(self, store: bool) -> Self {

@@ -117,6 +117,10 @@
 //! partly applied, and a client that repeats the key must learn the same outcome rather than
 //! run the write a second time ([`store_server_errors(false)`](IdempotencyLayer::store_server_errors)
 //! frees the key on a 5xx instead, for handlers whose 5xx proves nothing was applied).
+//! A gRPC call (a POST with a gRPC content type, with or without the `tonic` feature) gets
+//! the layer's own answers as gRPC statuses: a key in flight is `ABORTED` with
+//! `grpc-retry-pushback-ms`, a key reused with another call or malformed `INVALID_ARGUMENT`,
+//! nothing applied `UNAVAILABLE`, an unknown outcome `UNKNOWN`.
 //! Requests without a key pass through untouched, unless their method
 //! [requires one](IdempotencyLayer::require_key_for).
 //!

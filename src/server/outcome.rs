@@ -92,7 +92,12 @@ pub(crate) fn is_server_error(status: StatusCode, headers: &HeaderMap) -> bool {
     if status.is_server_error() {
         return true;
     }
-    if status.is_success() && crate::classify::grpc::is_trailers_only(headers) {
+    // A gRPC server's trailers-only answer says so in its content type: a 200 of any other
+    // handler is a success whatever headers it carries.
+    if status.is_success()
+        && crate::classify::grpc::is_grpc(headers)
+        && crate::classify::grpc::is_trailers_only(headers)
+    {
         let code = headers
             .get("grpc-status")
             .and_then(crate::classify::grpc::status_code);

@@ -96,7 +96,7 @@ where
         // (that one lives in the keyed call's own box, see `run`).
         // A gRPC call gets the layer's own answers as gRPC statuses: one header read, for
         // keyed and refused requests only.
-        let grpc = |req: &Request<B>| crate::classify::grpc::is_grpc(req.headers());
+        let grpc = |req: &Request<B>| crate::classify::grpc::is_call(req.method(), req.headers());
         let key = match key_of(config, &req) {
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::passthrough(inner.call(req.map(Either::Right))),

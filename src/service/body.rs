@@ -64,7 +64,9 @@ pub trait ReplayBody: Sized {
     /// The errors of the client stack this body's requests go down that only its front end
     /// can name, read before the types this crate knows (see [`StackErrors`]). Defaults to
     /// [`StackErrors::NONE`]; tonic's `Body` (feature `tonic`) brings tonic's `ConnectError`
-    /// (not sent) and `TimeoutExpired` (a timeout).
+    /// (not sent) and `TimeoutExpired` (a timeout), and `Either` the side that names any. A
+    /// body type of your own that wraps tonic's forwards it (`tonic::body::Body::stack_errors()`);
+    /// one that does not only loses retries: an error nothing names is ambiguous.
     fn stack_errors() -> &'static StackErrors {
         &StackErrors::NONE
     }
@@ -110,6 +112,16 @@ where
         match self {
             Either::Left(l) => l.record(buffer).map(Either::Left),
             Either::Right(r) => r.record(buffer).map(Either::Right),
+        }
+    }
+
+    /// The side whose stack names errors of its own (tonic's `Body` on either side).
+    fn stack_errors() -> &'static StackErrors {
+        let left = L::stack_errors();
+        if left.reads_errors() {
+            left
+        } else {
+            R::stack_errors()
         }
     }
 }

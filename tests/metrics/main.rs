@@ -712,7 +712,6 @@ async fn lease_renewals_are_counted_while_a_handler_runs() {
 /// gRPC calls also record gRFC A96's per-call histograms, named by `grpc.method`: a call
 /// resent twice after UNAVAILABLE records its retries once, and a call answered at once
 /// records none (A96 leaves zeros out).
-#[cfg(feature = "tonic")]
 #[tokio::test(start_paused = true)]
 async fn grpc_calls_record_the_a96_retry_histograms() {
     use std::sync::atomic::{AtomicU32, Ordering};

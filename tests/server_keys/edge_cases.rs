@@ -629,3 +629,35 @@ async fn a_detached_handler_erroring_after_its_lease_keeps_an_unknown_outcome() 
     assert_eq!(res.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+/// A keyed PUT with a gRPC content type is no gRPC call (gRPC sends POSTs only): a repeat
+/// while its handler runs gets the HTTP 409, as the client's layer reads it, not a gRPC
+/// status in a 200. Found by review: the server read any method's content type, the client
+/// only a POST's, and a PUT's 409 became a 200 the client took as a success.
+#[tokio::test(start_paused = true)]
+async fn a_keyed_put_with_a_grpc_content_type_gets_http_answers() {
+    let runs = Arc::new(AtomicU32::new(0));
+    let r = runs.clone();
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let svc = layer.layer(service_fn(move |_req: In| {
+        r.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"put"))))
+        }
+    }));
+    let grpc_put = || {
+        let mut req = keyed("grpc-put", "x");
+        *req.method_mut() = http::Method::PUT;
+        req.headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/grpc"));
+        req
+    };
+    let first = tokio::spawn(svc.clone().oneshot(grpc_put()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let during = svc.clone().oneshot(grpc_put()).await.unwrap();
+    assert_eq!(during.status(), StatusCode::CONFLICT);
+    assert!(!during.headers().contains_key("grpc-status"));
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -211,7 +211,6 @@ async fn a_hedge_copies_the_whole_head_of_an_extension_method() {
     assert_same_head(&seen, &[]);
 }
 
-#[cfg(feature = "tonic")]
 fn grpc_timeout(value: &str) -> Duration {
     let (digits, unit) = value.split_at(value.len() - 1);
     let n: u64 = digits.parse().unwrap();
@@ -226,7 +225,6 @@ fn grpc_timeout(value: &str) -> Duration {
     }
 }
 
-#[cfg(feature = "tonic")]
 fn grpc_request(timeout: Option<&'static str>) -> Request<String> {
     let mut b = Request::post("http://api.test/pkg.Svc/Read")
         .version(Version::HTTP_2)
@@ -248,7 +246,6 @@ fn grpc_request(timeout: Option<&'static str>) -> Request<String> {
 /// the deadline. Exactly 2 calls; one value of each per-attempt header.
 ///
 /// Found by the review of 2026-12-04.
-#[cfg(feature = "tonic")]
 #[tokio::test(start_paused = true)]
 async fn grpc_headers_are_set_per_attempt_against_an_absolute_deadline() {
     let (svc, log) = recording(&[(100, 1014)]);
@@ -297,7 +294,6 @@ async fn grpc_headers_are_set_per_attempt_against_an_absolute_deadline() {
 /// bounds it (cut at exactly 300 ms, 1 call, an error), no panic.
 ///
 /// Found by the review of 2026-12-04.
-#[cfg(feature = "tonic")]
 #[tokio::test(start_paused = true)]
 async fn grpc_timeout_bounds_a_call_whose_policy_deadline_is_duration_max() {
     let (svc, log) = recording(&[(10_000, 200)]);
@@ -318,7 +314,6 @@ async fn grpc_timeout_bounds_a_call_whose_policy_deadline_is_duration_max() {
 /// caller's; 3 calls (UNAVAILABLE twice, then 200).
 ///
 /// Found by the review of 2026-12-04.
-#[cfg(feature = "tonic")]
 #[tokio::test(start_paused = true)]
 async fn a_huge_grpc_timeout_with_a_duration_max_deadline_does_not_panic() {
     let (svc, log) = recording(&[(0, 1014), (0, 1014), (0, 200)]);

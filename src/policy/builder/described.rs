@@ -20,6 +20,9 @@ impl DescribedRoutes {
         if let Some(err) = self.refused.take() {
             return Err(err);
         }
+        if self.paths.is_empty() {
+            return Ok(());
+        }
         // The hand rules for POST, to find the ones a proto path falls under: a catch-all
         // such as `/pkg.Service/{*rest}` given by hand outranks the proto's exact paths
         // (matching would prefer the exact one).

@@ -215,7 +215,7 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let config = &self.config;
         // A gRPC call gets the layer's own answers as gRPC statuses (as in lease mode).
-        let grpc = crate::classify::grpc::is_grpc(req.headers());
+        let grpc = crate::classify::grpc::is_call(req.method(), req.headers());
         let key = match key_of(config, &req) {
             Ok(Some(key)) => key,
             Ok(None) => {
