@@ -16,8 +16,9 @@
 //!   `Idempotency-Key`, else `--op-header`, else method, path and a body fingerprint, or
 //!   `--op-id /json/pointer`). Writes and reads are told apart by method and
 //!   by `--write` / `--read` rules in the crate's route syntax ([`RouteKinds`]). On SIGINT or
-//!   SIGTERM it prints a [`Report`] per route (`--json` for machines) and exits 1 when more
-//!   writes than `--max-applied-twice` (default 0) reached the upstream twice.
+//!   SIGTERM it stops forwarding, waits for requests still at the upstream (`--drain-ms`),
+//!   prints a [`Report`] per route (`--json` for machines) and exits 1 when more writes than
+//!   `--max-applied-twice` (default 0) may have been applied twice.
 //! - **`serve`**: an [`Upstream`] for a quick try: any route answers a small JSON body,
 //!   behind this crate's [`IdempotencyLayer`](crate::server::IdempotencyLayer) over the
 //!   memory store.
@@ -31,12 +32,21 @@
 //!
 //! # What the counts mean
 //!
-//! An attempt reached the upstream when the proxy forwarded it and the upstream answered. A
-//! write is *applied twice* when two or more of its attempts reached the upstream and were
-//! run: an answer marked `idempotent-replayed: true` (a stored response, as this crate's
-//! server layer and Stripe mark them), or a 400, 409 or 422 to a keyed request, ran nothing.
-//! What the client got is the proxy's last answer for the operation; an answer held for the
-//! slow fault counts as lost unless the client waited it out.
+//! An attempt reached the upstream (and may have applied) from the moment the proxy hands it
+//! to its upstream client, answered or not: a connection that breaks after the upstream read
+//! the request, or an answer longer than `--max-body`, does not show the write was not run. Only a connect
+//! error to the upstream proves an attempt was not sent. An answer, when one arrives whole,
+//! can only take an attempt back: one marked `idempotent-replayed: true` (a stored response,
+//! as this crate's server layer and Stripe mark them), or a 400, 409 or 422 to a keyed
+//! request, ran nothing. A write is *applied twice* when two or more of its attempts may have
+//! applied. What the client got is the proxy's last answer for the operation; an answer held
+//! for the slow fault counts as lost unless the client waited it out.
+//!
+//! Failed operations are split three ways: the upstream answered one of their attempts
+//! (`failed, answered`); an attempt was sent and none answered (`failed, no answer`); none
+//! was sent (`failed, never sent`). On SIGINT or SIGTERM the proxy stops accepting and
+//! forwarding, waits up to `--drain-ms` for attempts still at the upstream, and reports those
+//! still there as `pending` (counted as applied).
 //!
 //! Two identical requests without a key or an op header are one operation to the proxy
 //! (a second GET of the same path counts as a resend): give each logical request its own

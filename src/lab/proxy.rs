@@ -1,6 +1,6 @@
 //! `proxy`: the fault-injecting reverse proxy. Each operation's first attempt gets the next
 //! fault of its route's turn in the mix; later attempts pass through; the ledger counts
-//! what reached the upstream.
+//! what was handed to the upstream (and may have applied) from the moment it is handed.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::ledger::{Answer, Attempt, Ledger};
+use super::ledger::{Answer, Attempt, Ledger, Sent};
 use super::listen::{self, Listening};
 use super::{Fault, LabError, OpIdentity, Report, RouteKinds};
 
@@ -138,7 +138,7 @@ impl ProxyConfig {
 pub struct Proxy {
     addr: SocketAddr,
     ledger: Arc<Ledger>,
-    _listening: Listening,
+    listening: Listening,
 }
 
 #[derive(Debug)]
@@ -170,7 +170,7 @@ impl Proxy {
         Ok(Proxy {
             addr,
             ledger,
-            _listening: listening,
+            listening,
         })
     }
 
@@ -179,8 +179,26 @@ impl Proxy {
         self.addr
     }
 
-    /// The counts so far.
+    /// The counts so far. An attempt handed to the upstream counts from that moment, answered
+    /// or not; one still at the upstream is also counted in `pending`.
     pub fn report(&self) -> Report {
+        self.ledger.report()
+    }
+
+    /// Stops accepting connections and forwarding: a request that arrives later (on a
+    /// connection already open) is answered 503 and not counted, not being sent.
+    pub fn stop(&self) {
+        self.ledger.close();
+        self.listening.stop_accepting();
+    }
+
+    /// [`stop`](Proxy::stop)s, then waits until no attempt is at the upstream, at most
+    /// `within`, and reports: an answer that arrives meanwhile may still say an attempt ran
+    /// nothing. Attempts still at the upstream then are counted in `pending` (and as
+    /// applied).
+    pub async fn drain(&self, within: Duration) -> Report {
+        self.stop();
+        self.ledger.settle(within).await;
         self.ledger.report()
     }
 }
@@ -263,7 +281,9 @@ async fn handle(
         .identity
         .identify(&parts.method, &path_and_query, &parts.headers, &body);
     let (kind, route) = config.routes.classify(&parts.method, parts.uri.path());
-    let attempt = shared.ledger.begin(op, kind, route);
+    let Some(attempt) = shared.ledger.begin(op, kind, route) else {
+        return Ok(stopping());
+    };
     let fault = attempt.fault;
     match fault {
         Fault::TooManyRequestsBeforeApply => {
@@ -293,14 +313,7 @@ async fn handle(
     let forwarding = tokio::spawn({
         let shared = shared.clone();
         async move {
-            let keyed = parts
-                .headers
-                .contains_key(shared.config.identity.key_header());
-            let res = forward(&shared, &parts, &path_and_query, body).await;
-            if let Ok(res) = &res {
-                let applied = applied(res, keyed, &shared.config.stored_response_header);
-                shared.ledger.reached(&attempt, applied);
-            }
+            let res = forward(&shared, &attempt, &parts, &path_and_query, body).await;
             (attempt, res)
         }
     });
@@ -327,6 +340,17 @@ async fn handle(
         }
         _ => Ok(answered(&shared, &attempt, res)),
     }
+}
+
+/// The answer to a request that arrives once the proxy stopped: not counted, not sent.
+fn stopping() -> Response<Full<Bytes>> {
+    let mut res = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the fault lab is stopping: this request was not forwarded\n",
+    );
+    res.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    res
 }
 
 /// Records what the client is given, and gives it.
@@ -360,10 +384,13 @@ fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
     }
 }
 
-/// Sends the request upstream and reads its answer whole. `Err` is the proxy's own answer
-/// when that failed (502).
+/// Sends the request upstream and reads its answer whole, counting the attempt as it goes:
+/// handed to the upstream client, it may have applied; only a connect error proves it was
+/// not sent, and only a whole answer can say it ran nothing. `Err` is the proxy's own answer
+/// when forwarding failed (502), or when the proxy stopped before it was sent (503).
 async fn forward(
     shared: &Shared,
+    attempt: &Attempt,
     parts: &Parts,
     path_and_query: &str,
     body: Bytes,
@@ -381,9 +408,19 @@ async fn forward(
     // The client may speak HTTP/2 to the proxy; the upstream is spoken to in HTTP/1.1.
     *req.version_mut() = Version::HTTP_11;
     copy_headers(&parts.headers, req.headers_mut());
+    let keyed = parts.headers.contains_key(config.identity.key_header());
+    if !shared.ledger.sending(attempt) {
+        return Err(stopping());
+    }
     let res = match shared.client.request(req).await {
         Ok(res) => res,
         Err(err) => {
+            let how = if err.is_connect() {
+                Sent::ConnectFailed
+            } else {
+                Sent::NoAnswer
+            };
+            shared.ledger.sent(attempt, how);
             if !shared.reported.swap(true, Ordering::Relaxed) {
                 eprintln!(
                     "retry-safety-lab: the upstream {} failed a request: {err} (502 to the client; reported once)",
@@ -394,15 +431,19 @@ async fn forward(
         }
     };
     let (head, body) = res.into_parts();
-    let body =
-        match Limited::new(body, config.max_body).collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => return Err(bad_gateway(
+    let body = match Limited::new(body, config.max_body).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => {
+            shared.ledger.sent(attempt, Sent::NoAnswer);
+            return Err(bad_gateway(
                 "the upstream's answer broke off or is longer than the fault lab's --max-body\n",
-            )),
-        };
+            ));
+        }
+    };
     let mut res = Response::new(Full::new(body));
     *res.status_mut() = head.status;
     copy_headers(&head.headers, res.headers_mut());
+    let applied = applied(&res, keyed, &config.stored_response_header);
+    shared.ledger.sent(attempt, Sent::Answered { applied });
     Ok(res)
 }

@@ -15,3 +15,4 @@ mod keys_over_shared_stores;
 mod op_identity;
 mod other_clients;
 mod proxy_counts;
+mod unanswered_writes;
