@@ -13,7 +13,7 @@
 //!   after apply; 503 after apply; 429 before apply; 500 before apply; on request, a reset
 //!   before forwarding, and HTTP/2's `REFUSED_STREAM`), and later attempts pass through.
 //!   Attempts are told to be one operation as a client repeats them ([`OpIdentity`]:
-//!   `Idempotency-Key`, else `--op-header`, else method, path and a body fingerprint, or
+//!   `Idempotency-Key` or `--key-header`, else `--op-header`, else method, path and a body fingerprint, or
 //!   `--op-id /json/pointer`). Writes and reads are told apart by method and
 //!   by `--write` / `--read` rules in the crate's route syntax ([`RouteKinds`]). On SIGINT or
 //!   SIGTERM it stops forwarding, waits for requests still at the upstream (`--drain-ms`),
@@ -37,8 +37,10 @@
 //! the request, or an answer longer than `--max-body`, does not show the write was not run. Only a connect
 //! error to the upstream proves an attempt was not sent. An answer, when one arrives whole,
 //! can only take an attempt back: one marked `idempotent-replayed: true` (a stored response,
-//! as this crate's server layer and Stripe mark them), or a 400, 409 or 422 to a keyed
-//! request, ran nothing. A write is *applied twice* when two or more of its attempts may have
+//! as this crate's server layer and Stripe mark them; `--replayed-header` names another), a
+//! 400, 409 or 422 to a keyed request (`Idempotency-Key`, or `--key-header`), or a 429 (RFC
+//! 6585: refused for its rate) ran nothing. A 503, even with `Retry-After`, counts as applied:
+//! nothing says the handler did not run first. A write is *applied twice* when two or more of its attempts may have
 //! applied. What the client got is the proxy's last answer for the operation; an answer held
 //! for the slow fault counts as lost unless the client waited it out.
 //!

@@ -121,6 +121,22 @@ impl ProxyConfig {
         self
     }
 
+    /// The response header with which the upstream marks a stored response (a replay, which
+    /// ran nothing), for a server that does not use `idempotent-replayed: true`. Its value
+    /// must be `true` (any case). Refuses an invalid header name.
+    ///
+    /// Defaults to `idempotent-replayed`.
+    pub fn replayed_header(mut self, name: &str) -> Result<Self, LabError> {
+        self.stored_response_header =
+            HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                LabError::new(
+                    "--replayed-header",
+                    format!("{name:?} is not a header name"),
+                )
+            })?;
+        Ok(self)
+    }
+
     fn target(&self, path_and_query: &str) -> Option<Uri> {
         let base = self.upstream.path().trim_end_matches('/');
         let authority = self.upstream.authority()?;
@@ -365,15 +381,20 @@ fn answered(
     res
 }
 
-/// Whether the upstream ran the request: not when its answer is a stored response, nor when
-/// it refused a keyed request (400 malformed, 409 in flight, 422 another payload).
+/// Whether the upstream may have run the request: yes unless its answer says otherwise: a
+/// stored response (the replayed header), a refused keyed request (400 malformed, 409 in
+/// flight, 422 another payload), or a 429 (RFC 6585 §4: the request was refused for its
+/// rate, not processed). A 503, even with `Retry-After`, counts as applied: RFC 9110 does not
+/// say a 503 ran nothing, and a handler that failed half-way often answers one.
 fn applied(res: &Response<Full<Bytes>>, keyed: bool, stored_header: &HeaderName) -> bool {
     let stored = res
         .headers()
         .get(stored_header)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-    let refused = keyed && matches!(res.status().as_u16(), 400 | 409 | 422);
-    !stored && !refused
+    let status = res.status().as_u16();
+    let refused = keyed && matches!(status, 400 | 409 | 422);
+    let rate_limited = status == 429;
+    !stored && !refused && !rate_limited
 }
 
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {

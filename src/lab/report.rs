@@ -23,8 +23,8 @@ pub struct RouteCounts {
     /// counted as applied.
     pub pending: u64,
     /// Writes the upstream may have applied twice or more: two attempts handed to it, unless
-    /// its answer to one says it ran nothing (a stored response, a keyed request refused).
-    /// Always 0 for reads.
+    /// its answer to one says it ran nothing (a stored response, a keyed request refused, a
+    /// 429). Always 0 for reads.
     pub applied_twice: u64,
     /// Operations whose client was last given a 2xx: for reads, the reads recovered.
     pub answered_ok: u64,
@@ -236,7 +236,7 @@ ops                 operations: attempts with one Idempotency-Key, op header, or
 upstream            attempts handed to the upstream, answered or not: each may have applied
 pending             of those, attempts the upstream had not answered when the counts were taken
 applied twice       writes two attempts of which may have applied (an answer marked as a stored
-                    response, or a keyed 400/409/422, applies nothing)
+                    response, a keyed 400/409/422, or a 429 applies nothing)
 answered 2xx        operations whose latest answer was a 2xx (for reads: reads recovered)
 failed, answered    the client's last answer failed, after the upstream answered an attempt
 failed, no answer   the client's last answer failed; an attempt was sent, the upstream answered none

@@ -15,4 +15,6 @@ mod keys_over_shared_stores;
 mod op_identity;
 mod other_clients;
 mod proxy_counts;
+mod raw_upstream;
+mod server_dialects;
 mod unanswered_writes;

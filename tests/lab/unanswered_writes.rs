@@ -4,7 +4,6 @@
 //! the counts say so exactly. Only a connect error proves a request was not sent.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,157 +11,10 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Notify};
-use tokio::task::JoinSet;
+use tokio::net::TcpStream;
 use tower_retry_safety::lab::{Fault, Proxy, ProxyConfig};
 
-/// A guard against a hang, never a measure: every wait ends long before it.
-const GUARD: Duration = Duration::from_secs(60);
-
-/// What the raw upstream does once it has read (and counted) a request.
-#[derive(Clone, Copy, Debug)]
-enum Then {
-    /// Closes the connection without a byte of answer.
-    Close,
-    /// Answers a 200 whose body is 4 KiB (over the proxy's 1 KiB limit in these tests).
-    Oversized,
-    /// Waits for [`RawUpstream::release`], then answers a 200, marked as a stored response
-    /// when `replayed`.
-    HeldThenOk { replayed: bool },
-}
-
-/// An HTTP/1.1 upstream written on raw TCP, one request per connection: it counts each
-/// request it read whole, then does the plan's next step (the last one repeats).
-struct RawUpstream {
-    addr: SocketAddr,
-    received: watch::Receiver<u32>,
-    release: Arc<Notify>,
-    /// Dropping it aborts the accept loop, whose set aborts every connection.
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for RawUpstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl RawUpstream {
-    async fn start(plan: Vec<Then>) -> RawUpstream {
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (count, received) = watch::channel(0u32);
-        let release = Arc::new(Notify::new());
-        let held = release.clone();
-        let task = tokio::spawn(async move {
-            let mut connections = JoinSet::new();
-            let count = Arc::new(count);
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (count, held, plan) = (count.clone(), held.clone(), plan.clone());
-                connections.spawn(async move {
-                    let mut stream = stream;
-                    if !read_request(&mut stream).await {
-                        return;
-                    }
-                    let mut n = 0;
-                    count.send_modify(|c| {
-                        n = *c;
-                        *c += 1;
-                    });
-                    let then = plan[(n as usize).min(plan.len() - 1)];
-                    answer(&mut stream, then, &held).await;
-                });
-            }
-        });
-        RawUpstream {
-            addr,
-            received,
-            release,
-            task,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Requests read whole so far.
-    fn received(&self) -> u32 {
-        *self.received.borrow()
-    }
-
-    async fn wait_received(&self, n: u32) {
-        let mut rx = self.received.clone();
-        tokio::time::timeout(GUARD, rx.wait_for(|c| *c >= n))
-            .await
-            .expect("the upstream receives the requests")
-            .expect("the upstream runs");
-    }
-
-    /// Lets one held answer go.
-    fn release(&self) {
-        self.release.notify_one();
-    }
-}
-
-/// Reads a request's head and its `content-length` body; `false` if the connection ended.
-async fn read_request(stream: &mut TcpStream) -> bool {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
-    while buf.len() < head_end + length {
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    true
-}
-
-async fn answer(stream: &mut TcpStream, then: Then, held: &Notify) {
-    let response = match then {
-        Then::Close => return,
-        Then::Oversized => {
-            let mut r =
-                b"HTTP/1.1 200 OK\r\ncontent-length: 4096\r\nconnection: close\r\n\r\n".to_vec();
-            r.extend_from_slice(&[b'x'; 4096]);
-            r
-        }
-        Then::HeldThenOk { replayed } => {
-            held.notified().await;
-            let marked = if replayed {
-                "idempotent-replayed: true\r\n"
-            } else {
-                ""
-            };
-            format!("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n{marked}\r\n{{}}")
-                .into_bytes()
-        }
-    };
-    let _ = stream.write_all(&response).await;
-    let _ = stream.shutdown().await;
-}
+use crate::raw_upstream::{RawUpstream, Then, GUARD};
 
 /// A proxy that injects no fault, reads bodies up to 1 KiB.
 async fn proxy(upstream: &str) -> Proxy {
