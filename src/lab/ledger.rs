@@ -14,11 +14,12 @@ use super::{Fault, Kind, OpId};
 /// What the client was last given for an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
-    /// Nothing yet: the attempt is still in the proxy.
+    /// Nothing yet: the attempt is still in the proxy, or its client gave up on a held
+    /// answer (which then never completes).
     Pending,
     /// A response with this status.
     Status(u16),
-    /// No response: the connection was closed, or the client gave up on a held answer.
+    /// No response: a fault closed the connection or reset the stream.
     Lost,
 }
 
@@ -70,8 +71,6 @@ struct Books {
 #[derive(Debug)]
 pub(crate) struct Attempt {
     op: OpId,
-    /// Which of the operation's attempts this is (1 for the first).
-    number: u64,
     /// The fault to inject: the mix's next on an operation's first attempt, else none.
     pub(crate) fault: Fault,
 }
@@ -113,7 +112,6 @@ impl Ledger {
             state.attempts += 1;
             return Some(Attempt {
                 op,
-                number: state.attempts,
                 fault: Fault::None,
             });
         }
@@ -148,11 +146,7 @@ impl Ledger {
                 answer: Answer::Pending,
             },
         );
-        Some(Attempt {
-            op,
-            number: 1,
-            fault,
-        })
+        Some(Attempt { op, fault })
     }
 
     /// The attempt is about to be handed to the upstream: from now on it may have applied,
@@ -219,13 +213,13 @@ impl Ledger {
         }
     }
 
-    /// What the client was given for the attempt. Only the operation's latest attempt
-    /// counts: a held answer that ends after the client resent is not what it ended with.
+    /// What the client was given for the attempt, recorded as answers complete: the latest
+    /// to complete is the operation's. A hedged request's 2xx counts even when a later hedge
+    /// was begun after it; an answer held and abandoned by the client never completes, so
+    /// never records.
     pub(crate) fn answered(&self, attempt: &Attempt, answer: Answer) {
         if let Some(state) = self.books().ops.get_mut(&attempt.op) {
-            if state.attempts == attempt.number {
-                state.answer = answer;
-            }
+            state.answer = answer;
         }
     }
 

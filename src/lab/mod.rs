@@ -41,8 +41,9 @@
 //! 400, 409 or 422 to a keyed request (`Idempotency-Key`, or `--key-header`), or a 429 (RFC
 //! 6585: refused for its rate) ran nothing. A 503, even with `Retry-After`, counts as applied:
 //! nothing says the handler did not run first. A write is *applied twice* when two or more of its attempts may have
-//! applied. What the client got is the proxy's last answer for the operation; an answer held
-//! for the slow fault counts as lost unless the client waited it out.
+//! applied. What the client got is the answer that completed last for the operation (a hedged
+//! request's 2xx counts even if a later hedge was begun); an answer held for the slow fault
+//! records nothing unless the client waited it out.
 //!
 //! Failed operations are split three ways: the upstream answered one of their attempts
 //! (`failed, answered`); an attempt was sent and none answered (`failed, no answer`); none

@@ -344,9 +344,8 @@ async fn handle(
             Err(DROPPED)
         }
         Fault::SlowAfterApply => {
-            // Lost unless the hold ends before the client gives up (hyper drops this future
-            // when the client closes the connection).
-            shared.ledger.answered(&attempt, Answer::Lost);
+            // Recorded only if the hold ends before the client gives up (hyper drops this
+            // future when the client closes the connection or resets the stream).
             tokio::time::sleep(shared.config.slow).await;
             Ok(answered(&shared, &attempt, res))
         }

@@ -13,6 +13,9 @@ use tokio::task::JoinSet;
 /// A guard against a hang, never a measure: every wait ends long before it.
 pub const GUARD: Duration = Duration::from_secs(60);
 
+/// Requests whose held answers can be released one by one; later ones share the last signal.
+const PLANNED: usize = 16;
+
 /// What the raw upstream does once it has read (and counted) a request.
 #[derive(Clone, Copy, Debug)]
 pub enum Then {
@@ -20,7 +23,7 @@ pub enum Then {
     Close,
     /// Answers a 200 whose body is 4 KiB (over the proxy's 1 KiB limit in these tests).
     Oversized,
-    /// Waits for [`RawUpstream::release`], then answers a 200, marked as a stored response
+    /// Waits for [`RawUpstream::release`] of its request, then answers a 200, marked as a stored response
     /// when `replayed`.
     HeldThenOk { replayed: bool },
     /// Answers at once with this status line's tail and header lines (`"409 Conflict"`,
@@ -33,7 +36,8 @@ pub enum Then {
 pub struct RawUpstream {
     addr: SocketAddr,
     received: watch::Receiver<u32>,
-    release: Arc<Notify>,
+    /// One per request, by the order received: a held answer waits for its own.
+    releases: Arc<Vec<Notify>>,
     /// Dropping it aborts the accept loop, whose set aborts every connection.
     task: tokio::task::JoinHandle<()>,
 }
@@ -51,8 +55,8 @@ impl RawUpstream {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (count, received) = watch::channel(0u32);
-        let release = Arc::new(Notify::new());
-        let held = release.clone();
+        let releases: Arc<Vec<Notify>> = Arc::new((0..PLANNED).map(|_| Notify::new()).collect());
+        let held = releases.clone();
         let task = tokio::spawn(async move {
             let mut connections = JoinSet::new();
             let count = Arc::new(count);
@@ -72,14 +76,14 @@ impl RawUpstream {
                         *c += 1;
                     });
                     let then = plan[(n as usize).min(plan.len() - 1)];
-                    answer(&mut stream, then, &held).await;
+                    answer(&mut stream, then, &held[(n as usize).min(PLANNED - 1)]).await;
                 });
             }
         });
         RawUpstream {
             addr,
             received,
-            release,
+            releases,
             task,
         }
     }
@@ -101,9 +105,9 @@ impl RawUpstream {
             .expect("the upstream runs");
     }
 
-    /// Lets one held answer go.
-    pub fn release(&self) {
-        self.release.notify_one();
+    /// Lets the held answer to the `n`th request received (from 0) go, now or when it comes.
+    pub fn release(&self, n: usize) {
+        self.releases[n].notify_one();
     }
 }
 

@@ -131,7 +131,7 @@ async fn a_resend_still_at_the_upstream_when_stopped_is_counted_applied() {
     let before = proxy.report();
     assert_eq!(before.applied_twice(), 1, "{}", before.table(0));
     assert_eq!(before.pending(), 1);
-    let (report, ()) = tokio::join!(proxy.drain(GUARD), async { upstream.release() });
+    let (report, ()) = tokio::join!(proxy.drain(GUARD), async { upstream.release(1) });
     assert_eq!(report.pending(), 0, "{}", report.table(0));
     assert_eq!(report.upstream_requests(), 2);
     assert_eq!(report.applied_twice(), 1);
@@ -150,7 +150,7 @@ async fn a_drained_stop_waits_for_a_late_stored_response() {
     let client = tokio::spawn(async move { naive_write(addr, 2).await });
     upstream.wait_received(2).await;
     assert_eq!(proxy.report().applied_twice(), 1);
-    let (report, ()) = tokio::join!(proxy.drain(GUARD), async { upstream.release() });
+    let (report, ()) = tokio::join!(proxy.drain(GUARD), async { upstream.release(1) });
     assert_eq!(report.pending(), 0, "{}", report.table(0));
     assert_eq!(report.applied_twice(), 0);
     assert!(report.passes(0));
@@ -173,7 +173,7 @@ async fn a_resend_unanswered_after_the_drain_is_reported_pending() {
     assert!(!report.passes(0));
     let json: serde_json::Value = serde_json::from_str(&report.to_json(0)).expect("JSON");
     assert_eq!(json["pending"], 1);
-    upstream.release();
+    upstream.release(1);
     let status = tokio::time::timeout(GUARD, client).await.expect("answered");
     assert_eq!(status.expect("client runs"), Some(StatusCode::OK));
     assert_eq!(upstream.received(), 2);
