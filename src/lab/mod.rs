@@ -60,9 +60,14 @@
 //! `keys` asks the server for three things through headers, which a test deployment honours:
 //! `x-lab-hold-ms: N` (the handler holds its answer N ms, so that repeats overlap it),
 //! `x-lab-fail` (the handler fails after it may have applied its effect), and a response
-//! header `x-lab-handler-run` unique per handler run (without it, bodies are compared: a
-//! created resource's id serves). `serve` does all three. A rule the server does not let the
-//! check try is reported `skip`.
+//! header `x-lab-handler-run` unique per handler run. `serve` does all three. Without the
+//! run header, answers that differ still fail a rule, but equal answers cannot tell a replay
+//! from a second run: `repeat-same-answer` and `concurrent-run-once` are then `skip`
+//! (unverified), not `pass`. The check first sends one well-formed keyed request: if the
+//! route does not answer it 2xx, every rule is `skip`. `in-flight-409` is `skip` when both
+//! requests got one handler run's 2xx (they did not overlap), `repeat-after-failure` when the
+//! failed request got neither a 5xx nor no answer. A rule the server does not let the check
+//! try is reported `skip`; a skip does not fail the check.
 //!
 //! # In an SDK's CI
 //!
