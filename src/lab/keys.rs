@@ -590,10 +590,15 @@ impl Ctx<'_> {
         let repeat = self.send_settled(&key, body).await;
         let should_retry = match &repeat {
             Reply::Answer { headers, .. } => headers
+                // Only true or false is shown: the value is the server's, and could be anything.
                 .get("x-should-retry")
-                .and_then(|v| v.to_str().ok())
-                .map(|v| format!(", x-should-retry: {v}"))
-                .unwrap_or_default(),
+                .map(|v| match v.as_bytes().trim_ascii() {
+                    b"true" => ", x-should-retry: true",
+                    b"false" => ", x-should-retry: false",
+                    _ => ", x-should-retry: neither true nor false",
+                })
+                .unwrap_or_default()
+                .to_owned(),
             Reply::NoAnswer => String::new(),
         };
         let ran_again = repeat.is_success();

@@ -75,13 +75,24 @@ pub(crate) struct Attempt {
     pub(crate) fault: Fault,
 }
 
-/// Shared by every connection of a proxy; a short lock per event.
-#[derive(Debug)]
+/// Shared by every connection of a proxy; a short lock per event. Its `Debug` shows counts,
+/// never operation ids (they may hold keys, header values, query strings).
 pub(crate) struct Ledger {
     faults: Vec<Fault>,
     books: Mutex<Books>,
     /// Woken whenever an attempt at the upstream ends.
     ended: Notify,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let books = self.books();
+        f.debug_struct("Ledger")
+            .field("operations", &books.ops.len())
+            .field("routes", &books.routes.len())
+            .field("closed", &books.closed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Ledger {

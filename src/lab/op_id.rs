@@ -12,9 +12,17 @@ use super::LabError;
 const SHOWN: usize = 64;
 
 /// An operation's identity: attempts with the same id are one operation, its first attempt
-/// the one that gets a fault.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// the one that gets a fault. Shown (`Display` and `Debug`) capped at 64 characters: it may
+/// hold a key, a header's value or a query string.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct OpId(String);
+
+/// Capped as `Display` is: never the whole id.
+impl fmt::Debug for OpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OpId({:?})", self.to_string())
+    }
+}
 
 impl OpId {
     /// The id as the lab keys it.

@@ -149,8 +149,8 @@ impl ProxyConfig {
     }
 }
 
-/// A running proxy. Stops when dropped.
-#[derive(Debug)]
+/// A running proxy. Stops when dropped. Its `Debug` shows its address and counts of
+/// operations, never their ids.
 pub struct Proxy {
     addr: SocketAddr,
     ledger: Arc<Ledger>,
@@ -164,6 +164,15 @@ struct Shared {
     client: Client<HttpConnector, Full<Bytes>>,
     /// Whether an upstream failure was reported on stderr (once is enough).
     reported: AtomicBool,
+}
+
+impl fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxy")
+            .field("addr", &self.addr)
+            .field("ledger", &self.ledger)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Proxy {
