@@ -11,7 +11,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -405,9 +406,19 @@ fn applied(res: &Response<Full<Bytes>>, keyed: bool, stored_header: &HeaderName)
     !stored && !refused && !rate_limited
 }
 
+/// Copies the end-to-end headers: not the hop-by-hop ones, nor those the `Connection`
+/// header names for this hop (RFC 9110 §7.6.1).
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let named: Vec<String> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|token| token.trim().to_ascii_lowercase())
+        .filter(|token| !token.is_empty())
+        .collect();
     for (name, value) in from {
-        if !HOP_BY_HOP.contains(name) {
+        if !HOP_BY_HOP.contains(name) && !named.iter().any(|n| n == name.as_str()) {
             to.append(name.clone(), value.clone());
         }
     }
@@ -437,6 +448,13 @@ async fn forward(
     // The client may speak HTTP/2 to the proxy; the upstream is spoken to in HTTP/1.1.
     *req.version_mut() = Version::HTTP_11;
     copy_headers(&parts.headers, req.headers_mut());
+    // The body is whole: its length is known. An HTTP/2 client sends no content-length for an
+    // empty body, and an HTTP/1.1 POST, PUT or PATCH without one is refused by some servers.
+    let length = req.body().size_hint().exact().unwrap_or(0);
+    if length > 0 || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
     let keyed = parts.headers.contains_key(config.identity.key_header());
     if !shared.ledger.sending(attempt) {
         return Err(stopping());

@@ -9,6 +9,7 @@ mod pg;
 mod support;
 
 mod command_line;
+mod forwarded_headers;
 mod hedged_reads;
 mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]

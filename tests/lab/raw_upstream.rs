@@ -2,7 +2,7 @@
 //! answering, answer too long, hold an answer, or answer a given status and headers.
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -36,6 +36,8 @@ pub enum Then {
 pub struct RawUpstream {
     addr: SocketAddr,
     received: watch::Receiver<u32>,
+    /// Each request's head as read, lowercased, in the order received.
+    heads: Arc<Mutex<Vec<String>>>,
     /// One per request, by the order received: a held answer waits for its own.
     releases: Arc<Vec<Notify>>,
     /// Dropping it aborts the accept loop, whose set aborts every connection.
@@ -55,6 +57,8 @@ impl RawUpstream {
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (count, received) = watch::channel(0u32);
+        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
+        let seen = heads.clone();
         let releases: Arc<Vec<Notify>> = Arc::new((0..PLANNED).map(|_| Notify::new()).collect());
         let held = releases.clone();
         let task = tokio::spawn(async move {
@@ -65,11 +69,13 @@ impl RawUpstream {
                     continue;
                 };
                 let (count, held, plan) = (count.clone(), held.clone(), plan.clone());
+                let seen = seen.clone();
                 connections.spawn(async move {
                     let mut stream = stream;
-                    if !read_request(&mut stream).await {
+                    let Some(head) = read_request(&mut stream).await else {
                         return;
-                    }
+                    };
+                    seen.lock().expect("not poisoned").push(head);
                     let mut n = 0;
                     count.send_modify(|c| {
                         n = *c;
@@ -83,6 +89,7 @@ impl RawUpstream {
         RawUpstream {
             addr,
             received,
+            heads,
             releases,
             task,
         }
@@ -90,6 +97,11 @@ impl RawUpstream {
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The heads of the requests read so far, lowercased.
+    pub fn heads(&self) -> Vec<String> {
+        self.heads.lock().expect("not poisoned").clone()
     }
 
     /// Requests read whole so far.
@@ -111,8 +123,9 @@ impl RawUpstream {
     }
 }
 
-/// Reads a request's head and its `content-length` body; `false` if the connection ended.
-async fn read_request(stream: &mut TcpStream) -> bool {
+/// Reads a request's head and its `content-length` body; the head, lowercased, or `None` if
+/// the connection ended first.
+async fn read_request(stream: &mut TcpStream) -> Option<String> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     let head_end = loop {
@@ -120,7 +133,7 @@ async fn read_request(stream: &mut TcpStream) -> bool {
             break i + 4;
         }
         match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     };
@@ -132,11 +145,11 @@ async fn read_request(stream: &mut TcpStream) -> bool {
         .unwrap_or(0);
     while buf.len() < head_end + length {
         match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
-    true
+    Some(head)
 }
 
 async fn answer(stream: &mut TcpStream, then: Then, held: &Notify) {
