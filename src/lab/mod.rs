@@ -87,7 +87,8 @@
 //!
 //! The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream; it does
 //! not send `GOAWAY` as a fault. Bodies are read whole, up to `--max-body` (1 MiB; a longer
-//! request gets 413 and is not counted). It keeps one entry per operation until it stops.
+//! request gets 413 and is not counted; a longer answer gets the client a 502, the attempt
+//! counted as sent with no answer). It keeps one entry per operation until it stops.
 
 mod cli;
 mod demo;

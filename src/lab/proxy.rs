@@ -114,7 +114,8 @@ impl ProxyConfig {
     }
 
     /// The longest request or upstream response body read; a longer request is refused with
-    /// a 413 and not counted, a longer response answered 502.
+    /// a 413 and not counted, a longer response answered 502 (the attempt counted as sent,
+    /// with no answer: it may have applied).
     ///
     /// Defaults to 1 MiB.
     pub fn max_body(mut self, bytes: usize) -> Self {
