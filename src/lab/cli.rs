@@ -18,9 +18,14 @@ retry-safety-lab: a fault lab for HTTP clients, and a conformance check for serv
 USAGE
   retry-safety-lab proxy --upstream URL [--listen ADDR] [--faults LIST] [--op-header NAME]
                          [--op-id /json/pointer] [--write 'POST /v1/{*rest}']... [--read 'GET /v1/{id}']...
-                         [--slow-ms N] [--max-body BYTES] [--json] [--max-applied-twice N]
-      Forward to URL; fault each operation's first attempt; on SIGINT (ctrl-c) or SIGTERM print
-      the counts per route and exit 1 if more writes than N (default 0) reached the upstream twice.
+                         [--slow-ms N] [--max-body BYTES] [--json] [--max-applied-twice N] [--drain-ms N]
+                         [--key-header NAME] [--replayed-header NAME]
+      Forward to URL; fault each operation's first attempt; on SIGINT (ctrl-c) or SIGTERM stop
+      forwarding, wait up to --drain-ms (default 5000) for requests still at the upstream, print
+      the counts per route and exit 1 if more writes than N (default 0) may have been applied twice
+      (an attempt counts from the moment it is handed to the upstream, answered or not; an answer
+      marked with --replayed-header (default idempotent-replayed: true), a 400/409/422 to a
+      request with --key-header (default idempotency-key), or a 429 ran nothing).
       --listen defaults to 127.0.0.1:8080; --faults to the six of the default mix:
       none,drop-after-apply,slow-after-apply,503-after-apply,429-before-apply,500-before-apply
       (also: reset-before-forwarding, refused-stream); --slow-ms to 30000.
@@ -79,6 +84,7 @@ enum Command {
         listen: SocketAddr,
         json: bool,
         max_applied_twice: u64,
+        drain: Duration,
     },
     Serve {
         listen: SocketAddr,
@@ -197,12 +203,16 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
     let mut max_body = None;
     let mut json = false;
     let mut max_applied_twice = 0;
+    let mut drain = Duration::from_secs(5);
+    let mut replayed_header = None;
     while let Some((flag, value)) = args.next_flag(&|flag| flag != "--json")? {
         match flag.as_str() {
             "--upstream" => upstream = Some(value),
             "--listen" => listen = parse_addr(&flag, &value)?,
             "--faults" => faults = Fault::parse_list(&value)?,
             "--op-header" => identity = identity.op_header(&value)?,
+            "--key-header" => identity = identity.key_header_name(&value)?,
+            "--replayed-header" => replayed_header = Some(value),
             "--op-id" => identity = identity.op_id_pointer(&value)?,
             "--write" => routes.add(&flag, &value, Kind::Write)?,
             "--read" => routes.add(&flag, &value, Kind::Read)?,
@@ -210,6 +220,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
             "--max-body" => max_body = Some(parse_number(&flag, &value)?),
             "--json" => json = true,
             "--max-applied-twice" => max_applied_twice = parse_number(&flag, &value)?,
+            "--drain-ms" => drain = Duration::from_millis(parse_number(&flag, &value)?),
             _ => return Err(unknown(&flag, "proxy")),
         }
     }
@@ -219,6 +230,9 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
         .identity(identity)
         .routes(routes)
         .slow(slow);
+    if let Some(name) = replayed_header {
+        config = config.replayed_header(&name)?;
+    }
     if let Some(bytes) = max_body {
         let bytes = usize::try_from(bytes)
             .map_err(|_| LabError::new("--max-body", "too large for this machine"))?;
@@ -229,6 +243,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
         listen,
         json,
         max_applied_twice,
+        drain,
     })
 }
 
@@ -284,6 +299,7 @@ async fn run(command: Command) -> Result<bool, LabError> {
             listen,
             json,
             max_applied_twice,
+            drain,
         } => {
             let proxy = Proxy::start(*config, listen).await?;
             eprintln!(
@@ -291,7 +307,15 @@ async fn run(command: Command) -> Result<bool, LabError> {
                 proxy.addr()
             );
             stopped().await;
-            let report = proxy.report();
+            // Nothing new is forwarded from here; what is still at the upstream may yet be
+            // answered as a stored response, and is waited for (counted as applied meanwhile).
+            let report = proxy.drain(drain).await;
+            if report.pending() > 0 {
+                eprintln!(
+                    "retry-safety-lab: {} requests were still at the upstream after --drain-ms; counted as applied",
+                    report.pending()
+                );
+            }
             if json {
                 println!("{}", report.to_json(max_applied_twice));
             } else {

@@ -5,8 +5,8 @@ use super::LabError;
 /// What happens to an operation's first attempt. Later attempts always pass through.
 ///
 /// "After apply" means the proxy forwarded the request and the upstream answered; the proxy
-/// then loses, delays or replaces that answer. "Before" means the request never reached the
-/// upstream.
+/// then loses, delays or replaces that answer (a request forwarded and not answered counts as
+/// applied too). "Before" means the request never reached the upstream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Fault {

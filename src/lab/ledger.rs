@@ -1,8 +1,12 @@
-//! The proxy's books: per operation, its attempts, the requests that reached the upstream and
-//! applied, and the last answer the client was given; per route, whose turn in the fault mix.
+//! The proxy's books: per operation, its attempts, the requests handed to the upstream (each
+//! may have applied until an answer says it did not), and the last answer the client was
+//! given; per route, whose turn in the fault mix.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use super::report::{Report, RouteCounts};
 use super::{Fault, Kind, OpId};
@@ -10,20 +14,39 @@ use super::{Fault, Kind, OpId};
 /// What the client was last given for an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Answer {
-    /// Nothing yet: the attempt is still in the proxy.
+    /// Nothing yet: the attempt is still in the proxy, or its client gave up on a held
+    /// answer (which then never completes).
     Pending,
     /// A response with this status.
     Status(u16),
-    /// No response: the connection was closed, or the client gave up on a held answer.
+    /// No response: a fault closed the connection or reset the stream.
     Lost,
+}
+
+/// How an attempt handed to the upstream ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Provably not sent: the upstream client could not connect.
+    ConnectFailed,
+    /// Sent, and no whole answer came back (the connection broke, or the answer was longer
+    /// than the proxy reads): the upstream may have applied it.
+    NoAnswer,
+    /// The upstream answered; `applied` unless the answer says it ran nothing.
+    Answered { applied: bool },
 }
 
 #[derive(Debug)]
 struct OpState {
     route: usize,
     attempts: u64,
-    reached: u64,
+    /// Attempts handed to the upstream (less those that provably never left).
+    sent: u64,
+    /// Attempts the upstream answered whole.
+    upstream_answers: u64,
+    /// Attempts that may have applied: sent, less those whose answer says nothing ran.
     applied: u64,
+    /// Attempts handed to the upstream that have not ended yet.
+    in_flight: u64,
     answer: Answer,
 }
 
@@ -37,6 +60,8 @@ struct RouteState {
 
 #[derive(Debug, Default)]
 struct Books {
+    /// Set by [`Ledger::close`]: no attempt is begun or handed to the upstream after it.
+    closed: bool,
     ops: HashMap<OpId, OpState>,
     routes: Vec<RouteState>,
     route_of: HashMap<String, usize>,
@@ -46,17 +71,28 @@ struct Books {
 #[derive(Debug)]
 pub(crate) struct Attempt {
     op: OpId,
-    /// Which of the operation's attempts this is (1 for the first).
-    number: u64,
     /// The fault to inject: the mix's next on an operation's first attempt, else none.
     pub(crate) fault: Fault,
 }
 
-/// Shared by every connection of a proxy; a short lock per event.
-#[derive(Debug)]
+/// Shared by every connection of a proxy; a short lock per event. Its `Debug` shows counts,
+/// never operation ids (they may hold keys, header values, query strings).
 pub(crate) struct Ledger {
     faults: Vec<Fault>,
     books: Mutex<Books>,
+    /// Woken whenever an attempt at the upstream ends.
+    ended: Notify,
+}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let books = self.books();
+        f.debug_struct("Ledger")
+            .field("operations", &books.ops.len())
+            .field("routes", &books.routes.len())
+            .field("closed", &books.closed)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Ledger {
@@ -64,6 +100,7 @@ impl Ledger {
         Ledger {
             faults,
             books: Mutex::default(),
+            ended: Notify::new(),
         }
     }
 
@@ -75,16 +112,19 @@ impl Ledger {
     /// Counts an attempt; an operation's first attempt takes the route's next fault.
     /// Operations take turns per route, so each route's share of every fault is exact
     /// whatever order routes interleave in.
-    pub(crate) fn begin(&self, op: OpId, kind: Kind, route: String) -> Attempt {
+    /// `None` once the ledger is closed: the attempt is neither counted nor forwarded.
+    pub(crate) fn begin(&self, op: OpId, kind: Kind, route: String) -> Option<Attempt> {
         let mut books = self.books();
         let books = &mut *books;
+        if books.closed {
+            return None;
+        }
         if let Some(state) = books.ops.get_mut(&op) {
             state.attempts += 1;
-            return Attempt {
+            return Some(Attempt {
                 op,
-                number: state.attempts,
                 fault: Fault::None,
-            };
+            });
         }
         let index = match books.route_of.get(&route) {
             Some(&index) => index,
@@ -110,34 +150,87 @@ impl Ledger {
             OpState {
                 route: index,
                 attempts: 1,
-                reached: 0,
+                sent: 0,
+                upstream_answers: 0,
                 applied: 0,
+                in_flight: 0,
                 answer: Answer::Pending,
             },
         );
-        Attempt {
-            op,
-            number: 1,
-            fault,
-        }
+        Some(Attempt { op, fault })
     }
 
-    /// The attempt reached the upstream, which answered; `applied` unless the answer says
-    /// the upstream did not run it (a stored response, or a keyed request refused).
-    pub(crate) fn reached(&self, attempt: &Attempt, applied: bool) {
+    /// The attempt is about to be handed to the upstream: from now on it may have applied,
+    /// and is counted so. `false` once the ledger is closed: the attempt must not be sent.
+    pub(crate) fn sending(&self, attempt: &Attempt) -> bool {
+        let mut books = self.books();
+        if books.closed {
+            return false;
+        }
+        if let Some(state) = books.ops.get_mut(&attempt.op) {
+            state.sent += 1;
+            state.applied += 1;
+            state.in_flight += 1;
+        }
+        true
+    }
+
+    /// How an attempt handed to the upstream ended. Only proof subtracts: a connect error
+    /// (not sent), or an answer saying the upstream ran nothing.
+    pub(crate) fn sent(&self, attempt: &Attempt, how: Sent) {
         if let Some(state) = self.books().ops.get_mut(&attempt.op) {
-            state.reached += 1;
-            state.applied += u64::from(applied);
+            state.in_flight = state.in_flight.saturating_sub(1);
+            match how {
+                Sent::ConnectFailed => {
+                    state.sent = state.sent.saturating_sub(1);
+                    state.applied = state.applied.saturating_sub(1);
+                }
+                Sent::NoAnswer => {}
+                Sent::Answered { applied } => {
+                    state.upstream_answers += 1;
+                    if !applied {
+                        state.applied = state.applied.saturating_sub(1);
+                    }
+                }
+            }
+        }
+        self.ended.notify_waiters();
+    }
+
+    /// No attempt is begun or handed to the upstream from now on.
+    pub(crate) fn close(&self) {
+        self.books().closed = true;
+    }
+
+    /// Attempts handed to the upstream that have not ended yet.
+    fn in_flight(&self) -> u64 {
+        self.books().ops.values().map(|s| s.in_flight).sum()
+    }
+
+    /// Waits until no attempt is at the upstream, or `within` has passed.
+    pub(crate) async fn settle(&self, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            // Registered before the count is read: an attempt ending in between still wakes.
+            ended.as_mut().enable();
+            if self.in_flight() == 0 {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return;
+            }
         }
     }
 
-    /// What the client was given for the attempt. Only the operation's latest attempt
-    /// counts: a held answer that ends after the client resent is not what it ended with.
+    /// What the client was given for the attempt, recorded as answers complete: the latest
+    /// to complete is the operation's. A hedged request's 2xx counts even when a later hedge
+    /// was begun after it; an answer held and abandoned by the client never completes, so
+    /// never records.
     pub(crate) fn answered(&self, attempt: &Attempt, answer: Answer) {
         if let Some(state) = self.books().ops.get_mut(&attempt.op) {
-            if state.attempts == attempt.number {
-                state.answer = answer;
-            }
+            state.answer = answer;
         }
     }
 
@@ -155,14 +248,16 @@ impl Ledger {
             };
             row.operations += 1;
             row.attempts += state.attempts;
-            row.upstream_requests += state.reached;
+            row.upstream_requests += state.sent;
+            row.pending += state.in_flight;
             if row.kind == Kind::Write && state.applied >= 2 {
                 row.applied_twice += 1;
             }
             match state.answer {
                 Answer::Status(status) if (200..300).contains(&status) => row.answered_ok += 1,
-                _ if state.reached > 0 => row.failed_after_upstream += 1,
-                _ => row.failed_never_sent += 1,
+                _ if state.upstream_answers > 0 => row.failed_after_upstream += 1,
+                _ if state.sent > 0 => row.failed_sent_no_answer += 1,
+                _ => row.failed_provably_unsent += 1,
             }
         }
         Report::new(rows)

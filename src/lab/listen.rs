@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response};
@@ -9,6 +10,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::LabError;
@@ -26,6 +28,15 @@ pub(crate) async fn bind(flag: &str, addr: SocketAddr) -> Result<TcpListener, La
 #[derive(Debug)]
 pub(crate) struct Listening {
     task: JoinHandle<()>,
+    stop: Arc<Notify>,
+}
+
+impl Listening {
+    /// Closes the listener; connections already open are served until dropped.
+    pub(crate) fn stop_accepting(&self) {
+        // A stored permit: the accept loop sees it even if it is not waiting right now.
+        self.stop.notify_one();
+    }
 }
 
 impl Drop for Listening {
@@ -43,12 +54,18 @@ where
     B::Error: Into<BoxError>,
     E: Into<BoxError>,
 {
+    let stop = Arc::new(Notify::new());
+    let stopped = stop.clone();
     let task = tokio::spawn(async move {
         // Owned here: aborting this task drops the set, which aborts every connection.
         let mut connections = JoinSet::new();
         loop {
             while connections.try_join_next().is_some() {}
-            let Ok((stream, _)) = listener.accept().await else {
+            let accepted = tokio::select! {
+                _ = stopped.notified() => break,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((stream, _)) = accepted else {
                 // Out of descriptors, or a connection reset before accept: keep serving, after
                 // a pause that lets connections close (no busy loop while descriptors lack).
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
@@ -62,6 +79,8 @@ where
                     .await;
             });
         }
+        drop(listener);
+        while connections.join_next().await.is_some() {}
     });
-    Listening { task }
+    Listening { task, stop }
 }

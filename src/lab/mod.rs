@@ -13,11 +13,12 @@
 //!   after apply; 503 after apply; 429 before apply; 500 before apply; on request, a reset
 //!   before forwarding, and HTTP/2's `REFUSED_STREAM`), and later attempts pass through.
 //!   Attempts are told to be one operation as a client repeats them ([`OpIdentity`]:
-//!   `Idempotency-Key`, else `--op-header`, else method, path and a body fingerprint, or
+//!   `Idempotency-Key` or `--key-header`, else `--op-header`, else method, path and a body fingerprint, or
 //!   `--op-id /json/pointer`). Writes and reads are told apart by method and
 //!   by `--write` / `--read` rules in the crate's route syntax ([`RouteKinds`]). On SIGINT or
-//!   SIGTERM it prints a [`Report`] per route (`--json` for machines) and exits 1 when more
-//!   writes than `--max-applied-twice` (default 0) reached the upstream twice.
+//!   SIGTERM it stops forwarding, waits for requests still at the upstream (`--drain-ms`),
+//!   prints a [`Report`] per route (`--json` for machines) and exits 1 when more writes than
+//!   `--max-applied-twice` (default 0) may have been applied twice.
 //! - **`serve`**: an [`Upstream`] for a quick try: any route answers a small JSON body,
 //!   behind this crate's [`IdempotencyLayer`](crate::server::IdempotencyLayer) over the
 //!   memory store.
@@ -31,12 +32,24 @@
 //!
 //! # What the counts mean
 //!
-//! An attempt reached the upstream when the proxy forwarded it and the upstream answered. A
-//! write is *applied twice* when two or more of its attempts reached the upstream and were
-//! run: an answer marked `idempotent-replayed: true` (a stored response, as this crate's
-//! server layer and Stripe mark them), or a 400, 409 or 422 to a keyed request, ran nothing.
-//! What the client got is the proxy's last answer for the operation; an answer held for the
-//! slow fault counts as lost unless the client waited it out.
+//! An attempt reached the upstream (and may have applied) from the moment the proxy hands it
+//! to its upstream client, answered or not: a connection that breaks after the upstream read
+//! the request, or an answer longer than `--max-body`, does not show the write was not run. Only a connect
+//! error to the upstream proves an attempt was not sent. An answer, when one arrives whole,
+//! can only take an attempt back: one marked `idempotent-replayed: true` (a stored response,
+//! as this crate's server layer and Stripe mark them; `--replayed-header` names another), a
+//! 400, 409 or 422 to a keyed request (`Idempotency-Key`, or `--key-header`), or a 429 (RFC
+//! 6585: refused for its rate) ran nothing. A 503, even with `Retry-After`, counts as applied:
+//! nothing says the handler did not run first. A write is *applied twice* when two or more of its attempts may have
+//! applied. What the client got is the answer that completed last for the operation (a hedged
+//! request's 2xx counts even if a later hedge was begun); an answer held for the slow fault
+//! records nothing unless the client waited it out.
+//!
+//! Failed operations are split three ways: the upstream answered one of their attempts
+//! (`failed, answered`); an attempt was sent and none answered (`failed, no answer`); none
+//! was sent (`failed, never sent`). On SIGINT or SIGTERM the proxy stops accepting and
+//! forwarding, waits up to `--drain-ms` for attempts still at the upstream, and reports those
+//! still there as `pending` (counted as applied).
 //!
 //! Two identical requests without a key or an op header are one operation to the proxy
 //! (a second GET of the same path counts as a resend): give each logical request its own
@@ -47,9 +60,14 @@
 //! `keys` asks the server for three things through headers, which a test deployment honours:
 //! `x-lab-hold-ms: N` (the handler holds its answer N ms, so that repeats overlap it),
 //! `x-lab-fail` (the handler fails after it may have applied its effect), and a response
-//! header `x-lab-handler-run` unique per handler run (without it, bodies are compared: a
-//! created resource's id serves). `serve` does all three. A rule the server does not let the
-//! check try is reported `skip`.
+//! header `x-lab-handler-run` unique per handler run. `serve` does all three. Without the
+//! run header, answers that differ still fail a rule, but equal answers cannot tell a replay
+//! from a second run: `repeat-same-answer` and `concurrent-run-once` are then `skip`
+//! (unverified), not `pass`. The check first sends one well-formed keyed request: if the
+//! route does not answer it 2xx, every rule is `skip`. `in-flight-409` is `skip` when both
+//! requests got one handler run's 2xx (they did not overlap), `repeat-after-failure` when the
+//! failed request got neither a 5xx nor no answer. A rule the server does not let the check
+//! try is reported `skip`; a skip does not fail the check.
 //!
 //! # In an SDK's CI
 //!
@@ -69,7 +87,8 @@
 //!
 //! The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream; it does
 //! not send `GOAWAY` as a fault. Bodies are read whole, up to `--max-body` (1 MiB; a longer
-//! request gets 413 and is not counted). It keeps one entry per operation until it stops.
+//! request gets 413 and is not counted; a longer answer gets the client a 502, the attempt
+//! counted as sent with no answer). It keeps one entry per operation until it stops.
 
 mod cli;
 mod demo;

@@ -12,9 +12,17 @@ use super::LabError;
 const SHOWN: usize = 64;
 
 /// An operation's identity: attempts with the same id are one operation, its first attempt
-/// the one that gets a fault.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// the one that gets a fault. Shown (`Display` and `Debug`) capped at 64 characters: it may
+/// hold a key, a header's value or a query string.
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct OpId(String);
+
+/// Capped as `Display` is: never the whole id.
+impl fmt::Debug for OpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OpId({:?})", self.to_string())
+    }
+}
 
 impl OpId {
     /// The id as the lab keys it.
@@ -35,7 +43,7 @@ impl fmt::Display for OpId {
 
 /// How the proxy tells operations apart, first rule that speaks:
 ///
-/// 1. the `Idempotency-Key` header (a Structured Field string and its bare form are one key,
+/// 1. the `Idempotency-Key` header, or the one named by `--key-header` (a Structured Field string and its bare form are one key,
 ///    as the server layer reads them);
 /// 2. a header of the caller's choice (`x-request-id`, `x-stainless-retry-id`…), repeated on
 ///    every attempt by the client;
@@ -63,6 +71,16 @@ impl OpIdentity {
     /// Keys, then method, path and body fingerprint.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The header that carries an idempotency key, for a server that names it otherwise
+    /// (`x-idempotency-key`). Refuses an invalid header name.
+    ///
+    /// Defaults to `idempotency-key`.
+    pub fn key_header_name(mut self, name: &str) -> Result<Self, LabError> {
+        self.key_header = HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| LabError::new("--key-header", format!("{name:?} is not a header name")))?;
+        Ok(self)
     }
 
     /// A header that names the operation when no key does. Refuses an invalid header name.

@@ -1,6 +1,6 @@
 //! `proxy`: the fault-injecting reverse proxy. Each operation's first attempt gets the next
 //! fault of its route's turn in the mix; later attempts pass through; the ledger counts
-//! what reached the upstream.
+//! what was handed to the upstream (and may have applied) from the moment it is handed.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -11,14 +11,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::request::Parts;
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::ledger::{Answer, Attempt, Ledger};
+use super::ledger::{Answer, Attempt, Ledger, Sent};
 use super::listen::{self, Listening};
 use super::{Fault, LabError, OpIdentity, Report, RouteKinds};
 
@@ -113,12 +114,29 @@ impl ProxyConfig {
     }
 
     /// The longest request or upstream response body read; a longer request is refused with
-    /// a 413 and not counted, a longer response answered 502.
+    /// a 413 and not counted, a longer response answered 502 (the attempt counted as sent,
+    /// with no answer: it may have applied).
     ///
     /// Defaults to 1 MiB.
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;
         self
+    }
+
+    /// The response header with which the upstream marks a stored response (a replay, which
+    /// ran nothing), for a server that does not use `idempotent-replayed: true`. Its value
+    /// must be `true` (any case). Refuses an invalid header name.
+    ///
+    /// Defaults to `idempotent-replayed`.
+    pub fn replayed_header(mut self, name: &str) -> Result<Self, LabError> {
+        self.stored_response_header =
+            HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                LabError::new(
+                    "--replayed-header",
+                    format!("{name:?} is not a header name"),
+                )
+            })?;
+        Ok(self)
     }
 
     fn target(&self, path_and_query: &str) -> Option<Uri> {
@@ -133,12 +151,12 @@ impl ProxyConfig {
     }
 }
 
-/// A running proxy. Stops when dropped.
-#[derive(Debug)]
+/// A running proxy. Stops when dropped. Its `Debug` shows its address and counts of
+/// operations, never their ids.
 pub struct Proxy {
     addr: SocketAddr,
     ledger: Arc<Ledger>,
-    _listening: Listening,
+    listening: Listening,
 }
 
 #[derive(Debug)]
@@ -148,6 +166,15 @@ struct Shared {
     client: Client<HttpConnector, Full<Bytes>>,
     /// Whether an upstream failure was reported on stderr (once is enough).
     reported: AtomicBool,
+}
+
+impl fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Proxy")
+            .field("addr", &self.addr)
+            .field("ledger", &self.ledger)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Proxy {
@@ -170,7 +197,7 @@ impl Proxy {
         Ok(Proxy {
             addr,
             ledger,
-            _listening: listening,
+            listening,
         })
     }
 
@@ -179,8 +206,26 @@ impl Proxy {
         self.addr
     }
 
-    /// The counts so far.
+    /// The counts so far. An attempt handed to the upstream counts from that moment, answered
+    /// or not; one still at the upstream is also counted in `pending`.
     pub fn report(&self) -> Report {
+        self.ledger.report()
+    }
+
+    /// Stops accepting connections and forwarding: a request that arrives later (on a
+    /// connection already open) is answered 503 and not counted, not being sent.
+    pub fn stop(&self) {
+        self.ledger.close();
+        self.listening.stop_accepting();
+    }
+
+    /// [`stop`](Proxy::stop)s, then waits until no attempt is at the upstream, at most
+    /// `within`, and reports: an answer that arrives meanwhile may still say an attempt ran
+    /// nothing. Attempts still at the upstream then are counted in `pending` (and as
+    /// applied).
+    pub async fn drain(&self, within: Duration) -> Report {
+        self.stop();
+        self.ledger.settle(within).await;
         self.ledger.report()
     }
 }
@@ -263,7 +308,9 @@ async fn handle(
         .identity
         .identify(&parts.method, &path_and_query, &parts.headers, &body);
     let (kind, route) = config.routes.classify(&parts.method, parts.uri.path());
-    let attempt = shared.ledger.begin(op, kind, route);
+    let Some(attempt) = shared.ledger.begin(op, kind, route) else {
+        return Ok(stopping());
+    };
     let fault = attempt.fault;
     match fault {
         Fault::TooManyRequestsBeforeApply => {
@@ -293,14 +340,7 @@ async fn handle(
     let forwarding = tokio::spawn({
         let shared = shared.clone();
         async move {
-            let keyed = parts
-                .headers
-                .contains_key(shared.config.identity.key_header());
-            let res = forward(&shared, &parts, &path_and_query, body).await;
-            if let Ok(res) = &res {
-                let applied = applied(res, keyed, &shared.config.stored_response_header);
-                shared.ledger.reached(&attempt, applied);
-            }
+            let res = forward(&shared, &attempt, &parts, &path_and_query, body).await;
             (attempt, res)
         }
     });
@@ -315,9 +355,8 @@ async fn handle(
             Err(DROPPED)
         }
         Fault::SlowAfterApply => {
-            // Lost unless the hold ends before the client gives up (hyper drops this future
-            // when the client closes the connection).
-            shared.ledger.answered(&attempt, Answer::Lost);
+            // Recorded only if the hold ends before the client gives up (hyper drops this
+            // future when the client closes the connection or resets the stream).
             tokio::time::sleep(shared.config.slow).await;
             Ok(answered(&shared, &attempt, res))
         }
@@ -327,6 +366,17 @@ async fn handle(
         }
         _ => Ok(answered(&shared, &attempt, res)),
     }
+}
+
+/// The answer to a request that arrives once the proxy stopped: not counted, not sent.
+fn stopping() -> Response<Full<Bytes>> {
+    let mut res = text(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the fault lab is stopping: this request was not forwarded\n",
+    );
+    res.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    res
 }
 
 /// Records what the client is given, and gives it.
@@ -341,29 +391,47 @@ fn answered(
     res
 }
 
-/// Whether the upstream ran the request: not when its answer is a stored response, nor when
-/// it refused a keyed request (400 malformed, 409 in flight, 422 another payload).
+/// Whether the upstream may have run the request: yes unless its answer says otherwise: a
+/// stored response (the replayed header), a refused keyed request (400 malformed, 409 in
+/// flight, 422 another payload), or a 429 (RFC 6585 §4: the request was refused for its
+/// rate, not processed). A 503, even with `Retry-After`, counts as applied: RFC 9110 does not
+/// say a 503 ran nothing, and a handler that failed half-way often answers one.
 fn applied(res: &Response<Full<Bytes>>, keyed: bool, stored_header: &HeaderName) -> bool {
     let stored = res
         .headers()
         .get(stored_header)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-    let refused = keyed && matches!(res.status().as_u16(), 400 | 409 | 422);
-    !stored && !refused
+    let status = res.status().as_u16();
+    let refused = keyed && matches!(status, 400 | 409 | 422);
+    let rate_limited = status == 429;
+    !stored && !refused && !rate_limited
 }
 
+/// Copies the end-to-end headers: not the hop-by-hop ones, nor those the `Connection`
+/// header names for this hop (RFC 9110 §7.6.1).
 fn copy_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    let named: Vec<String> = from
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|token| token.trim().to_ascii_lowercase())
+        .filter(|token| !token.is_empty())
+        .collect();
     for (name, value) in from {
-        if !HOP_BY_HOP.contains(name) {
+        if !HOP_BY_HOP.contains(name) && !named.iter().any(|n| n == name.as_str()) {
             to.append(name.clone(), value.clone());
         }
     }
 }
 
-/// Sends the request upstream and reads its answer whole. `Err` is the proxy's own answer
-/// when that failed (502).
+/// Sends the request upstream and reads its answer whole, counting the attempt as it goes:
+/// handed to the upstream client, it may have applied; only a connect error proves it was
+/// not sent, and only a whole answer can say it ran nothing. `Err` is the proxy's own answer
+/// when forwarding failed (502), or when the proxy stopped before it was sent (503).
 async fn forward(
     shared: &Shared,
+    attempt: &Attempt,
     parts: &Parts,
     path_and_query: &str,
     body: Bytes,
@@ -381,9 +449,26 @@ async fn forward(
     // The client may speak HTTP/2 to the proxy; the upstream is spoken to in HTTP/1.1.
     *req.version_mut() = Version::HTTP_11;
     copy_headers(&parts.headers, req.headers_mut());
+    // The body is whole: its length is known. An HTTP/2 client sends no content-length for an
+    // empty body, and an HTTP/1.1 POST, PUT or PATCH without one is refused by some servers.
+    let length = req.body().size_hint().exact().unwrap_or(0);
+    if length > 0 || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        req.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
+    let keyed = parts.headers.contains_key(config.identity.key_header());
+    if !shared.ledger.sending(attempt) {
+        return Err(stopping());
+    }
     let res = match shared.client.request(req).await {
         Ok(res) => res,
         Err(err) => {
+            let how = if err.is_connect() {
+                Sent::ConnectFailed
+            } else {
+                Sent::NoAnswer
+            };
+            shared.ledger.sent(attempt, how);
             if !shared.reported.swap(true, Ordering::Relaxed) {
                 eprintln!(
                     "retry-safety-lab: the upstream {} failed a request: {err} (502 to the client; reported once)",
@@ -394,15 +479,19 @@ async fn forward(
         }
     };
     let (head, body) = res.into_parts();
-    let body =
-        match Limited::new(body, config.max_body).collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => return Err(bad_gateway(
+    let body = match Limited::new(body, config.max_body).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => {
+            shared.ledger.sent(attempt, Sent::NoAnswer);
+            return Err(bad_gateway(
                 "the upstream's answer broke off or is longer than the fault lab's --max-body\n",
-            )),
-        };
+            ));
+        }
+    };
     let mut res = Response::new(Full::new(body));
     *res.status_mut() = head.status;
     copy_headers(&head.headers, res.headers_mut());
+    let applied = applied(&res, keyed, &config.stored_response_header);
+    shared.ledger.sent(attempt, Sent::Answered { applied });
     Ok(res)
 }

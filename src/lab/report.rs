@@ -16,19 +16,29 @@ pub struct RouteCounts {
     pub operations: u64,
     /// Attempts seen: operations plus the client's resends.
     pub attempts: u64,
-    /// Attempts that reached the upstream and were answered by it.
+    /// Attempts handed to the upstream, answered or not: each may have applied. Only an
+    /// attempt whose connection to the upstream could not be made is not counted.
     pub upstream_requests: u64,
-    /// Writes the upstream applied twice or more (answers marked as stored responses, and
-    /// refusals of keyed requests, apply nothing). Always 0 for reads.
+    /// Of those, attempts still at the upstream (no answer yet) when the counts were taken:
+    /// counted as applied.
+    pub pending: u64,
+    /// Writes the upstream may have applied twice or more: two attempts handed to it, unless
+    /// its answer to one says it ran nothing (a stored response, a keyed request refused, a
+    /// 429). Always 0 for reads.
     pub applied_twice: u64,
     /// Operations whose client was last given a 2xx: for reads, the reads recovered.
     pub answered_ok: u64,
-    /// Operations whose client was last given an error or a failed response, after one of
-    /// its attempts reached the upstream.
+    /// Operations whose client was last given an error or a failed response, after the
+    /// upstream answered one of its attempts.
     pub failed_after_upstream: u64,
+    /// Operations whose client was last given an error or a failed response (or nothing yet),
+    /// one of its attempts having been handed to the upstream, which answered none: the
+    /// connection broke, or the answer was longer than `--max-body`, or it is still pending.
+    pub failed_sent_no_answer: u64,
     /// Operations whose client was last given an error or a failed response, none of its
-    /// attempts having reached the upstream.
-    pub failed_never_sent: u64,
+    /// attempts having been handed to the upstream (a fault before forwarding, or a connect
+    /// error to the upstream).
+    pub failed_provably_unsent: u64,
 }
 
 impl RouteCounts {
@@ -39,10 +49,12 @@ impl RouteCounts {
             operations: 0,
             attempts: 0,
             upstream_requests: 0,
+            pending: 0,
             applied_twice: 0,
             answered_ok: 0,
             failed_after_upstream: 0,
-            failed_never_sent: 0,
+            failed_sent_no_answer: 0,
+            failed_provably_unsent: 0,
         }
     }
 }
@@ -53,7 +65,7 @@ pub struct Report {
     routes: Vec<RouteCounts>,
 }
 
-/// Whether a run passes: at most `max_applied_twice` writes reached the upstream twice. The
+/// Whether a run passes: at most `max_applied_twice` writes may have been applied twice. The
 /// proxy's exit status is this verdict.
 pub fn passes(applied_twice: u64, max_applied_twice: u64) -> bool {
     applied_twice <= max_applied_twice
@@ -103,9 +115,14 @@ impl Report {
         self.routes.iter().map(|r| r.attempts).sum()
     }
 
-    /// Requests that reached the upstream, on every route.
+    /// Requests handed to the upstream, on every route.
     pub fn upstream_requests(&self) -> u64 {
         self.routes.iter().map(|r| r.upstream_requests).sum()
+    }
+
+    /// Requests still at the upstream when the counts were taken, on every route.
+    pub fn pending(&self) -> u64 {
+        self.routes.iter().map(|r| r.pending).sum()
     }
 
     /// Whether the run passes `--max-applied-twice` (see [`passes`]).
@@ -125,16 +142,18 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>13} {:>13} {:>16} {:>16}",
+            "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>13} {:>16} {:>17} {:>18}",
             "route",
             "kind",
             "ops",
             "attempts",
             "upstream",
+            "pending",
             "applied twice",
             "answered 2xx",
-            "failed, reached",
-            "failed, not sent",
+            "failed, answered",
+            "failed, no answer",
+            "failed, never sent",
         );
         for r in &self.routes {
             let twice = match r.kind {
@@ -144,16 +163,18 @@ impl Report {
             let route: String = r.route.chars().take(width).collect();
             let _ = writeln!(
                 out,
-                "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>13} {:>13} {:>16} {:>16}",
+                "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>13} {:>16} {:>17} {:>18}",
                 route,
                 r.kind.name(),
                 r.operations,
                 r.attempts,
                 r.upstream_requests,
+                r.pending,
                 twice,
                 format!("{} / {}", r.answered_ok, r.operations),
                 r.failed_after_upstream,
-                r.failed_never_sent,
+                r.failed_sent_no_answer,
+                r.failed_provably_unsent,
             );
         }
         let verdict = if self.passes(max_applied_twice) {
@@ -186,10 +207,12 @@ impl Report {
                     "operations": r.operations,
                     "attempts": r.attempts,
                     "upstream_requests": r.upstream_requests,
+                    "pending": r.pending,
                     "applied_twice": r.applied_twice,
                     "answered_ok": r.answered_ok,
                     "failed_after_upstream": r.failed_after_upstream,
-                    "failed_never_sent": r.failed_never_sent,
+                    "failed_sent_no_answer": r.failed_sent_no_answer,
+                    "failed_provably_unsent": r.failed_provably_unsent,
                 })
             })
             .collect();
@@ -198,6 +221,7 @@ impl Report {
             "writes": self.writes(),
             "reads": self.reads(),
             "applied_twice": self.applied_twice(),
+            "pending": self.pending(),
             "reads_recovered": self.reads_recovered(),
             "writes_answered": self.writes_answered(),
             "max_applied_twice": max_applied_twice,
@@ -208,10 +232,13 @@ impl Report {
 }
 
 const LEGEND: &str = "\
-ops               operations: attempts with one Idempotency-Key, op header, or method, path and body
-upstream          attempts that reached the upstream (the first attempt's fault decides whether it does)
-applied twice     writes the upstream applied more than once (a stored response applies nothing)
-answered 2xx      operations whose last attempt got a 2xx (for reads: reads recovered)
-failed, reached   the client's last attempt failed, after the write or read reached the upstream
-failed, not sent  the client's last attempt failed, and no attempt reached the upstream
+ops                 operations: attempts with one Idempotency-Key, op header, or method, path and body
+upstream            attempts handed to the upstream, answered or not: each may have applied
+pending             of those, attempts the upstream had not answered when the counts were taken
+applied twice       writes two attempts of which may have applied (an answer marked as a stored
+                    response, a keyed 400/409/422, or a 429 applies nothing)
+answered 2xx        operations whose latest answer was a 2xx (for reads: reads recovered)
+failed, answered    the client's last answer failed, after the upstream answered an attempt
+failed, no answer   the client's last answer failed; an attempt was sent, the upstream answered none
+failed, never sent  the client's last answer failed, and no attempt was handed to the upstream
 ";

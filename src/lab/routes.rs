@@ -106,6 +106,17 @@ pub(crate) fn parse_spec<'a>(flag: &str, spec: &'a str) -> Result<(Method, &'a s
             format!("{spec:?} is not a route: write a method, a space and a path, as in 'POST /v1/{{*rest}}'"),
         )
     })?;
+    // Methods are case-sensitive (RFC 9110 §9.1): `post` would be a method no client sends,
+    // and the rule would match nothing.
+    if method.bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(LabError::new(
+            flag,
+            format!(
+                "{method:?}: methods are case-sensitive; write {:?}",
+                method.to_ascii_uppercase()
+            ),
+        ));
+    }
     let method = Method::from_bytes(method.as_bytes())
         .map_err(|_| LabError::new(flag, format!("{method:?} is not an HTTP method")))?;
     Ok((method, template.trim()))

@@ -66,6 +66,22 @@ fn bad_input_gets_a_one_line_error_naming_it() {
         "--faults",
     );
     one_line_error(&run(&["proxy", "--listen", "127.0.0.1:0"]), "--upstream");
+    for flag in ["--key-header", "--replayed-header"] {
+        one_line_error(
+            &run(&["proxy", "--upstream", "http://127.0.0.1:1", flag, "a b"]),
+            flag,
+        );
+    }
+    one_line_error(
+        &run(&[
+            "proxy",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--drain-ms",
+            "x",
+        ]),
+        "--drain-ms",
+    );
     one_line_error(&run(&["proxy", "--colour"]), "--colour");
     one_line_error(&run(&["launch"]), "launch");
     one_line_error(&run(&["keys", "--target", "http://127.0.0.1:1"]), "--route");

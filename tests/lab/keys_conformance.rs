@@ -1,10 +1,11 @@
 //! The key conformance check: every rule passes against this crate's `IdempotencyLayer`, and
 //! a server that ignores keys is reported rule by rule.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,9 +41,10 @@ async fn the_crates_layer_over_the_memory_store_passes_every_rule() {
         assert_eq!(result.outcome, Outcome::Pass, "{report}");
     }
     assert!(report.passed(), "{report}");
-    // The handler ran: once for the in-flight pair, the other payload's first, the stored
-    // response's first, the concurrent burst, and the failed run; never for a repeat.
-    assert_eq!(upstream.handler_runs(), 5, "{report}");
+    // The handler ran: once for the baseline request, the in-flight pair, the other
+    // payload's first, the stored response's first, the concurrent burst, and the failed
+    // run; never for a repeat.
+    assert_eq!(upstream.handler_runs(), 6, "{report}");
     // The documented answer after a failed handler: the stored stand-in.
     let after = report.rule("repeat-after-failure").expect("reported");
     assert!(after.detail.contains("500"), "{}", after.detail);
@@ -53,33 +55,83 @@ async fn the_crates_layer_over_the_memory_store_passes_every_rule() {
     );
 }
 
+/// How a stand-in server that honours no key answers every request.
+#[derive(Clone, Copy)]
+enum Answers {
+    /// 200, its run's number in the body and in the run header.
+    RunNumbered,
+    /// 200 with one constant body and no run header: runs cannot be told apart.
+    Constant,
+    /// 400, as a server that refuses the check's payload.
+    BadRequest,
+    /// 200 from the first run with the request's key, at once (no hold): a repeat gets the
+    /// first run's number again.
+    OneRunPerKey,
+}
+
 /// A server that ignores keys: every request runs the handler, whose run number it echoes.
 async fn start_keyless_server() -> SocketAddr {
+    start_server(Answers::RunNumbered).await
+}
+
+/// A server that ignores keys and answers every request as `answers` says.
+async fn start_server(answers: Answers) -> SocketAddr {
     let listener = TcpListener::bind(loopback()).await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let runs = Arc::new(AtomicU64::new(0));
+    let by_key: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
-            let runs = runs.clone();
+            let (runs, by_key) = (runs.clone(), by_key.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |req: Request<Incoming>| {
-                    let runs = runs.clone();
+                    let (runs, by_key) = (runs.clone(), by_key.clone());
                     async move {
-                        let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                        let key = req
+                            .headers()
+                            .get("idempotency-key")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default()
+                            .to_owned();
+                        let run = match answers {
+                            Answers::OneRunPerKey => *by_key
+                                .lock()
+                                .expect("not poisoned")
+                                .entry(key)
+                                .or_insert_with(|| runs.fetch_add(1, Ordering::SeqCst) + 1),
+                            _ => runs.fetch_add(1, Ordering::SeqCst) + 1,
+                        };
                         let hold = req
                             .headers()
                             .get(HOLD_HEADER)
                             .and_then(|v| v.to_str().ok()?.parse().ok())
                             .map(Duration::from_millis);
                         let _ = req.into_body().collect().await;
+                        let hold = hold.filter(|_| !matches!(answers, Answers::OneRunPerKey));
                         if let Some(hold) = hold {
                             tokio::time::sleep(hold).await;
                         }
-                        let mut res = Response::new(Full::new(Bytes::from(format!("{run}"))));
-                        res.headers_mut().insert(RUN_HEADER, run.into());
+                        let res = match answers {
+                            Answers::RunNumbered | Answers::OneRunPerKey => {
+                                let mut res =
+                                    Response::new(Full::new(Bytes::from(format!("{run}"))));
+                                res.headers_mut().insert(RUN_HEADER, run.into());
+                                res
+                            }
+                            Answers::Constant => {
+                                Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}")))
+                            }
+                            Answers::BadRequest => {
+                                let mut res = Response::new(Full::new(Bytes::from_static(
+                                    b"{\"error\":\"unknown field lab\"}",
+                                )));
+                                *res.status_mut() = http::StatusCode::BAD_REQUEST;
+                                res
+                            }
+                        };
                         Ok::<_, Infallible>(res)
                     }
                 });
@@ -112,6 +164,74 @@ async fn a_server_that_ignores_keys_fails_each_rule_it_breaks() {
     let text = report.to_string();
     assert_eq!(text.lines().count(), RULES.len(), "{text}");
     assert_eq!(text.lines().filter(|l| l.starts_with("FAIL")).count(), 5);
+}
+
+/// Equal answers without a run header cannot tell a replay from a second run: the rules that
+/// would need that are not passed, and the rules it breaks outright fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_ignores_keys_without_a_run_header_is_not_passed() {
+    let addr = start_server(Answers::Constant).await;
+    let report = KeysCheck::new(&format!("http://{addr}"), "POST /v1/payments")
+        .expect("valid check")
+        .concurrency(4)
+        .hold(Duration::from_millis(300))
+        .run()
+        .await;
+    assert!(!report.passed(), "{report}");
+    for rule in RULES {
+        let result = report.rule(rule).expect("reported");
+        assert_ne!(result.outcome, Outcome::Pass, "{rule}: {report}");
+    }
+    for rule in ["malformed-key-400", "other-payload-422"] {
+        assert_eq!(
+            report.rule(rule).expect("reported").outcome,
+            Outcome::Fail,
+            "{report}"
+        );
+    }
+    for rule in ["in-flight-409", "repeat-same-answer", "concurrent-run-once"] {
+        let result = report.rule(rule).expect("reported");
+        assert_eq!(result.outcome, Outcome::Skip, "{rule}: {report}");
+        assert!(result.detail.contains(RUN_HEADER), "{}", result.detail);
+    }
+}
+
+/// A route that refuses the check's own request lets no rule be tried: all skip, none pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_refuses_the_checks_payload_gets_skips_not_passes() {
+    let addr = start_server(Answers::BadRequest).await;
+    let report = KeysCheck::new(&format!("http://{addr}"), "POST /v1/payments")
+        .expect("valid check")
+        .run()
+        .await;
+    assert_eq!(report.results.len(), RULES.len());
+    for rule in RULES {
+        let result = report.rule(rule).expect("reported");
+        assert_eq!(result.outcome, Outcome::Skip, "{rule}: {report}");
+        assert!(
+            result.detail.contains("refused the check's request"),
+            "{}",
+            result.detail
+        );
+    }
+}
+
+/// A server whose handler ignores the hold answers both requests from one run: they did not
+/// overlap, and the rule is not tried rather than failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_that_did_not_overlap_skip_the_in_flight_rule() {
+    let addr = start_server(Answers::OneRunPerKey).await;
+    let report = KeysCheck::new(&format!("http://{addr}"), "POST /v1/payments")
+        .expect("valid check")
+        .run()
+        .await;
+    let result = report.rule("in-flight-409").expect("reported");
+    assert_eq!(result.outcome, Outcome::Skip, "{report}");
+    assert!(
+        result.detail.contains("did not overlap"),
+        "{}",
+        result.detail
+    );
 }
 
 #[test]

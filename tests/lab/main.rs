@@ -9,9 +9,14 @@ mod pg;
 mod support;
 
 mod command_line;
+mod forwarded_headers;
+mod hedged_reads;
 mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod keys_over_shared_stores;
 mod op_identity;
 mod other_clients;
 mod proxy_counts;
+mod raw_upstream;
+mod server_dialects;
+mod unanswered_writes;

@@ -122,4 +122,36 @@ fn a_long_operation_id_is_shown_capped() {
         b"",
     );
     assert!(id.to_string().chars().count() <= 65, "{id}");
+    let debug = format!("{id:?}");
+    assert!(!debug.contains(&"k".repeat(65)), "{debug}");
+    assert!(debug.chars().count() <= 65 + "OpId(\"\")".len(), "{debug}");
+}
+
+/// The proxy's `Debug` shows counts, not the keys, header values or paths it was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxys_debug_shows_no_operation_id() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use tower_retry_safety::lab::{Proxy, ProxyConfig, Upstream};
+
+    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let upstream = Upstream::start(loopback).await.expect("upstream");
+    let config = ProxyConfig::new(&format!("http://{}", upstream.addr()))
+        .expect("valid upstream")
+        .faults(vec![tower_retry_safety::lab::Fault::None]);
+    let proxy = Proxy::start(config, loopback).await.expect("proxy");
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = http::Request::post(format!("http://{}/v1/x?token=query-secret", proxy.addr()))
+        .header("idempotency-key", "key-secret")
+        .body(Full::new(Bytes::new()))
+        .expect("valid request");
+    let res = client.request(req).await.expect("an answer");
+    assert!(res.status().is_success());
+    let debug = format!("{proxy:?}");
+    assert!(!debug.contains("key-secret"), "{debug}");
+    assert!(!debug.contains("query-secret"), "{debug}");
+    assert!(debug.contains("operations: 1"), "{debug}");
 }

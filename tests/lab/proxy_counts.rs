@@ -103,7 +103,7 @@ async fn this_crates_layer_applies_no_write_twice_and_recovers_every_read() {
     assert_eq!(writes.route, "POST /v1/payments");
     assert_eq!(writes.answered_ok, (OPS / 6) as u64);
     assert_eq!(writes.failed_after_upstream, (3 * OPS / 6) as u64);
-    assert_eq!(writes.failed_never_sent, (2 * OPS / 6) as u64);
+    assert_eq!(writes.failed_provably_unsent, (2 * OPS / 6) as u64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,7 +233,7 @@ async fn a_reset_before_forwarding_never_reaches_the_upstream() {
     assert!(client().oneshot(req).await.is_err());
     let report = proxy.report();
     assert_eq!(report.routes()[0].route, "POST (any path)");
-    assert_eq!(report.routes()[0].failed_never_sent, 1);
+    assert_eq!(report.routes()[0].failed_provably_unsent, 1);
     assert_eq!(report.upstream_requests(), 0);
     assert_eq!(upstream.handler_runs(), 0);
 }
