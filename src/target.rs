@@ -80,14 +80,18 @@ impl Target {
 }
 
 /// What the request is, for a message: `POST /v1/messages`, or for a gRPC call
-/// `package.Service/Method`.
+/// `package.Service/Method` (when its path has that shape).
 impl std::fmt::Display for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let path = self.path();
-        if self.grpc {
-            f.write_str(path.strip_prefix('/').unwrap_or(path))
-        } else {
-            write!(f, "{} {path}", self.method)
+        // A call's path of gRPC's shape names its method; any other is shown as HTTP's.
+        match self
+            .grpc
+            .then(|| crate::classify::grpc::method_name(path))
+            .flatten()
+        {
+            Some(method) => f.write_str(method),
+            None => write!(f, "{} {path}", self.method),
         }
     }
 }

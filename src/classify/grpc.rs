@@ -67,7 +67,9 @@ pub(crate) fn method_name(path: &str) -> Option<&str> {
 
 /// Whether a request is a gRPC call: a POST (gRPC over HTTP/2 sends nothing else) with a
 /// gRPC content type. The client's layer and the server's read a request alike through it.
+/// (The client's layer reads it in the same pass as its other headers, `attempts::plan`.)
 #[inline]
+#[cfg_attr(not(feature = "server"), allow(dead_code))]
 pub(crate) fn is_call(method: &http::Method, headers: &HeaderMap) -> bool {
     method == http::Method::POST && is_grpc(headers)
 }

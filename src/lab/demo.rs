@@ -56,8 +56,11 @@ impl TypicalPolicy {
 }
 
 impl<B> Policy<Req, Response<B>, BoxError> for TypicalPolicy {
+    /// The pause before a retry.
     type Future = Pin<Box<tokio::time::Sleep>>;
 
+    /// Any error, 5xx or 429 is retried, whatever the request, while retries are left: the
+    /// writes this applies twice are the lab's point.
     fn retry(
         &mut self,
         _req: &mut Req,
@@ -74,6 +77,7 @@ impl<B> Policy<Req, Response<B>, BoxError> for TypicalPolicy {
         Some(Box::pin(tokio::time::sleep(Duration::from_millis(20))))
     }
 
+    /// A copy of the method, URI, headers and body.
     fn clone_request(&mut self, req: &Req) -> Option<Req> {
         let mut copy = Request::new(req.body().clone());
         *copy.method_mut() = req.method().clone();
