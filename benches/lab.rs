@@ -1,10 +1,17 @@
 //! What the fault lab's proxy adds to a request when it injects nothing: the same GET sent
-//! straight to an upstream and through `retry-safety-lab proxy` with the `none` fault only,
-//! on loopback, in interleaved batches (`ratio lab_passthrough/direct`). The proxy is a hop
-//! of its own (it reads the request, forwards it on a connection of its own, reads the answer
-//! and counts it), so against an upstream that answers at once it adds about one more loopback
-//! round trip; the second pair gives the upstream 1 ms of work per request, a fast real API
-//! (`ratio lab_passthrough_1ms/direct_1ms`).
+//! straight to an upstream, through a bare forwarding hop, and through `retry-safety-lab
+//! proxy` with the `none` fault only, on loopback, in interleaved batches.
+//!
+//! - `ratio lab_passthrough/direct`: what a client pointed at the lab pays. Any reverse proxy
+//!   is a hop of its own (it reads the request, forwards it on a connection of its own and
+//!   reads the answer), so against an upstream that answers at once it adds about one more
+//!   loopback round trip, whatever it does besides.
+//! - `ratio bare_hop/direct`: that floor, measured: the least a forwarding hop built on the
+//!   same stack does (hyper's server, hyper-util's pooled client, bodies read whole, nothing
+//!   counted).
+//! - `ratio lab_passthrough/bare_hop`: what the lab adds above the floor (identifying the
+//!   operation, the route's kind, the ledger, the header filter).
+//! - the `_1ms` rows: the same with 1 ms of work per request at the upstream, a fast real API.
 //!
 //! `cargo bench --bench lab --features lab`
 
@@ -73,9 +80,49 @@ async fn batch(client: &HttpClient, url: &str, n: u32) -> f64 {
     start.elapsed().as_nanos() as f64 / f64::from(n)
 }
 
-/// Direct and proxied in alternating batches; the ratio of the rounds' medians.
-async fn pair(name: &str, work: Duration, batch_size: u32, rounds: u32) {
+/// The least a forwarding hop does: each request read whole and sent on to `upstream` with
+/// its method, path and headers (but `host`), the answer read whole and passed back.
+async fn bare_hop(upstream: String) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind loopback");
+    let addr = listener.local_addr().expect("addr");
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (client, upstream) = (client.clone(), upstream.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let (client, upstream) = (client.clone(), upstream.clone());
+                    async move {
+                        let (mut parts, body) = req.into_parts();
+                        let body = body.collect().await.expect("request body").to_bytes();
+                        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                        parts.uri = format!("{upstream}{path}").parse().expect("uri");
+                        parts.headers.remove(http::header::HOST);
+                        let res = client
+                            .request(Request::from_parts(parts, Full::new(body)))
+                            .await
+                            .expect("the upstream answers");
+                        let (parts, body) = res.into_parts();
+                        let body = body.collect().await.expect("response body").to_bytes();
+                        Ok::<_, Infallible>(Response::from_parts(parts, Full::new(body)))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// Direct, through the bare hop and through the lab, in batches whose order turns each
+/// round; each ratio is the median of the rounds' own ratios.
+async fn compare(suffix: &str, work: Duration, batch_size: u32, rounds: u32) {
     let direct = upstream(work).await;
+    let hop = bare_hop(direct.clone()).await;
     let config = ProxyConfig::new(&direct)
         .expect("the upstream's URL")
         .faults(vec![Fault::None]);
@@ -84,34 +131,41 @@ async fn pair(name: &str, work: Duration, batch_size: u32, rounds: u32) {
         .expect("the proxy starts");
     let proxied = format!("http://{}", proxy.addr());
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let (direct_url, proxied_url) = (
-        format!("{direct}/v1/things/1"),
-        format!("{proxied}/v1/things/1"),
-    );
-    // Warm both paths' connections.
-    batch(&client, &direct_url, 200).await;
-    batch(&client, &proxied_url, 200).await;
-    let (mut d, mut p) = (Vec::new(), Vec::new());
-    for round in 0..rounds {
-        // The order alternates: the second of a pair ran faster on this machine.
-        if round % 2 == 0 {
-            d.push(batch(&client, &direct_url, batch_size).await);
-            p.push(batch(&client, &proxied_url, batch_size).await);
-        } else {
-            p.push(batch(&client, &proxied_url, batch_size).await);
-            d.push(batch(&client, &direct_url, batch_size).await);
+    let urls = [direct, hop, proxied].map(|base| format!("{base}/v1/things/1"));
+    // Warm every path's connections.
+    for url in &urls {
+        batch(&client, url, 200).await;
+    }
+    // samples[path][round]: direct, bare hop, lab.
+    let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+    for round in 0..rounds as usize {
+        // The order turns: the later batches of a round ran faster on this machine.
+        for i in 0..3 {
+            let path = (round + i) % 3;
+            samples[path].push(batch(&client, &urls[path], batch_size).await);
         }
     }
-    let (md, mp) = (median_of(&d), median_of(&p));
+    let [d, h, p] = &samples;
+    let us = |v: &[f64]| median_of(v) / 1e3;
+    let per_request =
+        |a: &[f64], b: &[f64]| format!(" ({:.1} µs against {:.1} µs per request)", us(a), us(b));
     print_ratio(
-        name,
-        &p,
-        &d,
-        &format!(
-            " ({:.1} µs against {:.1} µs per request)",
-            mp / 1e3,
-            md / 1e3
-        ),
+        &format!("lab_passthrough{suffix}/direct{suffix}"),
+        p,
+        d,
+        &per_request(p, d),
+    );
+    print_ratio(
+        &format!("bare_hop{suffix}/direct{suffix}"),
+        h,
+        d,
+        &per_request(h, d),
+    );
+    print_ratio(
+        &format!("lab_passthrough{suffix}/bare_hop{suffix}"),
+        p,
+        h,
+        &per_request(p, h),
     );
 }
 
@@ -122,12 +176,6 @@ fn median_of(v: &[f64]) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    pair("lab_passthrough/direct", Duration::ZERO, 500, 41).await;
-    pair(
-        "lab_passthrough_1ms/direct_1ms",
-        Duration::from_millis(1),
-        50,
-        21,
-    )
-    .await;
+    compare("", Duration::ZERO, 500, 41).await;
+    compare("_1ms", Duration::from_millis(1), 50, 21).await;
 }

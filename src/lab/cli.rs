@@ -35,7 +35,8 @@ USAGE
   retry-safety-lab demo
       Upstream, proxy and clients in one process: this crate's stacks and tower::retry.
   retry-safety-lab keys --target URL --route 'POST /v1/payments' [--concurrency N] [--hold-ms N]
-      Check that the server at URL honours Idempotency-Key on that route; exit 1 on a failure.
+      Check that the server at URL honours Idempotency-Key on that route; exit 1 on a failure,
+      or when no rule could be tried (nothing was verified).
 
 Exit status: 0 pass, 1 a check failed, 2 bad input.
 ";

@@ -80,9 +80,14 @@ pub struct KeysReport {
 }
 
 impl KeysReport {
-    /// Whether no rule failed (a skipped rule does not fail the check).
+    /// Whether no rule failed and at least one passed. A skipped rule does not fail the check,
+    /// but a check whose every rule was skipped verified nothing (a route that refuses the
+    /// check's request, a server that cannot be observed): it does not pass, so a CI job
+    /// pointed at the wrong route fails rather than reporting a conformance it never saw.
     pub fn passed(&self) -> bool {
-        self.results.iter().all(|r| r.outcome != Outcome::Fail)
+        let failed = self.results.iter().any(|r| r.outcome == Outcome::Fail);
+        let verified = self.results.iter().any(|r| r.outcome == Outcome::Pass);
+        verified && !failed
     }
 
     /// The result of a rule, by name.
@@ -100,6 +105,9 @@ impl fmt::Display for KeysReport {
                 Outcome::Skip => "skip",
             };
             writeln!(f, "{outcome}  {:<22} {}", r.rule, r.detail)?;
+        }
+        if self.results.iter().all(|r| r.outcome == Outcome::Skip) {
+            writeln!(f, "no rule could be tried: nothing was verified")?;
         }
         Ok(())
     }

@@ -196,7 +196,8 @@ async fn a_server_that_ignores_keys_without_a_run_header_is_not_passed() {
     }
 }
 
-/// A route that refuses the check's own request lets no rule be tried: all skip, none pass.
+/// A route that refuses the check's own request lets no rule be tried: all skip, none pass,
+/// and the check as a whole does not pass (it verified nothing: the command exits 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_that_refuses_the_checks_payload_gets_skips_not_passes() {
     let addr = start_server(Answers::BadRequest).await;
@@ -204,6 +205,11 @@ async fn a_route_that_refuses_the_checks_payload_gets_skips_not_passes() {
         .expect("valid check")
         .run()
         .await;
+    assert!(!report.passed(), "{report}");
+    assert!(
+        report.to_string().ends_with("nothing was verified\n"),
+        "{report}"
+    );
     assert_eq!(report.results.len(), RULES.len());
     for rule in RULES {
         let result = report.rule(rule).expect("reported");
