@@ -28,7 +28,9 @@ USAGE
       request with --key-header (default idempotency-key), or a 429 ran nothing).
       --listen defaults to 127.0.0.1:8080; --faults to the six of the default mix:
       none,drop-after-apply,slow-after-apply,503-after-apply,429-before-apply,500-before-apply
-      (also: reset-before-forwarding, refused-stream); --slow-ms to 30000.
+      (also: reset-before-forwarding, refused-stream, goaway-before-forwarding,
+      goaway-after-apply: the last three HTTP/2's, connection closes for HTTP/1.1);
+      --slow-ms to 30000.
   retry-safety-lab serve [--listen ADDR]
       An upstream answering any route with a small JSON body, honouring Idempotency-Key
       (this crate's IdempotencyLayer, in memory). --listen defaults to 127.0.0.1:4010.

@@ -31,6 +31,20 @@ pub enum Fault {
     /// write. An HTTP/1.1 client's connection is closed, as for
     /// [`ResetBeforeForwarding`](Fault::ResetBeforeForwarding).
     RefusedStream,
+    /// Not forwarded: an HTTP/2 client gets a `GOAWAY` whose last-stream-id is below its
+    /// stream, which tells it the request was not processed (RFC 9113 §6.8), and the
+    /// connection then closes; nothing else is sent on the stream. Streams the proxy had
+    /// already forwarded on that connection are answered first: the last-stream-id is the
+    /// highest of them (so it covers the faulted stream when a higher one was forwarded: the
+    /// client then cannot tell, the lab can). An HTTP/1.1 client's connection is closed, as
+    /// for [`ResetBeforeForwarding`](Fault::ResetBeforeForwarding).
+    GoAwayBeforeForwarding,
+    /// Forwarded; once the upstream has answered, an HTTP/2 client gets a `GOAWAY` whose
+    /// last-stream-id covers its stream (it may have been processed) and the connection
+    /// closes without the answer, as a server shutting down mid-request. Other streams the
+    /// GOAWAY covers are answered first. An HTTP/1.1 client's connection is closed, as for
+    /// [`DropAfterApply`](Fault::DropAfterApply).
+    GoAwayAfterApply,
 }
 
 impl Fault {
@@ -46,7 +60,7 @@ impl Fault {
     ];
 
     /// Every fault the proxy knows.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 10] = [
         Fault::None,
         Fault::DropAfterApply,
         Fault::SlowAfterApply,
@@ -55,6 +69,8 @@ impl Fault {
         Fault::InternalErrorBeforeApply,
         Fault::ResetBeforeForwarding,
         Fault::RefusedStream,
+        Fault::GoAwayBeforeForwarding,
+        Fault::GoAwayAfterApply,
     ];
 
     /// The fault's name in `--faults` lists and in output.
@@ -68,6 +84,8 @@ impl Fault {
             Fault::InternalErrorBeforeApply => "500-before-apply",
             Fault::ResetBeforeForwarding => "reset-before-forwarding",
             Fault::RefusedStream => "refused-stream",
+            Fault::GoAwayBeforeForwarding => "goaway-before-forwarding",
+            Fault::GoAwayAfterApply => "goaway-after-apply",
         }
     }
 
@@ -84,6 +102,7 @@ impl Fault {
                 | Fault::DropAfterApply
                 | Fault::SlowAfterApply
                 | Fault::UnavailableAfterApply
+                | Fault::GoAwayAfterApply
         )
     }
 

@@ -9,7 +9,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -45,7 +45,8 @@ impl Drop for Listening {
     }
 }
 
-/// Serves each connection with `handler`, HTTP/1.1 or HTTP/2 as the client speaks.
+/// Serves each connection with `handler`, HTTP/1.1 or HTTP/2 as the client speaks (hyper's
+/// auto server).
 pub(crate) fn serve<F, Fut, B, E>(listener: TcpListener, handler: F) -> Listening
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
@@ -53,6 +54,22 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
     E: Into<BoxError>,
+{
+    serve_connections(listener, move |stream| {
+        let svc = service_fn(handler.clone());
+        async move {
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        }
+    })
+}
+
+/// Serves each accepted connection with `connection`, in a task of its own.
+pub(crate) fn serve_connections<F, Fut>(listener: TcpListener, connection: F) -> Listening
+where
+    F: Fn(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
 {
     let stop = Arc::new(Notify::new());
     let stopped = stop.clone();
@@ -71,13 +88,7 @@ where
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             };
-            let handler = handler.clone();
-            connections.spawn(async move {
-                let svc = service_fn(handler);
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
+            connections.spawn(connection(stream));
         }
         drop(listener);
         while connections.join_next().await.is_some() {}

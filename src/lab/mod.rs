@@ -11,7 +11,8 @@
 //!   at. Each operation's first attempt gets one [`Fault`] from a mix given out in turn per
 //!   route (by default: none; response lost after the upstream applied the write; answer held
 //!   after apply; 503 after apply; 429 before apply; 500 before apply; on request, a reset
-//!   before forwarding, and HTTP/2's `REFUSED_STREAM`), and later attempts pass through.
+//!   before forwarding, HTTP/2's `REFUSED_STREAM`, and an HTTP/2 `GOAWAY` before forwarding
+//!   or after apply), and later attempts pass through.
 //!   Attempts are told to be one operation as a client repeats them ([`OpIdentity`]:
 //!   `Idempotency-Key` or `--key-header`, else `--op-header`, else method, path and a body fingerprint, or
 //!   `--op-id /json/pointer`). Writes and reads are told apart by method and
@@ -69,6 +70,24 @@
 //! failed request got neither a 5xx nor no answer. A rule the server does not let the check
 //! try is reported `skip`; a skip does not fail the check.
 //!
+//! # HTTP/2's GOAWAY
+//!
+//! `goaway-before-forwarding` and `goaway-after-apply` (not in the default mix) end an HTTP/2
+//! client's connection as a server shutting down would: one `GOAWAY` (`NO_ERROR`) whose
+//! last-stream-id is the highest stream the proxy forwarded on that connection (RFC 9113
+//! §6.8), then a graceful close. Before forwarding, that id is below the faulted stream
+//! unless a higher one was already forwarded; after apply, it covers the faulted stream,
+//! whose answer is never sent. Nothing is forwarded after the GOAWAY: a stream above its id,
+//! or one it covers that was not yet forwarded, is refused (`REFUSED_STREAM`: not processed)
+//! and counted as never sent; one whose request had not arrived whole is not counted (it
+//! cannot be told apart). A counted refusal uses up its operation's first attempt, and its
+//! fault. Streams already forwarded get their answers, within the slow delay, before the
+//! connection closes. HTTP/1.1 has no GOAWAY: there the two close the connection, as
+//! `reset-before-forwarding` and `drop-after-apply` do.
+//!
+//! This crate's classifier takes a remote GOAWAY as ambiguous (hyper can report one for a
+//! request it already wrote), so its layer resends neither fault's writes, only reads.
+//!
 //! # In an SDK's CI
 //!
 //! ```text
@@ -85,8 +104,8 @@
 //!
 //! # Limits
 //!
-//! The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream; it does
-//! not send `GOAWAY` as a fault. Bodies are read whole, up to `--max-body` (1 MiB; a longer
+//! The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream. Bodies are
+//! read whole, up to `--max-body` (1 MiB; a longer
 //! request gets 413 and is not counted; a longer answer gets the client a 502, the attempt
 //! counted as sent with no answer). It keeps one entry per operation until it stops.
 
@@ -94,10 +113,14 @@ mod cli;
 mod demo;
 mod error;
 mod fault;
+mod frame_filter;
+mod goaway;
+mod h2_serve;
 mod keys;
 mod ledger;
 mod listen;
 mod op_id;
+mod preface;
 mod proxy;
 mod report;
 mod routes;

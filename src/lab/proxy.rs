@@ -1,6 +1,8 @@
 //! `proxy`: the fault-injecting reverse proxy. Each operation's first attempt gets the next
 //! fault of its route's turn in the mix; later attempts pass through; the ledger counts
 //! what was handed to the upstream (and may have applied) from the moment it is handed.
+//! HTTP/1.1 clients are served by hyper, HTTP/2 ones by [`h2_serve`](super::h2_serve) (for
+//! its GOAWAY faults); both hand requests to the same [`handle`].
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -14,14 +16,19 @@ use http::request::Parts;
 use http::{Method, Request, Response, StatusCode, Uri, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
 
+use super::goaway::Stream;
+use super::h2_serve;
 use super::ledger::{Answer, Attempt, Ledger, Sent};
 use super::listen::{self, Listening};
+use super::preface::{self, Protocol};
 use super::{Fault, LabError, OpIdentity, Report, RouteKinds};
+use crate::BoxError;
 
 /// Headers of one hop, never forwarded (RFC 9110 §7.6.1), and `host`, which the proxy's
 /// client sets for the upstream.
@@ -193,7 +200,8 @@ impl Proxy {
             client: Client::builder(TokioExecutor::new()).build_http(),
             reported: AtomicBool::new(false),
         });
-        let listening = listen::serve(listener, move |req| handle(shared.clone(), req));
+        let listening =
+            listen::serve_connections(listener, move |tcp| serve_connection(shared.clone(), tcp));
         Ok(Proxy {
             addr,
             ledger,
@@ -254,27 +262,54 @@ async fn check_reachable(config: &ProxyConfig) -> Result<(), LabError> {
     }
 }
 
-/// The proxy's answer when a fault closes the connection: hyper closes it without a
-/// response (HTTP/1.1) or resets the stream (HTTP/2) with the reason found in the error's
-/// sources (`INTERNAL_ERROR` when there is none).
-#[derive(Debug)]
-struct Dropped {
-    reason: Option<h2::Error>,
+/// A client's connection: HTTP/1.1 through hyper, HTTP/2 through h2, as its first bytes say.
+async fn serve_connection(shared: Arc<Shared>, tcp: TcpStream) {
+    match preface::sniff(&tcp).await {
+        Ok(Protocol::Http2) => {
+            let grace = shared.config.slow;
+            let handler = move |req, stream| handle(shared.clone(), req, Some(stream));
+            h2_serve::serve(tcp, handler, grace).await;
+        }
+        Ok(Protocol::Http1) => {
+            let svc = service_fn(move |req| {
+                let handling = handle(shared.clone(), req, None);
+                // HTTP/1.1 has no stream to reset nor GOAWAY: hyper closes the connection.
+                async move { handling.await.map_err(|_| ConnectionClosed) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
+        }
+        Err(_) => {}
+    }
 }
 
-const DROPPED: Dropped = Dropped { reason: None };
+/// How a request ends without an answer.
+#[derive(Debug)]
+pub(crate) enum Unanswered {
+    /// HTTP/1.1: the connection is closed. HTTP/2: the stream is reset with the reason
+    /// (`INTERNAL_ERROR` when none).
+    Dropped(Option<h2::Reason>),
+    /// HTTP/2 only: the connection went away (a GOAWAY fault); nothing more is sent on the
+    /// stream, and the connection closes.
+    GoneAway,
+}
 
-impl fmt::Display for Dropped {
+const DROPPED: Unanswered = Unanswered::Dropped(None);
+/// Not processed (RFC 9113 §8.7): a client may send it again.
+const REFUSED: Unanswered = Unanswered::Dropped(Some(h2::Reason::REFUSED_STREAM));
+
+/// hyper's error for an HTTP/1.1 request the proxy does not answer: it closes the connection.
+#[derive(Debug)]
+struct ConnectionClosed;
+
+impl fmt::Display for ConnectionClosed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("the fault lab closed the connection")
     }
 }
 
-impl std::error::Error for Dropped {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.reason.as_ref().map(|r| r as _)
-    }
-}
+impl std::error::Error for ConnectionClosed {}
 
 fn text(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
     let mut res = Response::new(Full::new(Bytes::from_static(message.as_bytes())));
@@ -282,13 +317,31 @@ fn text(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
     res
 }
 
-async fn handle(
+/// One request, from either server. `stream` is its HTTP/2 stream (`None` for HTTP/1.1),
+/// through which it is forwarded only while the connection has not gone away.
+async fn handle<B>(
     shared: Arc<Shared>,
-    req: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, Dropped> {
+    req: Request<B>,
+    stream: Option<Stream>,
+) -> Result<Response<Full<Bytes>>, Unanswered>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     let config = &shared.config;
     let (parts, body) = req.into_parts();
-    let body = match Limited::new(body, config.max_body).collect().await {
+    let collecting = Limited::new(body, config.max_body).collect();
+    let collected = match &stream {
+        Some(stream) => tokio::select! {
+            biased;
+            collected = collecting => collected,
+            // A GOAWAY left the stream out before its request arrived whole (its client may
+            // never send the rest): not counted, as it cannot be told apart.
+            () = stream.refused() => return Err(REFUSED),
+        },
+        None => collecting.await,
+    };
+    let body = match collected {
         Ok(body) => body.to_bytes(),
         Err(err) if err.is::<http_body_util::LengthLimitError>() => {
             return Ok(text(
@@ -311,6 +364,11 @@ async fn handle(
     let Some(attempt) = shared.ledger.begin(op, kind, route) else {
         return Ok(stopping());
     };
+    // Counted, never sent: a GOAWAY left the stream out (its client takes it as not processed).
+    if stream.as_ref().is_some_and(Stream::is_refused) {
+        shared.ledger.answered(&attempt, Answer::Lost);
+        return Err(REFUSED);
+    }
     let fault = attempt.fault;
     match fault {
         Fault::TooManyRequestsBeforeApply => {
@@ -329,22 +387,41 @@ async fn handle(
         }
         Fault::RefusedStream => {
             shared.ledger.answered(&attempt, Answer::Lost);
-            return Err(Dropped {
-                reason: Some(h2::Error::from(h2::Reason::REFUSED_STREAM)),
+            return Err(REFUSED);
+        }
+        Fault::GoAwayBeforeForwarding => {
+            shared.ledger.answered(&attempt, Answer::Lost);
+            return Err(match &stream {
+                // HTTP/1.1 has no GOAWAY: the connection is closed, as for a reset.
+                None => DROPPED,
+                Some(stream) if stream.go_away_before_forwarding() => Unanswered::GoneAway,
+                // Another stream's GOAWAY came first: refused, as every stream it left out.
+                Some(_) => REFUSED,
             });
         }
         _ => {}
     }
-    // Forwarded and counted in a task of its own: a client that gives up (hyper then drops
-    // this future) does not stop a request the upstream may already be running, nor its count.
+    // Forwarded and counted in a task of its own: a client that gives up (the server then
+    // drops this future) does not stop a request the upstream may already be running, nor
+    // its count.
     let forwarding = tokio::spawn({
         let shared = shared.clone();
+        let stream = stream.clone();
         async move {
+            // On HTTP/2, only while the connection has not gone away.
+            if stream.is_some_and(|s| !s.admit()) {
+                return (attempt, None);
+            }
             let res = forward(&shared, &attempt, &parts, &path_and_query, body).await;
-            (attempt, res)
+            (attempt, Some(res))
         }
     });
     let (attempt, res) = forwarding.await.map_err(|_| DROPPED)?;
+    let Some(res) = res else {
+        // Not forwarded: the GOAWAY leaves the stream unprocessed.
+        shared.ledger.answered(&attempt, Answer::Lost);
+        return Err(REFUSED);
+    };
     let res = match res {
         Ok(res) => res,
         Err(res) => return Ok(answered(&shared, &attempt, res)),
@@ -354,9 +431,20 @@ async fn handle(
             shared.ledger.answered(&attempt, Answer::Lost);
             Err(DROPPED)
         }
+        Fault::GoAwayAfterApply => {
+            shared.ledger.answered(&attempt, Answer::Lost);
+            match &stream {
+                // HTTP/1.1: the connection is closed, as for drop-after-apply.
+                None => Err(DROPPED),
+                Some(stream) => {
+                    stream.go_away_after_apply();
+                    Err(Unanswered::GoneAway)
+                }
+            }
+        }
         Fault::SlowAfterApply => {
-            // Recorded only if the hold ends before the client gives up (hyper drops this
-            // future when the client closes the connection or resets the stream).
+            // Recorded only if the hold ends before the client gives up (the server drops
+            // this future when the client closes the connection or resets the stream).
             tokio::time::sleep(shared.config.slow).await;
             Ok(answered(&shared, &attempt, res))
         }

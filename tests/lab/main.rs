@@ -9,7 +9,9 @@ mod pg;
 mod support;
 
 mod command_line;
+mod counting_upstream;
 mod forwarded_headers;
+mod goaway_faults;
 mod hedged_reads;
 mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -17,6 +19,7 @@ mod keys_over_shared_stores;
 mod op_identity;
 mod other_clients;
 mod proxy_counts;
+mod raw_h2_client;
 mod raw_upstream;
 mod server_dialects;
 mod unanswered_writes;
