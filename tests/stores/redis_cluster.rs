@@ -9,6 +9,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::redis_failover::PATIENT;
 use crate::support::fleet::{Counts, Fault, Instance};
 use crate::support::redis::{wait_until, Cluster, Node};
 use bytes::Bytes;
@@ -48,7 +49,12 @@ async fn send(to: SocketAddr, op: &str, key: &str) -> (StatusCode, bool) {
 async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
     let cluster = tokio::task::block_in_place(|| Cluster::start(3, 1));
     let seed = cluster.urls()[..1].to_vec();
-    let store = RedisStore::cluster(&seed).connect().await.unwrap();
+    let store = RedisStore::cluster(&seed)
+        .timeout(PATIENT)
+        .replica_timeout(PATIENT)
+        .connect()
+        .await
+        .unwrap();
     assert_eq!(
         store.replicas_waited_for(),
         1,
@@ -58,7 +64,13 @@ async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
 
     let counts = Counts::default();
     let a = Instance::start_with(
-        move || async move { RedisStore::cluster(&seed).connect().await },
+        move || async move {
+            RedisStore::cluster(&seed)
+                .timeout(PATIENT)
+                .replica_timeout(PATIENT)
+                .connect()
+                .await
+        },
         "cluster:",
         Duration::from_secs(5),
         counts.clone(),
@@ -227,7 +239,13 @@ async fn a_slot_migrated_mid_handler_neither_loses_nor_repeats_its_key() {
     let redis_key = format!("{prefix}{key}");
     // A lease short enough that the claim must be renewed on the new owner to survive.
     let a = Instance::start_with(
-        move || async move { RedisStore::cluster(&seed).connect().await },
+        move || async move {
+            RedisStore::cluster(&seed)
+                .timeout(PATIENT)
+                .replica_timeout(PATIENT)
+                .connect()
+                .await
+        },
         prefix,
         Duration::from_secs(2),
         counts.clone(),

@@ -23,6 +23,12 @@ use tower_retry_safety::server::{
 /// How long any state a scenario waits for may take, on a busy machine.
 const LIMIT: Duration = Duration::from_secs(60);
 const MASTER: &str = "idem";
+/// The store's timeouts (a call's round trip, and `WAIT` for a replica) where a scenario
+/// needs its calls to succeed and does not test the timeouts themselves. A call on a fresh
+/// connection resolves the primary through Sentinel, connects, authenticates and waits for a
+/// replica: in a CI run beside a build on two cores, a first `begin` did not get through
+/// within the defaults (1 s and 500 ms), and a test about a password failed on it.
+pub(crate) const PATIENT: Duration = Duration::from_secs(10);
 
 /// What a keyed request got back: its status, and whether it was a stored response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -264,7 +270,12 @@ async fn failover_mid_handler(follow: bool) -> u32 {
             } else {
                 RedisStore::builder(&url)
             };
-            builder.wait_for_replicas(1).connect().await
+            builder
+                .wait_for_replicas(1)
+                .timeout(PATIENT)
+                .replica_timeout(PATIENT)
+                .connect()
+                .await
         }
     };
     let a = Instance::start_with(connect(primary.url()), "mid:", lease, counts.clone()).await;
@@ -377,6 +388,8 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
 
     let stale = RedisStore::sentinel([sentinel.url()], MASTER)
         .prefix("stale:")
+        .timeout(PATIENT)
+        .replica_timeout(PATIENT)
         .connect()
         .await
         .unwrap();
@@ -608,16 +621,16 @@ async fn sentinel_reaches_a_primary_that_requires_a_password() {
 
     let builder = RedisStore::sentinel([sentinel.url()], MASTER)
         .primary_auth(None, PASSWORD)
-        .prefix("auth:");
+        .prefix("auth:")
+        .timeout(PATIENT)
+        .replica_timeout(PATIENT);
     assert!(!format!("{builder:?}").contains(PASSWORD));
     let store = builder.connect().await.unwrap();
     assert!(!format!("{store:?}").contains(PASSWORD));
     assert_eq!(store.replicas_waited_for(), 1);
     let fp = Fingerprint::of(&http::Method::POST, "/v1/send", b"x");
-    assert!(matches!(
-        store.begin("k", fp, Duration::from_secs(60)).await,
-        Ok(Begin::Started(_))
-    ));
+    let began = store.begin("k", fp, Duration::from_secs(60)).await;
+    assert!(matches!(began, Ok(Begin::Started(_))), "{began:?}");
 
     let err = RedisStore::sentinel([sentinel.url()], MASTER)
         .connect()
