@@ -1,8 +1,8 @@
 //! The report's "may this have been applied?" answer, cell by cell of the decision table.
 
+use super::RetryReport;
 use super::*;
 use crate::classify::Idempotency;
-use crate::service::RetryReport;
 
 /// What an attempt ended in, for the report's cells.
 #[derive(Clone, Copy)]

@@ -6,8 +6,8 @@ use std::io::ErrorKind::{ConnectionRefused, TimedOut as IoTimedOut};
 use http::{Extensions, HeaderMap, Method, Request, StatusCode};
 
 use super::{Attempts, Outcome, Plan, Step};
+use super::{NotReplayable, RetryReport};
 use crate::policy::StopReason;
-use crate::service::{NotReplayable, RetryReport};
 use crate::target::Target;
 use crate::{Idempotency, NoRetry, RetryPolicy};
 
