@@ -1,6 +1,7 @@
 //! An HTTP/2 server connection's outgoing bytes, read frame by frame (RFC 9113 §4.1: a 9-byte
-//! header, then the payload): the lab's own GOAWAY is put in at a frame boundary once its
-//! connection goes away, and after it the frames the client must not see are left out:
+//! header, then the payload): the lab's own GOAWAY is put in at a frame boundary outside any
+//! header block once its connection goes away, and after it the frames the client must not
+//! see are left out:
 //! h2's own GOAWAYs (their last-stream-id is every stream received, higher than ours, which a
 //! client takes as a protocol error) and the frames of a silenced stream (its reset).
 //!
@@ -22,6 +23,8 @@ const HEADERS: u8 = 0x1;
 const PUSH_PROMISE: u8 = 0x5;
 const GOAWAY: u8 = 0x7;
 const CONTINUATION: u8 = 0x9;
+/// The flag that ends a header block (on HEADERS, PUSH_PROMISE or CONTINUATION).
+const END_HEADERS: u8 = 0x4;
 /// Buffered bytes past which a write first waits for the socket.
 const HIGH_WATER: usize = 64 * 1024;
 
@@ -44,13 +47,18 @@ struct Frames {
     /// Payload bytes of the current frame still to come, and whether they are sent.
     payload_left: usize,
     keep: bool,
+    /// Inside a header block: a HEADERS (or PUSH_PROMISE) without END_HEADERS was read, and
+    /// the CONTINUATION that ends it not yet. Nothing may come between its frames (RFC 9113
+    /// §6.10: any other frame is a connection error to the client).
+    in_header_block: bool,
     /// Whether the lab's GOAWAY was put in the output.
     went_away: bool,
 }
 
 impl Frames {
+    /// Where a frame of the lab's own may go: between frames, and not inside a header block.
     fn at_boundary(&self) -> bool {
-        self.head_len == 0 && self.payload_left == 0
+        self.head_len == 0 && self.payload_left == 0 && !self.in_header_block
     }
 
     /// Puts the GOAWAY in once one was decided, at a frame boundary.
@@ -90,6 +98,9 @@ impl Frames {
             // A header block is never dropped: it changes the client's HPACK table (and a
             // silenced stream never sends one: it is not answered).
             let header_block = matches!(head[3], HEADERS | PUSH_PROMISE | CONTINUATION);
+            if header_block {
+                self.in_header_block = head[4] & END_HEADERS == 0;
+            }
             let dropped = (self.went_away && head[3] == GOAWAY)
                 || (stream != 0 && !header_block && state.is_silenced(stream));
             self.keep = !dropped;
@@ -242,6 +253,35 @@ mod tests {
             expected.extend(goaway_frame(1));
             // h2's GOAWAY and the silenced stream's reset are left out; the PING is not.
             expected.extend(frame(0x6, 0, &[0; 8]));
+            assert_eq!(out, expected, "step {step}");
+        }
+    }
+
+    /// Found by review of the GOAWAY faults: the GOAWAY went in between a HEADERS frame and
+    /// its CONTINUATION, which a client takes as a connection error (RFC 9113 §6.10).
+    #[test]
+    fn the_goaway_waits_for_the_end_of_a_header_block() {
+        for step in [1, 9, 12, 100] {
+            let conn = GoAway::new();
+            let one = Stream::new(conn.clone(), 1);
+            assert!(one.admit());
+            let mut frames = Frames::default();
+            let headers = frame(HEADERS, 1, b"part");
+            let mut out = feed_in_steps(&mut frames, &conn, &headers, step);
+            assert!(Stream::new(conn.clone(), 3).go_away_before_forwarding());
+            let mut rest = frame(CONTINUATION, 1, b"more");
+            rest[4] = 0;
+            let mut last = frame(CONTINUATION, 1, b"end");
+            last[4] = END_HEADERS;
+            rest.extend(last);
+            let data = frame(0x0, 1, b"body");
+            rest.extend(data);
+            out.extend(feed_in_steps(&mut frames, &conn, &rest, step));
+            let (block, data) = rest.split_at(rest.len() - 13);
+            let mut expected = headers.clone();
+            expected.extend_from_slice(block);
+            expected.extend(goaway_frame(1));
+            expected.extend_from_slice(data);
             assert_eq!(out, expected, "step {step}");
         }
     }
