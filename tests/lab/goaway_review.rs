@@ -4,6 +4,11 @@
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::{header, Method, Request};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use tower_retry_safety::lab::{demo_routes, Fault, Proxy, ProxyConfig};
 
 use crate::raw_h2_client::{Frame, RawH2, CONTINUATION, END_HEADERS, GOAWAY, HEADERS};
@@ -108,4 +113,58 @@ async fn a_goaway_never_splits_a_header_block() {
             .collect();
         assert_eq!(goaways, vec![(faulted - 2, 0)]);
     }
+}
+
+/// The `content-length` of the answer an HTTP/2 client gets for `method`, when the upstream
+/// answers `response` (verbatim).
+async fn h2_content_length(method: Method, response: &'static str) -> Option<String> {
+    let upstream = RawUpstream::start(vec![Then::Verbatim(response)]).await;
+    let proxy = proxy(&upstream.url(), vec![Fault::None]).await;
+    let client = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<Bytes>>();
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{}/v1/payments/1", proxy.addr()))
+        .body(Full::new(Bytes::new()))
+        .expect("valid request");
+    let res = tokio::time::timeout(GUARD, client.request(req))
+        .await
+        .expect("an answer")
+        .expect("an answer");
+    assert!(res.status().as_u16() < 300 || res.status().as_u16() == 304);
+    res.headers()
+        .get(header::CONTENT_LENGTH)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+/// An answer without a body says nothing of its length unless the upstream did: a 204 must
+/// not carry one (RFC 9110 §8.6), a 304's or a HEAD answer's would be the length of the
+/// representation, which `0` would misstate (a cache could take it). hyper's HTTP/2 server,
+/// which the proxy used before, and its HTTP/1.1 server add none.
+///
+/// Found by review of the GOAWAY faults: the proxy's own HTTP/2 server added
+/// `content-length: 0` to every answer without a body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_a_body_gets_no_invented_content_length_over_http2() {
+    let no_content = "HTTP/1.1 204 No Content\r\nconnection: close\r\n\r\n";
+    assert_eq!(h2_content_length(Method::DELETE, no_content).await, None);
+    let not_modified = "HTTP/1.1 304 Not Modified\r\netag: \"v1\"\r\nconnection: close\r\n\r\n";
+    assert_eq!(h2_content_length(Method::GET, not_modified).await, None);
+    let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    assert_eq!(h2_content_length(Method::HEAD, chunked).await, None);
+    // What the upstream said is passed on, and a body's length is given.
+    let sized = "HTTP/1.1 200 OK\r\ncontent-length: 100\r\nconnection: close\r\n\r\n";
+    assert_eq!(
+        h2_content_length(Method::HEAD, sized).await.as_deref(),
+        Some("100")
+    );
+    let chunked_body =
+        "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n";
+    assert_eq!(
+        h2_content_length(Method::GET, chunked_body)
+            .await
+            .as_deref(),
+        Some("2")
+    );
 }
