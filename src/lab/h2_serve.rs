@@ -142,7 +142,8 @@ where
                 }
             };
             // A little past the grace: an answer held exactly the slow delay still goes out.
-            let _ = tokio::time::timeout(grace + LINGER, closed).await;
+            // Saturating: a slow delay of `Duration::MAX` (forever) must not overflow.
+            let _ = tokio::time::timeout(grace.saturating_add(LINGER), closed).await;
         }
     }
     // Past the grace, or the connection is over: what is left is dropped.

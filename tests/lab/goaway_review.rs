@@ -168,3 +168,31 @@ async fn an_answer_without_a_body_gets_no_invented_content_length_over_http2() {
         Some("2")
     );
 }
+
+/// A slow delay meant as "forever" (`Duration::MAX`) bounds nothing, but must not break the
+/// GOAWAY: the client still gets it and the connection still closes once its streams are
+/// done.
+///
+/// Found by review of the GOAWAY faults: the wait after a GOAWAY (the slow delay plus the
+/// linger) overflowed and panicked the connection's task, and the client got no GOAWAY.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_delay_of_duration_max_still_goes_away() {
+    let upstream = RawUpstream::start(vec![Then::Reply("200 OK")]).await;
+    let config = ProxyConfig::new(&upstream.url())
+        .expect("valid upstream")
+        .faults(vec![Fault::GoAwayBeforeForwarding])
+        .routes(demo_routes())
+        .slow(Duration::MAX);
+    let proxy = Proxy::start(config, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+        .await
+        .expect("proxy");
+    let mut client = RawH2::connect(proxy.addr()).await;
+    client.post(1, "/v1/payments", &[], b"{}").await;
+    client.read_to_close().await;
+    let goaways: Vec<_> = client
+        .of_kind(GOAWAY)
+        .iter()
+        .filter_map(|f| f.goaway())
+        .collect();
+    assert_eq!(goaways, vec![(0, 0)], "{:?}", client.frames);
+}
