@@ -7,7 +7,8 @@
 //!
 //! h2 cannot send a GOAWAY with a chosen last-stream-id, so the frame is written beside it.
 //! Bytes are copied into a buffer and written on flush (h2 flushes after every batch of
-//! frames), at most one batch past [`HIGH_WATER`]: the filter keeps h2's backpressure.
+//! frames), at most one batch past [`HIGH_WATER`] not yet written, and none already written
+//! kept: the filter keeps h2's backpressure.
 
 use std::io;
 use std::pin::Pin;
@@ -179,6 +180,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for FrameFilter<T> {
         if this.out.len() - this.written >= HIGH_WATER {
             ready!(this.poll_drain(cx))?;
         }
+        // What a partial drain wrote goes before more comes in (less than HIGH_WATER is
+        // moved): a reader that never lets the buffer empty whole must not make it keep
+        // everything the connection sends.
+        if this.written > 0 {
+            this.out.drain(..this.written);
+            this.written = 0;
+        }
         let state = this.conn.state();
         this.frames.feed(buf, &state, &mut this.out);
         Poll::Ready(Ok(buf.len()))
@@ -284,6 +292,61 @@ mod tests {
             expected.extend_from_slice(data);
             assert_eq!(out, expected, "step {step}");
         }
+    }
+
+    /// A socket that takes `allowance` bytes, then is not ready until given more.
+    struct Trickle {
+        allowance: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let n = buf.len().min(self.allowance);
+            if n == 0 {
+                return Poll::Pending;
+            }
+            self.allowance -= n;
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A client that reads a little less than h2 writes between two flushes: the socket is
+    /// never drained whole. The bytes already written must not stay in the buffer.
+    ///
+    /// Found by review of the GOAWAY faults: the buffer was emptied only when every byte in
+    /// it had been written, so under a steady slow reader it kept everything the connection
+    /// ever sent (here 10 MB).
+    #[test]
+    fn the_buffer_stays_bounded_under_a_reader_that_never_catches_up() {
+        let mut filter = FrameFilter::new(Trickle { allowance: 0 }, GoAway::new());
+        let frame = frame(0x0, 1, &[7; 10_000 - HEADER_LEN]);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut largest = 0;
+        for _ in 0..1000 {
+            // The socket takes 10 bytes less than a frame per round.
+            filter.io.allowance += frame.len() - 10;
+            if let Poll::Ready(written) = Pin::new(&mut filter).poll_write(&mut cx, &frame) {
+                assert_eq!(written.ok(), Some(frame.len()));
+            }
+            let _ = Pin::new(&mut filter).poll_flush(&mut cx);
+            largest = largest.max(filter.out.len());
+        }
+        assert!(
+            largest <= HIGH_WATER + 2 * frame.len(),
+            "{largest} bytes held"
+        );
     }
 
     #[test]
