@@ -51,8 +51,7 @@ pub struct RawH2 {
     pub frames: Vec<Frame>,
 }
 
-/// A frame's bytes on the wire.
-pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = (payload.len() as u32).to_be_bytes();
     let mut f = vec![len[1], len[2], len[3], kind, flags];
     f.extend_from_slice(&stream.to_be_bytes());
@@ -116,11 +115,6 @@ impl RawH2 {
         }
         let bytes = frame(HEADERS, END_HEADERS, stream, &block);
         self.tcp.write_all(&bytes).await.expect("headers sent");
-    }
-
-    /// Sends bytes as they are (frames of a test's own making).
-    pub async fn send_raw(&mut self, bytes: &[u8]) {
-        self.tcp.write_all(bytes).await.expect("bytes sent");
     }
 
     /// Sends the whole body of `stream`, ending it.
