@@ -1,12 +1,14 @@
 //! An HTTP/2 server connection's outgoing bytes, read frame by frame (RFC 9113 §4.1: a 9-byte
-//! header, then the payload): the lab's own GOAWAY is put in at a frame boundary once its
-//! connection goes away, and after it the frames the client must not see are left out:
+//! header, then the payload): the lab's own GOAWAY is put in at a frame boundary outside any
+//! header block once its connection goes away, and after it the frames the client must not
+//! see are left out:
 //! h2's own GOAWAYs (their last-stream-id is every stream received, higher than ours, which a
 //! client takes as a protocol error) and the frames of a silenced stream (its reset).
 //!
 //! h2 cannot send a GOAWAY with a chosen last-stream-id, so the frame is written beside it.
 //! Bytes are copied into a buffer and written on flush (h2 flushes after every batch of
-//! frames), at most one batch past [`HIGH_WATER`]: the filter keeps h2's backpressure.
+//! frames), at most one batch past [`HIGH_WATER`] not yet written, and none already written
+//! kept: the filter keeps h2's backpressure.
 
 use std::io;
 use std::pin::Pin;
@@ -22,6 +24,8 @@ const HEADERS: u8 = 0x1;
 const PUSH_PROMISE: u8 = 0x5;
 const GOAWAY: u8 = 0x7;
 const CONTINUATION: u8 = 0x9;
+/// The flag that ends a header block (on HEADERS, PUSH_PROMISE or CONTINUATION).
+const END_HEADERS: u8 = 0x4;
 /// Buffered bytes past which a write first waits for the socket.
 const HIGH_WATER: usize = 64 * 1024;
 
@@ -44,13 +48,18 @@ struct Frames {
     /// Payload bytes of the current frame still to come, and whether they are sent.
     payload_left: usize,
     keep: bool,
+    /// Inside a header block: a HEADERS (or PUSH_PROMISE) without END_HEADERS was read, and
+    /// the CONTINUATION that ends it not yet. Nothing may come between its frames (RFC 9113
+    /// §6.10: any other frame is a connection error to the client).
+    in_header_block: bool,
     /// Whether the lab's GOAWAY was put in the output.
     went_away: bool,
 }
 
 impl Frames {
+    /// Where a frame of the lab's own may go: between frames, and not inside a header block.
     fn at_boundary(&self) -> bool {
-        self.head_len == 0 && self.payload_left == 0
+        self.head_len == 0 && self.payload_left == 0 && !self.in_header_block
     }
 
     /// Puts the GOAWAY in once one was decided, at a frame boundary.
@@ -90,6 +99,9 @@ impl Frames {
             // A header block is never dropped: it changes the client's HPACK table (and a
             // silenced stream never sends one: it is not answered).
             let header_block = matches!(head[3], HEADERS | PUSH_PROMISE | CONTINUATION);
+            if header_block {
+                self.in_header_block = head[4] & END_HEADERS == 0;
+            }
             let dropped = (self.went_away && head[3] == GOAWAY)
                 || (stream != 0 && !header_block && state.is_silenced(stream));
             self.keep = !dropped;
@@ -168,6 +180,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for FrameFilter<T> {
         if this.out.len() - this.written >= HIGH_WATER {
             ready!(this.poll_drain(cx))?;
         }
+        // What a partial drain wrote goes before more comes in (less than HIGH_WATER is
+        // moved): a reader that never lets the buffer empty whole must not make it keep
+        // everything the connection sends.
+        if this.written > 0 {
+            this.out.drain(..this.written);
+            this.written = 0;
+        }
         let state = this.conn.state();
         this.frames.feed(buf, &state, &mut this.out);
         Poll::Ready(Ok(buf.len()))
@@ -244,6 +263,90 @@ mod tests {
             expected.extend(frame(0x6, 0, &[0; 8]));
             assert_eq!(out, expected, "step {step}");
         }
+    }
+
+    /// Found by review of the GOAWAY faults: the GOAWAY went in between a HEADERS frame and
+    /// its CONTINUATION, which a client takes as a connection error (RFC 9113 §6.10).
+    #[test]
+    fn the_goaway_waits_for_the_end_of_a_header_block() {
+        for step in [1, 9, 12, 100] {
+            let conn = GoAway::new();
+            let one = Stream::new(conn.clone(), 1);
+            assert!(one.admit());
+            let mut frames = Frames::default();
+            let headers = frame(HEADERS, 1, b"part");
+            let mut out = feed_in_steps(&mut frames, &conn, &headers, step);
+            assert!(Stream::new(conn.clone(), 3).go_away_before_forwarding());
+            let mut rest = frame(CONTINUATION, 1, b"more");
+            rest[4] = 0;
+            let mut last = frame(CONTINUATION, 1, b"end");
+            last[4] = END_HEADERS;
+            rest.extend(last);
+            let data = frame(0x0, 1, b"body");
+            rest.extend(data);
+            out.extend(feed_in_steps(&mut frames, &conn, &rest, step));
+            let (block, data) = rest.split_at(rest.len() - 13);
+            let mut expected = headers.clone();
+            expected.extend_from_slice(block);
+            expected.extend(goaway_frame(1));
+            expected.extend_from_slice(data);
+            assert_eq!(out, expected, "step {step}");
+        }
+    }
+
+    /// A socket that takes `allowance` bytes, then is not ready until given more.
+    struct Trickle {
+        allowance: usize,
+    }
+
+    impl AsyncWrite for Trickle {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let n = buf.len().min(self.allowance);
+            if n == 0 {
+                return Poll::Pending;
+            }
+            self.allowance -= n;
+            Poll::Ready(Ok(n))
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A client that reads a little less than h2 writes between two flushes: the socket is
+    /// never drained whole. The bytes already written must not stay in the buffer.
+    ///
+    /// Found by review of the GOAWAY faults: the buffer was emptied only when every byte in
+    /// it had been written, so under a steady slow reader it kept everything the connection
+    /// ever sent (here 10 MB).
+    #[test]
+    fn the_buffer_stays_bounded_under_a_reader_that_never_catches_up() {
+        let mut filter = FrameFilter::new(Trickle { allowance: 0 }, GoAway::new());
+        let frame = frame(0x0, 1, &[7; 10_000 - HEADER_LEN]);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut largest = 0;
+        for _ in 0..1000 {
+            // The socket takes 10 bytes less than a frame per round.
+            filter.io.allowance += frame.len() - 10;
+            if let Poll::Ready(written) = Pin::new(&mut filter).poll_write(&mut cx, &frame) {
+                assert_eq!(written.ok(), Some(frame.len()));
+            }
+            let _ = Pin::new(&mut filter).poll_flush(&mut cx);
+            largest = largest.max(filter.out.len());
+        }
+        assert!(
+            largest <= HIGH_WATER + 2 * frame.len(),
+            "{largest} bytes held"
+        );
     }
 
     #[test]

@@ -142,7 +142,8 @@ where
                 }
             };
             // A little past the grace: an answer held exactly the slow delay still goes out.
-            let _ = tokio::time::timeout(grace + LINGER, closed).await;
+            // Saturating: a slow delay of `Duration::MAX` (forever) must not overflow.
+            let _ = tokio::time::timeout(grace.saturating_add(LINGER), closed).await;
         }
     }
     // Past the grace, or the connection is over: what is left is dropped.
@@ -208,7 +209,11 @@ async fn send(respond: &mut SendResponse<Bytes>, res: Response<Full<Bytes>>) {
         Err(never) => match never {},
     };
     strip_connection_specific(&mut parts.headers);
-    if !parts.headers.contains_key(header::CONTENT_LENGTH) {
+    let end = body.is_empty();
+    // A body's length, as hyper's server gives it; none for an empty one: a 204 must not
+    // have one (RFC 9110 §8.6), and a 304's or a HEAD answer's is the representation's,
+    // which only the upstream knows.
+    if !end && !parts.headers.contains_key(header::CONTENT_LENGTH) {
         parts
             .headers
             .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
@@ -219,7 +224,6 @@ async fn send(respond: &mut SendResponse<Bytes>, res: Response<Full<Bytes>>) {
             parts.headers.insert(header::DATE, date);
         }
     }
-    let end = body.is_empty();
     if let Ok(mut stream) = respond.send_response(Response::from_parts(parts, ()), end) {
         if !end {
             let _ = stream.send_data(body, true);

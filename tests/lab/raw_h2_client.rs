@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::raw_upstream::GUARD;
 
@@ -17,8 +17,9 @@ pub const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
 pub const GOAWAY: u8 = 0x7;
+pub const CONTINUATION: u8 = 0x9;
 const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
+pub const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 
 /// One frame as received.
@@ -73,7 +74,20 @@ fn literal(block: &mut Vec<u8>, index: u8, name: &str, value: &str) {
 impl RawH2 {
     /// Connects and sends the preface with empty SETTINGS.
     pub async fn connect(addr: SocketAddr) -> RawH2 {
-        let mut tcp = TcpStream::connect(addr).await.expect("connects");
+        let tcp = TcpStream::connect(addr).await.expect("connects");
+        RawH2::hello(tcp, addr).await
+    }
+
+    /// [`RawH2::connect`] with a small receive buffer: a client that stops reading soon
+    /// backs up the server's writes.
+    pub async fn connect_with_small_buffer(addr: SocketAddr) -> RawH2 {
+        let socket = TcpSocket::new_v4().expect("a socket");
+        socket.set_recv_buffer_size(4096).expect("a receive buffer");
+        let tcp = socket.connect(addr).await.expect("connects");
+        RawH2::hello(tcp, addr).await
+    }
+
+    async fn hello(mut tcp: TcpStream, addr: SocketAddr) -> RawH2 {
         let mut hello = PREFACE.to_vec();
         hello.extend(frame(SETTINGS, 0, 0, &[]));
         tcp.write_all(&hello).await.expect("preface sent");

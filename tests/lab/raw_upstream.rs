@@ -29,6 +29,8 @@ pub enum Then {
     /// Answers at once with this status line's tail and header lines (`"409 Conflict"`,
     /// `"200 OK\r\nx-replayed: true"`) and a `{}` body.
     Reply(&'static str),
+    /// Answers with these bytes as they are (a whole response: status line, headers, body).
+    Verbatim(&'static str),
 }
 
 /// An HTTP/1.1 upstream written on raw TCP, one request per connection: it counts each
@@ -165,6 +167,7 @@ async fn answer(stream: &mut TcpStream, then: Then, held: &Notify) {
             format!("HTTP/1.1 {reply}\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}")
                 .into_bytes()
         }
+        Then::Verbatim(response) => response.as_bytes().to_vec(),
         Then::HeldThenOk { replayed } => {
             held.notified().await;
             let marked = if replayed {
