@@ -34,7 +34,8 @@ pub enum Fault {
     /// Not forwarded: an HTTP/2 client gets a `GOAWAY` whose last-stream-id is below its
     /// stream, which tells it the request was not processed (RFC 9113 §6.8), and the
     /// connection then closes; nothing else is sent on the stream. Streams the proxy had
-    /// already forwarded on that connection are answered first: the last-stream-id is the
+    /// already forwarded on that connection are answered first (for at most the slow delay
+    /// and 2 s after the GOAWAY; a later answer is cut off): the last-stream-id is the
     /// highest of them (so it covers the faulted stream when a higher one was forwarded: the
     /// client then cannot tell, the lab can). An HTTP/1.1 client's connection is closed, as
     /// for [`ResetBeforeForwarding`](Fault::ResetBeforeForwarding).

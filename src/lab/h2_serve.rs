@@ -2,7 +2,8 @@
 //! send a GOAWAY with a chosen last-stream-id): the outgoing frames pass a [`FrameFilter`],
 //! each stream's request goes to the proxy's handler as hyper would hand it, and once a fault
 //! goes away the connection shuts down gracefully: the streams the GOAWAY covers and that
-//! were forwarded get their answers, the others are refused, then the connection closes.
+//! were forwarded get their answers (for at most the slow delay and 2 s), the others are
+//! refused, then the connection closes.
 
 use std::future::Future;
 use std::pin::Pin;

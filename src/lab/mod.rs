@@ -81,8 +81,10 @@
 //! or one it covers that was not yet forwarded, is refused (`REFUSED_STREAM`: not processed)
 //! and counted as never sent; one whose request had not arrived whole is not counted (it
 //! cannot be told apart). A counted refusal uses up its operation's first attempt, and its
-//! fault. Streams already forwarded get their answers, within the slow delay, before the
-//! connection closes. HTTP/1.1 has no GOAWAY: there the two close the connection, as
+//! fault. Streams already forwarded get their answers if the upstream gives them within the
+//! slow delay and 2 s after the GOAWAY, before the connection closes (a later one is cut off:
+//! its client sees a failure after a request that may have applied; the ledger, which counts
+//! an answer once it is handed over, may already count it answered). HTTP/1.1 has no GOAWAY: there the two close the connection, as
 //! `reset-before-forwarding` and `drop-after-apply` do.
 //!
 //! This crate's classifier takes a remote GOAWAY as ambiguous (hyper can report one for a

@@ -12,7 +12,7 @@ mod command_line;
 mod counting_upstream;
 mod forwarded_headers;
 mod goaway_faults;
-mod goaway_review;
+mod h2_serving;
 mod hedged_reads;
 mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]

@@ -1,5 +1,6 @@
-//! Defects an adversarial review of the HTTP/2 GOAWAY faults found, kept as tests: each
-//! failed on the code as first written.
+//! The proxy's own HTTP/2 serving at its edges: a GOAWAY decided while a long header block is
+//! being written, answers without a body, an extreme slow delay. Found by the adversarial
+//! review of the GOAWAY faults: each failed on the code as first written.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
