@@ -330,6 +330,13 @@ where
 {
     let config = &shared.config;
     let (parts, body) = req.into_parts();
+    if parts.method == Method::CONNECT {
+        // A tunnel, not a request to forward: its body (the tunnel's bytes) would never end.
+        return Ok(text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the fault lab is a reverse proxy: CONNECT is not forwarded\n",
+        ));
+    }
     let collecting = Limited::new(body, config.max_body).collect();
     let collected = match &stream {
         Some(stream) => tokio::select! {

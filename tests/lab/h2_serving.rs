@@ -197,3 +197,33 @@ async fn a_slow_delay_of_duration_max_still_goes_away() {
         .collect();
     assert_eq!(goaways, vec![(0, 0)], "{:?}", client.frames);
 }
+
+/// An HTTP/2 `CONNECT` (RFC 9113 §8.5) opens a tunnel whose bytes are its request body,
+/// which never ends: the proxy, a reverse proxy, answers 405 at once rather than waiting for
+/// that body (the stream hung until its client gave up), and counts nothing.
+///
+/// Found by review of the GOAWAY faults (hyper's HTTP/2 server, used before, treated
+/// `CONNECT` apart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_over_http2_is_refused_at_once_and_not_counted() {
+    let upstream = RawUpstream::start(vec![Then::Reply("200 OK")]).await;
+    let lab = proxy(&upstream.url(), vec![Fault::None]).await;
+    let tcp = tokio::net::TcpStream::connect(lab.addr())
+        .await
+        .expect("connect");
+    let (mut h2, connection) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(connection);
+    let req = Request::builder()
+        .method(Method::CONNECT)
+        .uri("upstream.example:443")
+        .body(())
+        .expect("valid request");
+    // The tunnel stays open: no end of stream from the client.
+    let (answer, _tunnel) = h2.send_request(req, false).expect("sent");
+    let res = tokio::time::timeout(GUARD, answer)
+        .await
+        .expect("an answer without waiting for the tunnel to end")
+        .expect("a response");
+    assert_eq!(res.status(), http::StatusCode::METHOD_NOT_ALLOWED);
+    assert!(lab.report().routes().is_empty(), "nothing counted");
+}
