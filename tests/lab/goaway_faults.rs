@@ -29,7 +29,8 @@ type HttpClient = Client<HttpConnector, Full<Bytes>>;
 /// Far below the proxy's slow hold, far above a loopback round trip.
 const PER_ATTEMPT: Duration = Duration::from_secs(2);
 
-async fn proxy(upstream: &str, faults: Vec<Fault>) -> Proxy {
+/// A proxy giving `faults` in turn, with the demo's routes and a 20 s slow hold.
+pub(crate) async fn proxy(upstream: &str, faults: Vec<Fault>) -> Proxy {
     let config = ProxyConfig::new(upstream)
         .expect("valid upstream")
         .faults(faults)

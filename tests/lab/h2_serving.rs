@@ -12,19 +12,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower_retry_safety::lab::{demo_routes, Fault, Proxy, ProxyConfig};
 
+use crate::goaway_faults::proxy;
 use crate::raw_h2_client::{Frame, RawH2, CONTINUATION, END_HEADERS, GOAWAY, HEADERS};
 use crate::raw_upstream::{RawUpstream, Then, GUARD};
-
-async fn proxy(upstream: &str, faults: Vec<Fault>) -> Proxy {
-    let config = ProxyConfig::new(upstream)
-        .expect("valid upstream")
-        .faults(faults)
-        .routes(demo_routes())
-        .slow(Duration::from_secs(20));
-    Proxy::start(config, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .await
-        .expect("proxy")
-}
 
 /// Waits until the proxy's books say `done`.
 async fn until(proxy: &Proxy, done: impl Fn(&Proxy) -> bool) {
