@@ -37,8 +37,11 @@ USAGE
   retry-safety-lab demo
       Upstream, proxy and clients in one process: this crate's stacks and tower::retry.
   retry-safety-lab keys --target URL --route 'POST /v1/payments' [--concurrency N] [--hold-ms N]
+          [--header 'NAME: VALUE']... [--body TEXT]
       Check that the server at URL honours Idempotency-Key on that route; exit 1 on a failure,
-      or when no rule could be tried (nothing was verified).
+      or when no rule could be tried (nothing was verified). --header is sent with every
+      request (credentials; never printed); --body replaces the check's own JSON, each
+      {variant} in it made different per request (without one, the other-payload rule skips).
 
 Exit status: 0 pass, 1 a check failed, 2 bad input.
 ";
@@ -94,7 +97,7 @@ enum Command {
     },
     Demo,
     Keys {
-        check: KeysCheck,
+        check: Box<KeysCheck>,
     },
 }
 
@@ -252,10 +255,13 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
 
 fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     let (mut target, mut route, mut concurrency, mut hold) = (None, None, None, None);
+    let (mut headers, mut body) = (Vec::new(), None);
     while let Some((flag, value)) = args.next_flag(&|_| true)? {
         match flag.as_str() {
             "--target" => target = Some(value),
             "--route" => route = Some(value),
+            "--header" => headers.push(value),
+            "--body" => body = Some(value),
             "--concurrency" => concurrency = Some(parse_number(&flag, &value)?),
             "--hold-ms" => hold = Some(parse_number(&flag, &value)?),
             _ => return Err(unknown(&flag, "keys")),
@@ -264,6 +270,12 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     let target = target.ok_or_else(|| LabError::new("--target", "required"))?;
     let route = route.ok_or_else(|| LabError::new("--route", "required"))?;
     let mut check = KeysCheck::new(&target, &route)?;
+    for line in &headers {
+        check = check.header(line)?;
+    }
+    if let Some(body) = body {
+        check = check.body(&body);
+    }
     if let Some(n) = concurrency {
         let n = usize::try_from(n)
             .ok()
@@ -274,7 +286,9 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     if let Some(ms) = hold {
         check = check.hold(Duration::from_millis(ms));
     }
-    Ok(Command::Keys { check })
+    Ok(Command::Keys {
+        check: Box::new(check),
+    })
 }
 
 /// Waits for SIGINT (ctrl-c) or, on Unix, SIGTERM.

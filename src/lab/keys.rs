@@ -39,8 +39,9 @@ const RULES: [&str; 6] = [
 /// The most of an answer's body the check reads.
 const MAX_BODY: usize = 1024 * 1024;
 
-/// What the check sends, and to where.
-#[derive(Clone, Debug)]
+/// What the check sends, and to where. Its `Debug` shows the headers' names only and the
+/// body's length: they may hold credentials.
+#[derive(Clone)]
 pub struct KeysCheck {
     target: Uri,
     method: Method,
@@ -48,7 +49,30 @@ pub struct KeysCheck {
     concurrency: usize,
     hold: Duration,
     key_header: HeaderName,
+    /// Sent with every request (credentials): values marked sensitive.
+    headers: HeaderMap,
+    /// The request body, `{variant}` replaced per request; the check's own JSON if none.
+    body: Option<String>,
 }
+
+impl fmt::Debug for KeysCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.headers.keys().map(HeaderName::as_str).collect();
+        f.debug_struct("KeysCheck")
+            .field("target", &self.target)
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("concurrency", &self.concurrency)
+            .field("hold", &self.hold)
+            .field("key_header", &self.key_header)
+            .field("headers", &names)
+            .field("body_bytes", &self.body.as_ref().map(String::len))
+            .finish()
+    }
+}
+
+/// Where `--body` puts what tells its requests apart.
+const VARIANT: &str = "{variant}";
 
 /// One rule's outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -195,7 +219,49 @@ impl KeysCheck {
             concurrency: 8,
             hold: Duration::from_millis(1000),
             key_header: HeaderName::from_static("idempotency-key"),
+            headers: HeaderMap::new(),
+            body: None,
         })
+    }
+
+    /// A header sent with every request, as `NAME: VALUE` (an API's `Authorization`). Its
+    /// value is never shown (not in errors, output or `Debug`). Refuses a line that is not
+    /// `NAME: VALUE`, the key header (each rule sets its own) and the headers the check's
+    /// client sets (`host`, `content-length`, `transfer-encoding`).
+    pub fn header(mut self, line: &str) -> Result<Self, LabError> {
+        let bad = |reason: String| LabError::new("--header", reason);
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| bad("expected NAME: VALUE".to_owned()))?;
+        // Not echoed: a line written the wrong way round may hold the credential.
+        let name = HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| bad("the part before ':' is not a header name".to_owned()))?;
+        let set_by_the_check = [
+            &self.key_header,
+            &http::header::HOST,
+            &http::header::CONTENT_LENGTH,
+            &http::header::TRANSFER_ENCODING,
+        ];
+        if set_by_the_check.contains(&&name) {
+            return Err(bad(format!("{name} is set by the check")));
+        }
+        let mut value = HeaderValue::from_str(value.trim())
+            .map_err(|_| bad(format!("the value of {name} is not a valid header value")))?;
+        value.set_sensitive(true);
+        self.headers.append(name, value);
+        Ok(self)
+    }
+
+    /// The request body, for a route that accepts only its own payload: each `{variant}` in
+    /// it is replaced by a string that differs from request to request of one rule (without
+    /// one, every request sends the same body, and the rule that needs another payload for
+    /// a key is skipped). Set a `content-type` with [`header`](Self::header) if it is not
+    /// JSON. It is never shown.
+    ///
+    /// Defaults to a small JSON object of the check's own.
+    pub fn body(mut self, template: &str) -> Self {
+        self.body = Some(template.to_owned());
+        self
     }
 
     /// Requests sent at once with one key.
@@ -298,10 +364,14 @@ impl Ctx<'_> {
     }
 
     fn payload(&self, rule: &str, variant: u32) -> Bytes {
-        Bytes::from(format!(
-            "{{\"lab\":\"{}\",\"rule\":\"{rule}\",\"variant\":{variant}}}",
-            self.run
-        ))
+        let tag = format!("lab-{}-{rule}-{variant}", self.run);
+        match &self.check.body {
+            Some(template) => Bytes::from(template.replace(VARIANT, &tag)),
+            None => Bytes::from(format!(
+                "{{\"lab\":\"{}\",\"rule\":\"{rule}\",\"variant\":{variant}}}",
+                self.run
+            )),
+        }
     }
 
     async fn send(&self, key: &str, body: Bytes, extra: &[(&'static str, String)]) -> Reply {
@@ -319,10 +389,13 @@ impl Ctx<'_> {
         };
         *req.uri_mut() = uri;
         let headers = req.headers_mut();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        headers.extend(check.headers.clone());
+        if !headers.contains_key(http::header::CONTENT_TYPE) {
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+        }
         if let Ok(key) = HeaderValue::from_str(key) {
             headers.insert(check.key_header.clone(), key);
         }
@@ -429,6 +502,18 @@ impl Ctx<'_> {
     }
 
     async fn other_payload(&self) -> RuleResult {
+        if self
+            .check
+            .body
+            .as_ref()
+            .is_some_and(|b| !b.contains(VARIANT))
+        {
+            return result(
+                "other-payload-422",
+                Outcome::Skip,
+                format!("the --body has no {VARIANT}: every request sends the same payload"),
+            );
+        }
         let key = self.key("other-payload");
         let first = self.send(&key, self.payload("other-payload", 1), &[]).await;
         if !first.is_success() {

@@ -30,6 +30,9 @@
 //!   409, a key reused with another payload 422, a repeat the first answer (status, body,
 //!   `content-type`, `location`, `content-location`, `etag`), concurrent requests with one key
 //!   run the handler once, and a repeat after the handler failed does not run it again.
+//!   `--header 'NAME: VALUE'` (credentials, never shown) and `--body` (the API's own payload,
+//!   `{variant}` made different per request) let it run against a real API; a check whose
+//!   every rule was skipped verified nothing and fails.
 //!
 //! # What the counts mean
 //!

@@ -85,6 +85,21 @@ fn bad_input_gets_a_one_line_error_naming_it() {
     one_line_error(&run(&["proxy", "--colour"]), "--colour");
     one_line_error(&run(&["launch"]), "launch");
     one_line_error(&run(&["keys", "--target", "http://127.0.0.1:1"]), "--route");
+    // A header line without its name: refused, the line (a credential) not echoed.
+    let out = run(&[
+        "keys",
+        "--target",
+        "http://127.0.0.1:1",
+        "--route",
+        "POST /v1/x",
+        "--header",
+        "Bearer s3cret-token",
+    ]);
+    one_line_error(&out, "--header");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("s3cret"),
+        "{out:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,7 @@ mod hedged_reads;
 mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod keys_over_shared_stores;
+mod keys_with_credentials;
 mod op_identity;
 mod other_clients;
 mod proxy_counts;
