@@ -104,6 +104,9 @@ enum Command {
 /// The arguments after the subcommand, taken flag by flag.
 struct Args {
     rest: std::vec::IntoIter<String>,
+    /// The position of the next argument, counted as the UTF-8 error counts (the
+    /// subcommand is argument 1).
+    position: usize,
 }
 
 impl Args {
@@ -115,10 +118,15 @@ impl Args {
         let Some(arg) = self.rest.next() else {
             return Ok(None);
         };
+        let position = self.position;
+        self.position += 1;
         if !arg.starts_with("--") {
+            // Named by position, not echoed: a stray argument is often a value split off its
+            // flag (`--header Authorization: "Bearer $TOKEN"` unquoted, a `--body` without
+            // its flag), and may be a credential that would land in a CI log.
             return Err(LabError::new(
-                arg,
-                "unexpected argument (flags start with --)",
+                format!("argument {position}"),
+                "unexpected argument, not shown (flags start with --; a value with spaces must be quoted whole, as in --header 'NAME: VALUE')",
             ));
         }
         if let Some((flag, value)) = arg.split_once('=') {
@@ -131,6 +139,7 @@ impl Args {
             .rest
             .next()
             .ok_or_else(|| LabError::new(arg.clone(), "needs a value"))?;
+        self.position += 1;
         Ok(Some((arg, value)))
     }
 }
@@ -150,7 +159,7 @@ where
     let Some(command) = rest.next() else {
         return Ok(Command::Help);
     };
-    let mut args = Args { rest };
+    let mut args = Args { rest, position: 2 };
     match command.as_str() {
         "help" | "--help" | "-h" => Ok(Command::Help),
         "proxy" => parse_proxy(&mut args),

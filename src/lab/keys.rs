@@ -192,7 +192,8 @@ impl Reply {
 
 impl KeysCheck {
     /// Checks `route` (`POST /v1/payments`; `{param}` segments are filled with `lab`) on the
-    /// server at `target` (`http://HOST:PORT`).
+    /// server at `target` (`http://HOST:PORT`, without a path or query: the route gives the
+    /// path).
     pub fn new(target: &str, route: &str) -> Result<Self, LabError> {
         let target: Uri = target
             .parse()
@@ -203,6 +204,14 @@ impl KeysCheck {
             return Err(LabError::new(
                 "--target",
                 "user information is not supported in the URL",
+            ));
+        }
+        // The route gives the path: a path or query here would be dropped unsent, and a query
+        // may hold a credential (`?api_key=`) that `Debug` would show. Refused, not echoed.
+        if target.query().is_some() || target.path() != "/" {
+            return Err(LabError::new(
+                "--target",
+                "a path or query is not supported in the URL (the route gives the path)",
             ));
         }
         let (method, template) = parse_spec("--route", route)?;
@@ -255,8 +264,9 @@ impl KeysCheck {
     /// The request body, for a route that accepts only its own payload: each `{variant}` in
     /// it is replaced by a string that differs from request to request of one rule (without
     /// one, every request sends the same body, and the rule that needs another payload for
-    /// a key is skipped). Set a `content-type` with [`header`](Self::header) if it is not
-    /// JSON. It is never shown.
+    /// a key is skipped; that body must then be accepted twice with fresh keys, or every rule
+    /// is skipped, as a refusal of it could not be told to be the key's). Set a
+    /// `content-type` with [`header`](Self::header) if it is not JSON. It is never shown.
     ///
     /// Defaults to a small JSON object of the check's own.
     pub fn body(mut self, template: &str) -> Self {
@@ -297,16 +307,25 @@ impl KeysCheck {
             .send(&ctx.key("baseline"), ctx.payload("baseline", 0), &[])
             .await;
         if !baseline.is_success() {
-            let detail = format!(
+            return skip_all(format!(
                 "the route refused the check's request: a well-formed keyed request got {} (want a 2xx)",
                 baseline.shown()
-            );
-            return KeysReport {
-                results: RULES
-                    .into_iter()
-                    .map(|rule| result(rule, Outcome::Skip, detail.clone()))
-                    .collect(),
-            };
+            ));
+        }
+        // A `--body` without `{variant}` sends the baseline's payload with every key. The rules
+        // read a refusal (a 400, a 409, a repeat not run) as the key's doing; an API that
+        // refuses a payload it already applied, whatever the key, would pass them without
+        // honouring keys. So that payload must be accepted again with a fresh key first.
+        if ctx.one_payload() {
+            let again = ctx
+                .send(&ctx.key("baseline-again"), ctx.payload("baseline", 0), &[])
+                .await;
+            if !again.is_success() {
+                return skip_all(format!(
+                    "the --body has no {VARIANT}, and its payload sent again with a fresh key got {} (want a 2xx): a refusal could not be told to be the key's",
+                    again.shown()
+                ));
+            }
         }
         KeysReport {
             results: vec![
@@ -318,6 +337,16 @@ impl KeysCheck {
                 ctx.after_failure().await,
             ],
         }
+    }
+}
+
+/// Every rule skipped, for one reason.
+fn skip_all(detail: String) -> KeysReport {
+    KeysReport {
+        results: RULES
+            .into_iter()
+            .map(|rule| result(rule, Outcome::Skip, detail.clone()))
+            .collect(),
     }
 }
 
@@ -442,6 +471,14 @@ impl Ctx<'_> {
         [(HOLD_HEADER, self.check.hold.as_millis().to_string())]
     }
 
+    /// Whether every request sends one payload: a `--body` without `{variant}`.
+    fn one_payload(&self) -> bool {
+        self.check
+            .body
+            .as_ref()
+            .is_some_and(|b| !b.contains(VARIANT))
+    }
+
     async fn malformed_key(&self) -> RuleResult {
         // An unterminated Structured Field string.
         let reply = self
@@ -502,12 +539,7 @@ impl Ctx<'_> {
     }
 
     async fn other_payload(&self) -> RuleResult {
-        if self
-            .check
-            .body
-            .as_ref()
-            .is_some_and(|b| !b.contains(VARIANT))
-        {
+        if self.one_payload() {
             return result(
                 "other-payload-422",
                 Outcome::Skip,

@@ -68,9 +68,11 @@
 //! run header, answers that differ still fail a rule, but equal answers cannot tell a replay
 //! from a second run: `repeat-same-answer` and `concurrent-run-once` are then `skip`
 //! (unverified), not `pass`. The check first sends one well-formed keyed request: if the
-//! route does not answer it 2xx, every rule is `skip`. `in-flight-409` is `skip` when both
-//! requests got one handler run's 2xx (they did not overlap), `repeat-after-failure` when the
-//! failed request got neither a 5xx nor no answer. A rule the server does not let the check
+//! route does not answer it 2xx, every rule is `skip`; with a `--body` without `{variant}`,
+//! so is every rule when that payload sent again with a fresh key is not answered 2xx (an API
+//! that refuses a payload it already applied would otherwise pass rules without keys).
+//! `in-flight-409` is `skip` when both requests got one handler run's 2xx (they did not
+//! overlap), `repeat-after-failure` when the failed request got neither a 5xx nor no answer. A rule the server does not let the check
 //! try is reported `skip`; a skip does not fail the check.
 //!
 //! # HTTP/2's GOAWAY

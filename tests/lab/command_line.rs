@@ -102,6 +102,36 @@ fn bad_input_gets_a_one_line_error_naming_it() {
     );
 }
 
+/// A header line not quoted whole (`--header Authorization: "Bearer $TOKEN"`) leaves the
+/// credential as a stray argument, and a `--body` without its flag the payload: the error
+/// names the argument by position and does not echo it, as it would land in a CI log.
+/// Found by review of the keys check's --header/--body.
+#[test]
+fn a_stray_argument_is_refused_by_position_without_echoing_it() {
+    let out = run(&[
+        "keys",
+        "--target",
+        "http://127.0.0.1:1",
+        "--route",
+        "POST /v1/x",
+        "--header",
+        "Authorization:",
+        "Bearer s3cret-token",
+    ]);
+    one_line_error(&out, "argument 8");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+    let out = run(&[
+        "keys",
+        "--target",
+        "http://127.0.0.1:1",
+        "{\"card\":\"s3cret-4242\"}",
+    ]);
+    one_line_error(&out, "argument 4");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_in_use_is_named() {
     let upstream = Upstream::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))

@@ -249,3 +249,23 @@ fn a_bad_target_or_route_is_refused_naming_the_flag() {
     let err = KeysCheck::new("http://127.0.0.1:1", "POST v1").unwrap_err();
     assert_eq!(err.input(), "--route");
 }
+
+/// A `--target` with a query (`?api_key=...`, a credential as some APIs take it) or a path
+/// is refused, not echoed: the check sends neither (the route gives the path), and the
+/// check's `Debug` showed the whole URL. Found by review of the keys check's --header/--body.
+#[test]
+fn a_target_with_a_query_or_path_is_refused_without_echoing_it() {
+    for target in [
+        "http://127.0.0.1:1/?api_key=s3cret-token",
+        "http://127.0.0.1:1/api/s3cret-token",
+    ] {
+        let err = KeysCheck::new(target, "POST /v1/x").expect_err(target);
+        assert_eq!(err.input(), "--target", "{target}");
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains("s3cret"), "{target}: {shown}");
+    }
+    for target in ["http://127.0.0.1:1", "http://127.0.0.1:1/"] {
+        let check = KeysCheck::new(target, "POST /v1/x").expect(target);
+        assert!(format!("{check:?}").contains("127.0.0.1:1"), "{target}");
+    }
+}

@@ -169,3 +169,55 @@ fn a_bad_header_line_is_refused_without_echoing_it() {
         assert!(!shown.contains("s3cret"), "{line}: {shown}");
     }
 }
+
+/// An API that ignores keys and refuses a payload it has already applied (400, a duplicate,
+/// as some APIs do; `x-lab-fail` applies it, then fails): with a `--body` without
+/// `{variant}`, every request sends the payload the baseline applied, so the malformed key's
+/// 400 and the repeat after a failure not run are the duplicate's doing, not the key's. No
+/// rule passes on them. Found by review of the keys check's --header/--body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_refused_as_a_duplicate_passes_no_rule() {
+    let listener = TcpListener::bind(loopback()).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Bytes>::new()));
+    tokio::spawn(async move {
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        while let Ok((stream, _)) = listener.accept().await {
+            let (seen, runs) = (seen.clone(), runs.clone());
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let (seen, runs) = (seen.clone(), runs.clone());
+                    async move {
+                        let fail = req.headers().contains_key("x-lab-fail");
+                        let body = req.into_body().collect().await.expect("body").to_bytes();
+                        let duplicate = {
+                            let mut seen = seen.lock().expect("lock");
+                            let duplicate = seen.contains(&body);
+                            seen.push(body);
+                            duplicate
+                        };
+                        let mut res = Response::new(Full::new(Bytes::new()));
+                        if fail {
+                            *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+                        } else if duplicate {
+                            *res.status_mut() = StatusCode::BAD_REQUEST;
+                        } else {
+                            let run = runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            res.headers_mut()
+                                .insert("x-lab-handler-run", http::HeaderValue::from(run));
+                        }
+                        Ok::<_, Infallible>(res)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    let report = check(addr).body("{\"amount\":100}").run().await;
+    for result in &report.results {
+        assert_ne!(result.outcome, Outcome::Pass, "{}: {report}", result.rule);
+    }
+    assert!(!report.passed(), "{report}");
+}
