@@ -235,7 +235,7 @@ impl KeysCheck {
 
     /// A header sent with every request, as `NAME: VALUE` (an API's `Authorization`). Its
     /// value is never shown (not in errors, output or `Debug`). Refuses a line that is not
-    /// `NAME: VALUE`, the key header (each rule sets its own) and the headers the check's
+    /// `NAME: VALUE` or has an empty value, the key header (each rule sets its own) and the headers the check's
     /// client sets (`host`, `content-length`, `transfer-encoding`).
     pub fn header(mut self, line: &str) -> Result<Self, LabError> {
         let bad = |reason: String| LabError::new("--header", reason);
@@ -253,6 +253,11 @@ impl KeysCheck {
         ];
         if set_by_the_check.contains(&&name) {
             return Err(bad(format!("{name} is set by the check")));
+        }
+        if value.trim().is_empty() {
+            // Most often a variable that was not set (`X-Api-Key: $KEY`): said here, not as
+            // a 401 that skips every rule.
+            return Err(bad(format!("the value of {name} is empty")));
         }
         let mut value = HeaderValue::from_str(value.trim())
             .map_err(|_| bad(format!("the value of {name} is not a valid header value")))?;

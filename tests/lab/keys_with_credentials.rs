@@ -158,6 +158,8 @@ fn a_bad_header_line_is_refused_without_echoing_it() {
         "Authorization Bearer s3cret-token: x",
         "Idempotency-Key: s3cret-token",
         "content-length: 1",
+        // An unset variable (`X-Api-Key: $KEY`).
+        "x-api-key: ",
         // A line break inside the value: a second header smuggled in.
         "x-ok: s3cret-token\r\nx-more: 1",
     ] {
