@@ -235,8 +235,8 @@ impl KeysCheck {
 
     /// A header sent with every request, as `NAME: VALUE` (an API's `Authorization`). Its
     /// value is never shown (not in errors, output or `Debug`). Refuses a line that is not
-    /// `NAME: VALUE` or has an empty value, the key header (each rule sets its own) and the headers the check's
-    /// client sets (`host`, `content-length`, `transfer-encoding`).
+    /// `NAME: VALUE` or has an empty value, the key header (each rule sets its own) and the
+    /// headers the check's client sets (`host`, `content-length`, `transfer-encoding`).
     pub fn header(mut self, line: &str) -> Result<Self, LabError> {
         let bad = |reason: String| LabError::new("--header", reason);
         let (name, value) = line
