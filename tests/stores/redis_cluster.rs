@@ -9,9 +9,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::redis_failover::PATIENT;
 use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_until, Cluster, Node};
+use crate::support::redis::{wait_until, Cluster, Node, PATIENT};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_replicated, wait_until, wait_until_async, Node, Proxy};
+use crate::support::redis::{wait_replicated, wait_until, wait_until_async, Node, Proxy, PATIENT};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
@@ -23,12 +23,6 @@ use tower_retry_safety::server::{
 /// How long any state a scenario waits for may take, on a busy machine.
 const LIMIT: Duration = Duration::from_secs(60);
 const MASTER: &str = "idem";
-/// The store's timeouts (a call's round trip, and `WAIT` for a replica) where a scenario
-/// needs its calls to succeed and does not test the timeouts themselves. A call on a fresh
-/// connection resolves the primary through Sentinel, connects, authenticates and waits for a
-/// replica: in a CI run beside a build on two cores, a first `begin` did not get through
-/// within the defaults (1 s and 500 ms), and a test about a password failed on it.
-pub(crate) const PATIENT: Duration = Duration::from_secs(10);
 
 /// What a keyed request got back: its status, and whether it was a stored response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::fleet::OwnRedis;
 
+/// The store's timeouts (a call's round trip, and `WAIT` for a replica) where a scenario
+/// needs its calls to succeed and does not test the timeouts themselves. A call on a fresh
+/// connection resolves the primary through Sentinel, connects, authenticates and waits for a
+/// replica: in a CI run beside a build on two cores, a first `begin` did not get through
+/// within the defaults (1 s and 500 ms), and a test about a password failed on it.
+pub const PATIENT: Duration = Duration::from_secs(10);
+
 const LOCAL: &str = "redis://127.0.0.1:6379";
 
 /// What to do when no Redis can be found or started, in one line.
