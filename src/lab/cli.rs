@@ -104,8 +104,8 @@ enum Command {
 /// The arguments after the subcommand, taken flag by flag.
 struct Args {
     rest: std::vec::IntoIter<String>,
-    /// The position of the next argument, counted as the UTF-8 error counts (the
-    /// subcommand is argument 1).
+    /// The position of the next argument on the command line, numbered as the "not valid
+    /// UTF-8" error numbers them (the subcommand is argument 1).
     position: usize,
 }
 
