@@ -16,5 +16,6 @@ mod pg;
 
 mod busy_neighbours;
 mod busy_runtimes;
+mod outages;
 mod stretches;
 mod tickers;

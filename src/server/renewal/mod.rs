@@ -7,7 +7,8 @@
 //! of the lease and renews each claim made on its runtime that has gone a quarter of the lease
 //! since it was asked of the store or last renewed. A claim reads the clock before it asks the
 //! store, so a slow reply eats none of the margin; a ticker that wakes late renews all that
-//! fell due meanwhile. Each runtime has its own ticker because a claim's handler runs on its
+//! fell due meanwhile. A renewal that fails is sent again every 1/48 of the lease until the next
+//! one is due, so that a claim outlives a store outage that ends before its lease does. Each runtime has its own ticker because a claim's handler runs on its
 //! runtime: a ticker elsewhere could be stranded on a runtime nobody drives while the handler
 //! goes on. When a runtime shuts down, its ticker and its claims' handlers end together, as in
 //! a crash.
@@ -58,6 +59,9 @@ const TICKS: u32 = 12;
 /// A claim is renewed a quarter lease after it was asked of the store or last renewed, and so
 /// at most a third (a quarter and a tick) after.
 const EVERY: u32 = 4;
+/// A renewal that failed is sent again this many times per lease (a quarter of a tick), until
+/// the next one is due.
+const RETRY: u32 = 48;
 
 /// The claims of one layer that are held while their handlers run, per runtime, and the
 /// tickers that renew them.
