@@ -48,7 +48,8 @@
 //! server that dies mid-handler holds its keys only until the lease ends.
 //!
 //! **Renewal guarantee.** While a handler runs, its claim is renewed every quarter of the
-//! lease (at most a third apart) by a task of the layer's own on the handler's runtime, on its
+//! lease (at most a third apart; a renewal that fails is sent again every 1/48 of the lease
+//! until the next is due) by a task of the layer's own on the handler's runtime, on its
 //! own timer, and also from the task of any of the layer's handlers on that runtime, each time
 //! one is polled or claims a key after the claim has gone a quarter lease unrenewed. On a
 //! multi-thread runtime a handler keeps its claim, even one that never yields, while another
@@ -75,8 +76,12 @@
 //!
 //! - a server died mid-handler (or before its outcome was stored) and its lease ended: a
 //!   repeat runs the handler again;
-//! - the store was unreachable for longer than the lease while a handler ran or while its
-//!   outcome was being stored: the claim lapses, and another request may take the key;
+//! - the store was unreachable while a handler ran or while its outcome was being stored, until
+//!   after the lease that the last renewal before the outage set had ended: the claim lapses,
+//!   and another request may take the key. Failed renewals are sent again every 1/48 of the
+//!   lease, so any outage shorter than two thirds of the lease is survived wherever it falls
+//!   (renewals are at most a third of a lease apart), one of nearly a whole lease if it begins
+//!   just after a renewal, and none longer than the lease;
 //! - the store lost the key: with Redis, a failover to a replica that had not received it (or
 //!   that `RedisStore` did not wait for), a restart without persistence, or an eviction (run it
 //!   with `maxmemory-policy noeviction`: every entry has an expiry, so the `volatile-*` policies
@@ -91,8 +96,8 @@
 //! | one Redis, AOF `appendfsync everysec` | up to a second of claims and records lost | — |
 //! | one Redis, AOF `appendfsync always` | nothing acknowledged is lost | — |
 //! | Redis primary + replicas, not waiting (`wait_for_replicas(0)`) | as the primary's persistence | a write the promoted replica lacked is lost: the key runs again |
-//! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice); while too few replicas answer, keyed requests get 503 and run nothing |
-//! | the same through Sentinel (`RedisStore::sentinel`), or an address that follows the promotion | as above | as above, and a claim's owner renews and stores its outcome on the new primary; on an address held to the old node, its outcome is lost and the key runs again once its lease ends |
+//! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice); while fewer than *n* replicas are connected, new keys get 503 at once and run nothing, and keys in flight keep their claims (renewals wait for no replica) and have their outcomes stored on the primary, sent again until replicas confirm them |
+//! | the same through Sentinel (`RedisStore::sentinel`), or an address that follows the promotion | as above | as above, and a claim's owner renews and stores its outcome on the new primary, also when the new one has no replica yet, and when the old one is cut off from Sentinel but not from the owner (a primary found short of replicas is resolved again); on an address held to the old node, its outcome is lost and the key runs again once its lease ends |
 //! | a partitioned old primary still taking writes (split brain) | — | waiting, it cannot confirm (its replicas follow the new primary): 503, nothing run; not waiting, its writes are discarded when it rejoins |
 //! | Redis Cluster (`RedisStore::cluster`), waiting for *n* replicas of the key's primary (default: 1 when every primary has one) | as each primary's persistence | per shard, as a primary with replicas waited for: the cluster promotes a replica of the failed primary and the client follows (`MOVED`); not waiting, a write the promoted replica lacked is lost |
 //! | PostgreSQL, lease mode | nothing committed is lost (`synchronous_commit` on) | asynchronous standby: the last commits can be lost, like a replica not waited for; synchronous standby: nothing committed is lost |

@@ -13,3 +13,5 @@ mod late_renewals;
 mod redis_cluster;
 mod redis_failover;
 mod redis_fleet;
+mod redis_owner;
+mod redis_stalls;

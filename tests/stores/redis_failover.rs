@@ -21,17 +21,17 @@ use tower_retry_safety::server::{
 };
 
 /// How long any state a scenario waits for may take, on a busy machine.
-const LIMIT: Duration = Duration::from_secs(60);
-const MASTER: &str = "idem";
+pub(crate) const LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const MASTER: &str = "idem";
 
 /// What a keyed request got back: its status, and whether it was a stored response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) replayed: bool,
 }
 
-async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> Answer {
+pub(crate) async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> Answer {
     let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let req = Request::post(format!("http://{to}/{op}"))
         .header("idempotency-key", key)
@@ -46,12 +46,12 @@ async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> Answer {
 }
 
 /// `wait_replicated` without blocking the runtime's other tasks (the proxy runs on them).
-fn replicated(primary: &Node, replica: &Node) {
+pub(crate) fn replicated(primary: &Node, replica: &Node) {
     tokio::task::block_in_place(|| wait_replicated(primary, replica));
 }
 
 /// A field of `SENTINEL MASTER` as text.
-fn sentinel_field(sentinel: &Node, field: &str) -> Option<String> {
+pub(crate) fn sentinel_field(sentinel: &Node, field: &str) -> Option<String> {
     let fields: Vec<String> = sentinel
         .query(redis::cmd("SENTINEL").arg("MASTER").arg(MASTER))
         .ok()?;
@@ -62,7 +62,7 @@ fn sentinel_field(sentinel: &Node, field: &str) -> Option<String> {
 }
 
 /// The port of the primary the Sentinel names now.
-fn sentinel_primary(sentinel: &Node) -> Option<u16> {
+pub(crate) fn sentinel_primary(sentinel: &Node) -> Option<u16> {
     let addr: Vec<String> = sentinel
         .query(
             redis::cmd("SENTINEL")
@@ -74,7 +74,7 @@ fn sentinel_primary(sentinel: &Node) -> Option<u16> {
 }
 
 /// Waits until the Sentinel knows `replicas` replicas of the primary.
-fn sentinel_sees(sentinel: &Node, replicas: usize) {
+pub(crate) fn sentinel_sees(sentinel: &Node, replicas: usize) {
     tokio::task::block_in_place(|| {
         wait_until("the Sentinel to find the replicas", LIMIT, || {
             sentinel_field(sentinel, "num-slaves").and_then(|n| n.parse().ok()) == Some(replicas)

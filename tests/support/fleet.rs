@@ -125,6 +125,11 @@ impl Counts {
     pub fn let_answer(&self) {
         self.0.answer.notify_one();
     }
+
+    /// Lets every held handler answer at once.
+    pub fn let_all_answer(&self) {
+        self.0.answer.notify_waiters();
+    }
 }
 
 /// One server instance on its own runtime.

@@ -9,7 +9,7 @@ use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServer
 use redis::{AsyncConnectionConfig, Script};
 
 use super::link::{Link, Source};
-use super::{RedisStore, COMPLETE, RELEASE, RENEW};
+use super::{RedisStore, COMPLETE, RELEASE};
 use crate::server::store::StoreError;
 
 /// Connections used when writes wait for replicas: a `WAIT` holds its connection until the
@@ -108,9 +108,10 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How many replicas must have a claim, a lease renewal or a stored response before it
-    /// counts as written (`WAIT n`): a write only the primary has is lost if a replica that
-    /// lacks it is promoted, and the key's handler could then run again. `0` waits for none.
+    /// How many replicas must have a claim or a stored response before it counts as written
+    /// (`WAIT n`): a write only the primary has is lost if a replica that lacks it is
+    /// promoted, and the key's handler could then run again. `0` waits for none. Renewals are
+    /// never waited for (see [`RedisStore`]).
     ///
     /// Waiting for one replica protects against a failover that promotes the most up-to-date
     /// replica (Sentinel's and managed services' choice among replicas of equal priority);
@@ -128,7 +129,8 @@ impl RedisStoreBuilder {
 
     /// How long a write waits for its replicas. A claim not confirmed in time is withdrawn and
     /// the request answered 503 (its handler not run); a stored response not confirmed in
-    /// time is sent again while the key stays in flight.
+    /// time is sent again while the key is held. While the primary has fewer replicas connected
+    /// than waited for, nothing waits this long (see [`RedisStore`]).
     ///
     /// Defaults to 500 ms. Must be above zero (`WAIT` with 0 waits forever).
     pub fn replica_timeout(mut self, timeout: Duration) -> Self {
@@ -206,19 +208,24 @@ impl RedisStoreBuilder {
             Some(n) => n,
             None => connected.min(1),
         };
+        let role = replicas > 0 && !probe.is_cluster() && role_allowed(&probe).await?;
         let link = match (replicas, &self.target) {
             (0, _) => probe,
             // The cluster connection's timeouts are its own: made again with room for `WAIT`.
-            (_, Target::Cluster(_)) => Link::new(self.source(waited).await?, config(waited), 1),
-            _ => probe.with(config(waited), WAITING_CONNECTIONS),
+            // The first stays, for calls that do not wait.
+            (_, Target::Cluster(_)) => {
+                Link::new(self.source(waited).await?, config(waited), 1).with_fast(probe)
+            }
+            // And one more that no `WAIT` blocks.
+            _ => probe.with(config(waited), WAITING_CONNECTIONS + 1),
         };
         Ok(RedisStore {
             link: Arc::new(link),
             prefix: self.prefix,
             replicas,
             replica_timeout_ms: replica_ms,
+            role,
             complete: Script::new(COMPLETE),
-            renew: Script::new(RENEW),
             release: Script::new(RELEASE),
         })
     }
@@ -282,6 +289,20 @@ impl RedisStoreBuilder {
                 )
             }
         })
+    }
+}
+
+/// Whether the user may run `ROLE` (read beside renewals to find a primary that lost its
+/// replicas): a service whose ACL denies it gets renewals without it.
+async fn role_allowed(probe: &Link) -> Result<bool, StoreError> {
+    let mut pipe = redis::pipe();
+    pipe.cmd("ROLE");
+    match probe.query(&pipe, false).await {
+        Ok(_) => Ok(true),
+        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) => {
+            Ok(false)
+        }
+        Err(err) => Err(StoreError::new(err)),
     }
 }
 

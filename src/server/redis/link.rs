@@ -2,8 +2,9 @@
 //! re-resolved (through Sentinel, or the address's DNS) when the node they reach no longer
 //! takes writes, so a fleet follows a failover instead of talking to a demoted primary.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
@@ -33,7 +34,8 @@ struct Slot {
 
 /// Connections to the primary. A call that waits for replicas (`WAIT`) blocks the connection it
 /// was sent on until the replicas answer, and Redis runs nothing else sent on it meanwhile: so
-/// calls are spread over a few connections when they wait.
+/// calls that wait are spread over a few connections, and calls that do not (renewals, reads,
+/// releases, role checks) have one of their own, the first, which no `WAIT` ever blocks.
 pub(super) struct Link {
     source: Source,
     config: AsyncConnectionConfig,
@@ -44,7 +46,20 @@ pub(super) struct Link {
     /// made before it reach the same node (a failover closes them all, or leaves them on a
     /// demoted primary).
     fresh_from: AtomicU64,
+    /// The primary was last seen with fewer replicas than the store waits for (a `WAIT` not
+    /// confirmed, or its role): a `WAIT` there would take its whole timeout.
+    pub(super) short: AtomicBool,
+    /// A cluster's second connection, for the calls that do not wait (redis-rs's cluster
+    /// connection has one connection per node, which a `WAIT` blocks).
+    cluster_fast: Option<ClusterConnection>,
+    /// When every connection was last made to be resolved again (milliseconds from `born`,
+    /// plus one; 0: never), to do so at most once per [`RESOLVE_AGAIN`].
+    resolved: AtomicU64,
+    born: Instant,
 }
+
+/// How often a node short of replicas makes the store ask again where the primary is.
+const RESOLVE_AGAIN: Duration = Duration::from_secs(1);
 
 impl Link {
     pub(super) fn new(source: Source, config: AsyncConnectionConfig, connections: usize) -> Link {
@@ -61,7 +76,49 @@ impl Link {
             next: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             fresh_from: AtomicU64::new(0),
+            short: AtomicBool::new(false),
+            cluster_fast: None,
+            resolved: AtomicU64::new(0),
+            born: Instant::now(),
         }
+    }
+
+    /// A cluster's link that sends the calls that do not wait on `fast`'s connection (made
+    /// apart, with the plain timeout), not on the one `WAIT`s block.
+    pub(super) fn with_fast(mut self, fast: Link) -> Link {
+        if let Source::Cluster(conn) = fast.source {
+            self.cluster_fast = Some(conn);
+        }
+        self
+    }
+
+    /// Whether this is a Redis Cluster's link.
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.source, Source::Cluster(_))
+    }
+
+    /// Every connection is made afresh on its next use, resolved again (through Sentinel, or
+    /// the address's DNS): the node answered as a primary with fewer replicas than the store
+    /// waits for, as an old primary cut off from the fleet does once a replica was promoted in
+    /// its place. At most once per [`RESOLVE_AGAIN`], so that a primary that lost its replicas
+    /// costs a connection a second, not one per call. Calls already sent go on. Returns
+    /// whether it did.
+    pub(super) fn resolve_again(&self) -> bool {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX - 1) + 1;
+        let last = self.resolved.load(Ordering::Relaxed);
+        let every = u64::try_from(RESOLVE_AGAIN.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now < last.saturating_add(every) {
+            return false;
+        }
+        let won = self
+            .resolved
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok();
+        if won {
+            let made = self.generation.load(Ordering::Relaxed);
+            self.fresh_from.fetch_max(made, Ordering::Relaxed);
+        }
+        won
     }
 
     /// The same primary with another connection config and count (connections made so far are
@@ -70,16 +127,24 @@ impl Link {
         Link::new(self.source, config, connections)
     }
 
-    /// Runs `pipe` on a connection to the primary. A node that refuses writes (`READONLY`: a
+    /// Runs `pipe` on a connection to the primary (one that `WAIT`s may block if `waits`, else
+    /// the one they never do). A node that refuses writes (`READONLY`: a
     /// demoted primary) ran nothing, so the call is sent once more on a connection made
     /// afresh, resolved again; any other error drops the connection it came on (the next call
     /// makes a new one) and is returned: it may have been applied.
-    pub(super) async fn query(&self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+    pub(super) async fn query(&self, pipe: &Pipeline, waits: bool) -> RedisResult<Vec<Value>> {
         if let Source::Cluster(cluster) = &self.source {
             // Every call's commands touch one key (`WAIT` has none): one slot, one node.
-            return pipe.query_async(&mut cluster.clone()).await;
+            let conn = match (&self.cluster_fast, waits) {
+                (Some(fast), false) => fast,
+                _ => cluster,
+            };
+            return pipe.query_async(&mut conn.clone()).await;
         }
-        let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let slot = match self.slots.len() {
+            n if waits && n > 1 => 1 + self.next.fetch_add(1, Ordering::Relaxed) % (n - 1),
+            _ => 0,
+        };
         let mut again = true;
         loop {
             let (generation, mut conn) = self.connection(slot).await?;
@@ -112,7 +177,7 @@ impl Link {
         }
         let mut pipe = redis::pipe();
         pipe.add_command(load);
-        self.query(&pipe).await.map(drop)
+        self.query(&pipe, false).await.map(drop)
     }
 
     /// A cluster's topology (`CLUSTER NODES`), to count each primary's replicas.

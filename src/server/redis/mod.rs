@@ -2,12 +2,13 @@
 
 mod builder;
 mod link;
+mod replicas;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{Pipeline, Script, Value};
+use redis::{Script, Value};
 
 pub use builder::RedisStoreBuilder;
 use link::Link;
@@ -61,26 +62,49 @@ return 1";
 ///   of a version this server does not read is an error: the layer answers 503 and logs it,
 ///   never misreads it.
 /// - **Replicas.** Redis replicates asynchronously: a write its primary acknowledged can be
-///   lost in a failover. So a claim, a renewal and a stored response count as written only once
+///   lost in a failover. So a claim and a stored response count as written only once
 ///   [as many replicas as asked](RedisStoreBuilder::wait_for_replicas) have it (`WAIT`, sent in
 ///   the same round trip as the write). A claim the replicas do not confirm in time is released
 ///   and the request answered 503 with `Retry-After`, its handler not run; a stored response
-///   they do not confirm keeps the key in flight (repeats get 409) while it is sent again, until
-///   they do. By default the store waits for one replica when the primary has one or more at
-///   connect, and for none on a Redis without replicas.
+///   they do not confirm (written on the primary, where repeats find it) is sent again in the
+///   background, the key held, until they do. By default the store waits for one replica when
+///   the primary has one or more at connect, and for none on a Redis without replicas.
+/// - **Renewals** are not waited for: confirming one would change nothing (the handler runs on
+///   either way). Each is sent with the script's text (`EVAL`: no node lacks it), on a
+///   connection of its own that no `WAIT` blocks, so it lands within a round trip whatever the
+///   replicas do; the primary's role (`ROLE`) is read beside it. A renewal that fails is sent
+///   again every 1/48 of the lease.
+/// - **Replicas gone or stalled.** While the primary has fewer replicas connected than the
+///   store waits for (a `WAIT` not confirmed, or its role, says so), nothing waits for them: a
+///   claim is refused at once (503, nothing written), a stored response is written without
+///   waiting and sent again until replicas confirm it, and the role is read before each such
+///   call until they are back. A replica that stays connected but stalls delays claims and
+///   stored responses by the [replica timeout](RedisStoreBuilder::replica_timeout), never
+///   renewals.
 /// - **Failover.** A connection is made again after any error, and re-resolved: through
 ///   [Sentinel](RedisStore::sentinel), or the address (a managed service's name that follows
 ///   the promotion). A node that answers a write with `READONLY` (a demoted primary) ran
 ///   nothing: the call is sent once more on a fresh connection, and if that node still refuses,
-///   the layer answers 503 — never a fresh claim. A claim's owner renews and completes it on
-///   the new primary, and fencing holds there: a stale owner never overwrites a newer record.
+///   the layer answers 503 — never a fresh claim. A primary short of the replicas waited for may
+///   be an old primary cut off from Sentinel but not from this server (its replica promoted,
+///   itself never demoted): every connection is then made afresh (at most once a second) and
+///   resolved again, so renewals and stored responses follow Sentinel to the new primary. A
+///   claim's owner renews and completes it on the new primary, and fencing holds there: a stale
+///   owner never overwrites a newer record. Reading the role needs `ROLE` (checked at connect);
+///   a user denied it gets renewals without it, and only a `WAIT` not confirmed finds a primary
+///   short of replicas.
 /// - **Cluster.** [`RedisStore::cluster`] runs the same calls on a Redis Cluster: a key is one
-///   Redis key, so its claim, record and fencing live in one hash slot.
+///   Redis key, so its claim, record and fencing live in one hash slot. Renewals go on a
+///   cluster connection apart from the one `WAIT`s block; the role is not read (each shard has
+///   its own primary), so a shard short of replicas is found by its `WAIT`s alone.
 /// - Keys are only as durable as Redis keeps them: run it with `maxmemory-policy noeviction`
 ///   (see the `server` module's "Leases and fencing" for what each topology guarantees).
 /// - While Redis is unreachable every call fails fast (a 1 s connection and response timeout
 ///   by default) and the layer answers 503 with `Retry-After`, running nothing; service
-///   resumes when Redis is back, without a restart.
+///   resumes when Redis is back, without a restart. A claim is kept through an outage that
+///   ends before the lease its last renewal set does: any outage shorter than two thirds of
+///   the lease, wherever it falls (renewals are at most a third of a lease apart); never one
+///   longer than the lease.
 ///
 /// ```no_run
 /// use tower_retry_safety::server::{IdempotencyLayer, RedisStore};
@@ -109,8 +133,11 @@ pub struct RedisStore {
     /// Replicas to wait for (0: no `WAIT`) and how long, in milliseconds.
     replicas: u32,
     replica_timeout_ms: u64,
+    /// Whether the primary's role (`ROLE`) is read beside renewals, and before a write while it
+    /// was last seen short of replicas: the store waits for some, the user may run `ROLE`, and
+    /// there is one primary (a cluster has one per shard).
+    role: bool,
     complete: Script,
-    renew: Script,
     release: Script,
 }
 
@@ -190,34 +217,6 @@ impl RedisStore {
         out
     }
 
-    /// `WAIT`, after the write it confirms, in the same round trip.
-    fn wait(&self, pipe: &mut Pipeline) {
-        if self.replicas > 0 {
-            pipe.cmd("WAIT")
-                .arg(self.replicas)
-                .arg(self.replica_timeout_ms);
-        }
-    }
-
-    /// Whether the `WAIT` reply (the pipeline's last) counts enough replicas.
-    fn confirmed(&self, replies: &[Value]) -> Result<bool, StoreError> {
-        if self.replicas == 0 {
-            return Ok(true);
-        }
-        match replies.last() {
-            Some(Value::Int(acked)) => Ok(*acked >= i64::from(self.replicas)),
-            Some(other) => Err(unexpected("WAIT", other)),
-            None => Err(StoreError::new("no reply to WAIT")),
-        }
-    }
-
-    fn not_confirmed(&self, what: &str) -> StoreError {
-        StoreError::new(format!(
-            "the {what} was not confirmed by {} replica(s) within {} ms (WAIT)",
-            self.replicas, self.replica_timeout_ms
-        ))
-    }
-
     /// Runs a compare-and-set script (and `WAIT` if `wait`); `Ok(())` if the claim held the key
     /// (and the replicas confirmed the write).
     async fn held(
@@ -240,7 +239,8 @@ impl RedisStore {
         if wait {
             self.wait(&mut pipe);
         }
-        let replies = match self.link.query(&pipe).await {
+        let waits = wait && self.replicas > 0;
+        let replies = match self.link.query(&pipe, waits).await {
             Ok(replies) => replies,
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
@@ -251,16 +251,14 @@ impl RedisStore {
                     .load_script(script_code(script, self))
                     .await
                     .map_err(StoreError::new)?;
-                self.link.query(&pipe).await.map_err(StoreError::new)?
+                self.link
+                    .query(&pipe, waits)
+                    .await
+                    .map_err(StoreError::new)?
             }
             Err(err) => return Err(StoreError::new(err)),
         };
-        match replies.first() {
-            Some(Value::Int(1)) => {}
-            Some(Value::Int(_)) => return Err(StoreError::fenced()),
-            Some(other) => return Err(unexpected("a script", other)),
-            None => return Err(StoreError::new("no reply to a script")),
-        }
+        script_reply(replies.first())?;
         if wait && !self.confirmed(&replies)? {
             return Err(self.not_confirmed("write"));
         }
@@ -272,10 +270,18 @@ impl RedisStore {
 fn script_code(script: &Script, store: &RedisStore) -> &'static str {
     if script.get_hash() == store.complete.get_hash() {
         COMPLETE
-    } else if script.get_hash() == store.renew.get_hash() {
-        RENEW
     } else {
         RELEASE
+    }
+}
+
+/// `Ok(())` if a compare-and-set script acted (the claim held the key), else fenced.
+fn script_reply(reply: Option<&Value>) -> Result<(), StoreError> {
+    match reply {
+        Some(Value::Int(1)) => Ok(()),
+        Some(Value::Int(_)) => Err(StoreError::fenced()),
+        Some(other) => Err(unexpected("a script", other)),
+        None => Err(StoreError::new("no reply to a script")),
     }
 }
 
@@ -323,6 +329,10 @@ impl IdempotencyStore for RedisStore {
         fingerprint: Fingerprint,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
+        if !self.enough_replicas().await? {
+            // Nothing written: the handler does not run, and the request gets 503.
+            return Err(self.short_of_replicas("claim"));
+        }
         let claim = Claim::new();
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
@@ -333,7 +343,11 @@ impl IdempotencyStore for RedisStore {
             .arg(&*millis(lease))
             .arg("GET");
         self.wait(&mut pipe);
-        let replies = self.link.query(&pipe).await.map_err(StoreError::new)?;
+        let replies = self
+            .link
+            .query(&pipe, self.replicas > 0)
+            .await
+            .map_err(StoreError::new)?;
         match replies.first() {
             Some(Value::Nil) => {
                 if self.confirmed(&replies)? {
@@ -353,9 +367,35 @@ impl IdempotencyStore for RedisStore {
         }
     }
 
+    /// Sent with `EVAL` (the script's text), so no node ever lacks it (`NOSCRIPT`), and not
+    /// waited for: on the connection that no `WAIT` blocks, it lands within a round trip
+    /// whatever the replicas do. Confirming it would change nothing (the handler runs on
+    /// either way); the primary's role read beside it tells the store when the node has lost
+    /// its replicas. It may then be an old primary cut off from the fleet, whose replica was
+    /// promoted: the renewal is sent once more, to the primary named now.
     async fn renew(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
-        self.held(&self.renew, key, claim, &[&millis(lease)], true)
-            .await
+        let mut pipe = redis::pipe();
+        pipe.cmd("EVAL")
+            .arg(RENEW)
+            .arg(1)
+            .arg(self.key(key))
+            .arg(&record::in_flight_holder(claim)[..])
+            .arg(&*millis(lease));
+        if self.role {
+            pipe.cmd("ROLE");
+        }
+        for _ in 0..2 {
+            let replies = self
+                .link
+                .query(&pipe, false)
+                .await
+                .map_err(StoreError::new)?;
+            script_reply(replies.first())?;
+            if !self.role || !self.note_role(replies.get(1)).1 {
+                break;
+            }
+        }
+        Ok(())
     }
 
     async fn complete(
@@ -368,20 +408,25 @@ impl IdempotencyStore for RedisStore {
     ) -> Result<(), StoreError> {
         let completed =
             record::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
-        self.held(
-            &self.complete,
-            key,
-            claim,
-            &[&completed, &millis(ttl)],
-            true,
-        )
-        .await
+        // Short of replicas, the record is written without waiting (repeats find it on this
+        // primary) and reported not confirmed: the layer keeps sending it until it is.
+        let wait = self.enough_replicas().await?;
+        let args: [&[u8]; 2] = [&completed, &millis(ttl)];
+        self.held(&self.complete, key, claim, &args, wait).await?;
+        if !wait {
+            return Err(self.short_of_replicas("stored response"));
+        }
+        Ok(())
     }
 
     async fn get(&self, key: &str) -> Result<Option<Entry>, StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(self.key(key));
-        let replies = self.link.query(&pipe).await.map_err(StoreError::new)?;
+        let replies = self
+            .link
+            .query(&pipe, false)
+            .await
+            .map_err(StoreError::new)?;
         match replies.first() {
             Some(Value::Nil) => Ok(None),
             Some(Value::BulkString(bytes)) => {
