@@ -25,7 +25,14 @@ USAGE
       the counts per route and exit 1 if more writes than N (default 0) may have been applied twice
       (an attempt counts from the moment it is handed to the upstream, answered or not; an answer
       marked with --replayed-header (default idempotent-replayed: true), a 400/409/422 to a
-      request with --key-header (default idempotency-key), or a 429 ran nothing).
+      request with --key-header (default idempotency-key), or a 429 ran nothing); exit 1 too when
+      no write reached it (nothing was verified) or a body was refused over --max-body.
+      Operations: attempts with one --op-header value (set by your harness per call; when
+      present it alone decides), else one key, else one method, path and body (a multipart body
+      without its boundary, which SDKs draw per attempt; --op-id: a JSON value in the body). A
+      resend with a new key is linked by its body to an operation not yet answered 2xx and
+      counted uncertain (two calls with one body look alike: --op-header tells them apart).
+      A resend whose key and body both change is not linked without --op-header or --op-id.
       --listen defaults to 127.0.0.1:8080; --faults to the six of the default mix:
       none,drop-after-apply,slow-after-apply,503-after-apply,429-before-apply,500-before-apply
       (also: reset-before-forwarding, refused-stream, goaway-before-forwarding,
