@@ -46,7 +46,9 @@ USAGE
   retry-safety-lab keys --target URL --route 'POST /v1/payments' [--concurrency N] [--hold-ms N]
           [--header 'NAME: VALUE']... [--body TEXT]
       Check that the server at URL honours Idempotency-Key on that route; exit 1 on a failure,
-      or when no rule could be tried (nothing was verified). --header is sent with every
+      or when a run-once rule (in-flight-409, repeat-same-answer, concurrent-run-once,
+      repeat-after-failure) could not be tried: it needs x-lab-hold-ms, x-lab-fail and the
+      x-lab-handler-run answer header (see `serve`); a repeat held until the first ends fails. --header is sent with every
       request (credentials; never printed); --body replaces the check's own JSON, each
       {variant} in it made different per request (without one, the other-payload rule skips).
 

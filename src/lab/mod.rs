@@ -36,8 +36,9 @@
 //!   `content-type`, `location`, `content-location`, `etag`), concurrent requests with one key
 //!   run the handler once, and a repeat after the handler failed does not run it again.
 //!   `--header 'NAME: VALUE'` (credentials, never shown) and `--body` (the API's own payload,
-//!   `{variant}` made different per request) let it run against a real API; a check whose
-//!   every rule was skipped verified nothing and fails.
+//!   `{variant}` made different per request) let it run against a real API. The check
+//!   passes only when no rule failed and the run-once rules (in flight, repeat, concurrent,
+//!   after a failure) were each tried and kept: a skipped one verified nothing.
 //!
 //! # What the counts mean
 //!
@@ -82,9 +83,13 @@
 //! route does not answer it 2xx, every rule is `skip`; with a `--body` without `{variant}`,
 //! so is every rule when that payload sent again with a fresh key is not answered 2xx (an API
 //! that refuses a payload it already applied would otherwise pass rules without keys).
-//! `in-flight-409` is `skip` when both requests got one handler run's 2xx (they did not
-//! overlap), `repeat-after-failure` when the failed request got neither a 5xx nor no answer. A rule the server does not let the check
-//! try is reported `skip`; a skip does not fail the check.
+//! `in-flight-409` fails when both requests got one handler run's 2xx after the hold was over
+//! (the server held the repeat until the first ended instead of answering 409), and is
+//! `skip` when one came sooner (the hold was not honoured: they may not have overlapped);
+//! `repeat-after-failure` is `skip` when the failed request got neither a 5xx nor no
+//! answer. A rule the server does not let the check try is reported `skip`: a skipped
+//! run-once rule leaves the check unpassed (exit 1), a skipped `other-payload-422` (a
+//! `--body` without `{variant}`) does not.
 //!
 //! # HTTP/2's GOAWAY
 //!

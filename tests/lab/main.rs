@@ -14,6 +14,7 @@ mod forwarded_headers;
 mod goaway_faults;
 mod h2_serving;
 mod hedged_reads;
+mod keys_broken_servers;
 mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod keys_over_shared_stores;
