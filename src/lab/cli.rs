@@ -44,11 +44,12 @@ USAGE
   retry-safety-lab demo
       Upstream, proxy and clients in one process: this crate's stacks and tower::retry.
   retry-safety-lab keys --target URL --route 'POST /v1/payments' [--concurrency N] [--hold-ms N]
-          [--header 'NAME: VALUE']... [--body TEXT]
+          [--header 'NAME: VALUE']... [--body TEXT] [--keep-ms N]
       Check that the server at URL honours Idempotency-Key on that route; exit 1 on a failure,
       or when a run-once rule (in-flight-409, repeat-same-answer, concurrent-run-once,
       repeat-after-failure) could not be tried: it needs x-lab-hold-ms, x-lab-fail and the
-      x-lab-handler-run answer header (see `serve`); a repeat held until the first ends fails. --header is sent with every
+      x-lab-handler-run answer header (see `serve`); a repeat held until the first ends fails,
+      as do a key compared without case and a key forgotten before --keep-ms (default 3000). --header is sent with every
       request (credentials; never printed); --body replaces the check's own JSON, each
       {variant} in it made different per request (without one, the other-payload rule skips).
 
@@ -273,6 +274,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
 
 fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     let (mut target, mut route, mut concurrency, mut hold) = (None, None, None, None);
+    let mut keep = None;
     let (mut headers, mut body) = (Vec::new(), None);
     while let Some((flag, value)) = args.next_flag(&|_| true)? {
         match flag.as_str() {
@@ -282,6 +284,7 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
             "--body" => body = Some(value),
             "--concurrency" => concurrency = Some(parse_number(&flag, &value)?),
             "--hold-ms" => hold = Some(parse_number(&flag, &value)?),
+            "--keep-ms" => keep = Some(parse_number(&flag, &value)?),
             _ => return Err(unknown(&flag, "keys")),
         }
     }
@@ -303,6 +306,9 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     }
     if let Some(ms) = hold {
         check = check.hold(Duration::from_millis(ms));
+    }
+    if let Some(ms) = keep {
+        check = check.keep(Duration::from_millis(ms));
     }
     Ok(Command::Keys {
         check: Box::new(check),

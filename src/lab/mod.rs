@@ -34,7 +34,9 @@
 //!   for a server that honours `Idempotency-Key`: a malformed key gets 400, a key in flight
 //!   409, a key reused with another payload 422, a repeat the first answer (status, body,
 //!   `content-type`, `location`, `content-location`, `etag`), concurrent requests with one key
-//!   run the handler once, and a repeat after the handler failed does not run it again.
+//!   run the handler once, a repeat after the handler failed does not run it again, a key
+//!   differing only in case is another key, and the first key sent again after `--keep-ms`
+//!   (3 s) still gets its first answer.
 //!   `--header 'NAME: VALUE'` (credentials, never shown) and `--body` (the API's own payload,
 //!   `{variant}` made different per request) let it run against a real API. The check
 //!   passes only when no rule failed and the run-once rules (in flight, repeat, concurrent,

@@ -26,15 +26,22 @@ enum Breaks {
     /// Runs a key's handler once, with the run header; a repeat that arrives while it runs
     /// waits for it and gets its answer: never a 409.
     HoldsRepeats,
+    /// Keeps every rule (409 while a key's handler runs), but compares keys without case.
+    CaseInsensitive,
+    /// Keeps every rule, but forgets a key a second after its first request.
+    ForgetsAfterOneSecond,
 }
 
 type Stored = Arc<tokio::sync::Mutex<Option<(u64, u16)>>>;
+
+/// The first payload of a key, when it was first seen, and its stored answer.
+type Entry = (Bytes, std::time::Instant, Stored);
 
 struct Server {
     breaks: Breaks,
     runs: AtomicU64,
     /// Per key: the first payload, and the stored answer.
-    keys: Mutex<HashMap<String, (Bytes, Stored)>>,
+    keys: Mutex<HashMap<String, Entry>>,
 }
 
 impl Server {
@@ -45,7 +52,10 @@ impl Server {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned)
         };
-        let key = header("idempotency-key").unwrap_or_default();
+        let mut key = header("idempotency-key").unwrap_or_default();
+        if let Breaks::CaseInsensitive = self.breaks {
+            key = key.to_ascii_lowercase();
+        }
         let hold = header(HOLD_HEADER).and_then(|v| v.parse().ok());
         let fail = header("x-lab-fail").is_some();
         let body = req.into_body().collect().await.expect("body").to_bytes();
@@ -54,9 +64,16 @@ impl Server {
         }
         let stored = {
             let mut keys = self.keys.lock().expect("not poisoned");
-            let (first, stored) = keys
+            let forgotten = keys.get(&key).is_some_and(|(_, seen, _)| {
+                matches!(self.breaks, Breaks::ForgetsAfterOneSecond)
+                    && seen.elapsed() > Duration::from_secs(1)
+            });
+            if forgotten {
+                keys.remove(&key);
+            }
+            let (first, _, stored) = keys
                 .entry(key)
-                .or_insert_with(|| (body.clone(), Stored::default()));
+                .or_insert_with(|| (body.clone(), std::time::Instant::now(), Stored::default()));
             if *first != body {
                 return status(StatusCode::UNPROCESSABLE_ENTITY);
             }
@@ -73,8 +90,14 @@ impl Server {
                 held(hold).await;
                 Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}")))
             }
-            Breaks::HoldsRepeats => {
-                let mut stored = stored.lock().await;
+            _ => {
+                let mut stored = match self.breaks {
+                    Breaks::HoldsRepeats => stored.lock().await,
+                    _ => match stored.try_lock() {
+                        Ok(stored) => stored,
+                        Err(_) => return status(StatusCode::CONFLICT),
+                    },
+                };
                 let (run, code) = match *stored {
                     Some(answer) => answer,
                     None => {
@@ -158,9 +181,9 @@ async fn a_server_that_reruns_every_repeat_unobserved_is_not_passed() {
     }
     assert!(report.to_string().contains("not all verified"), "{report}");
     // The baseline, 2 in flight, the other payload's first, the repeat pair, 4 at once and
-    // a repeat, the one that did not fail as asked: every request with a good key and its
-    // first payload ran.
-    assert_eq!(server.runs.load(Ordering::SeqCst), 12, "{report}");
+    // a repeat, the one that did not fail as asked, the two keys differing in case, the
+    // first key sent again later: every request with a good key and its first payload ran.
+    assert_eq!(server.runs.load(Ordering::SeqCst), 15, "{report}");
 }
 
 /// A server that holds a repeat until the key's first run ends and then gives it that
@@ -182,4 +205,47 @@ async fn a_server_that_holds_a_repeat_instead_of_409_fails_the_in_flight_rule() 
         let result = report.rule(rule).expect("reported");
         assert_eq!(result.outcome, Outcome::Pass, "{rule}: {report}");
     }
+}
+
+/// A server that takes `Key-A` and `key-a` for one key (the IETF draft makes the key a
+/// Structured Field string: case matters): every other rule passed, and so did the check.
+/// Issue 41 item 17, real SDKs through the lab.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_compares_keys_without_case_fails() {
+    let (addr, _server) = start(Breaks::CaseInsensitive).await;
+    let report = check(addr).run().await;
+    let result = report.rule("key-case-sensitive").expect("reported");
+    assert_eq!(result.outcome, Outcome::Fail, "{report}");
+    assert!(!report.passed(), "{report}");
+    let failed: Vec<_> = report
+        .results
+        .iter()
+        .filter(|r| r.outcome == Outcome::Fail)
+        .map(|r| r.rule)
+        .collect();
+    assert_eq!(failed, ["key-case-sensitive"], "{report}");
+    // Without the rule, it would pass: every other rule does.
+    assert_only_fails(&report, "key-case-sensitive");
+}
+
+/// Every rule but `rule` passes.
+fn assert_only_fails(report: &tower_retry_safety::lab::KeysReport, rule: &str) {
+    for result in report.results.iter().filter(|r| r.rule != rule) {
+        assert_eq!(result.outcome, Outcome::Pass, "{}: {report}", result.rule);
+    }
+}
+
+/// A server that forgets a key a second after it: every rule tried within the second
+/// passed, and so did the check. Now the first key is sent again after `--keep-ms` (here
+/// 1.5 s, at least; a slow machine only makes it later). Issue 41 item 17, real SDKs
+/// through the lab.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_forgets_keys_after_a_second_fails() {
+    let (addr, _server) = start(Breaks::ForgetsAfterOneSecond).await;
+    let report = check(addr).keep(Duration::from_millis(1500)).run().await;
+    let result = report.rule("key-kept").expect("reported");
+    assert_eq!(result.outcome, Outcome::Fail, "{report}");
+    assert!(result.detail.contains("forgotten"), "{}", result.detail);
+    assert!(!report.passed(), "{report}");
+    assert_only_fails(&report, "key-kept");
 }

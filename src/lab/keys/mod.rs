@@ -16,6 +16,7 @@ use super::routes::parse_spec;
 use super::serve::RUN_HEADER;
 use super::LabError;
 
+mod key_identity;
 mod reply;
 mod report;
 mod rules;
@@ -34,13 +35,15 @@ const HEADERS_THAT_MATTER: [&str; 5] = [
 const SETTLE_TRIES: usize = 100;
 const SETTLE_PAUSE: Duration = Duration::from_millis(50);
 /// Every rule, in the order run and reported.
-const RULES: [&str; 6] = [
+const RULES: [&str; 8] = [
     "malformed-key-400",
     "in-flight-409",
     "other-payload-422",
     "repeat-same-answer",
     "concurrent-run-once",
     "repeat-after-failure",
+    "key-case-sensitive",
+    "key-kept",
 ];
 /// The most of an answer's body the check reads.
 const MAX_BODY: usize = 1024 * 1024;
@@ -54,6 +57,8 @@ pub struct KeysCheck {
     path: String,
     concurrency: usize,
     hold: Duration,
+    /// How long after its answer a key must still be remembered.
+    keep: Duration,
     key_header: HeaderName,
     /// Sent with every request (credentials): values marked sensitive.
     headers: HeaderMap,
@@ -70,6 +75,7 @@ impl fmt::Debug for KeysCheck {
             .field("path", &self.path)
             .field("concurrency", &self.concurrency)
             .field("hold", &self.hold)
+            .field("keep", &self.keep)
             .field("key_header", &self.key_header)
             .field("headers", &names)
             .field("body_bytes", &self.body.as_ref().map(String::len))
@@ -117,6 +123,7 @@ impl KeysCheck {
             path: fill_parameters(template),
             concurrency: 8,
             hold: Duration::from_millis(1000),
+            keep: Duration::from_secs(3),
             key_header: HeaderName::from_static("idempotency-key"),
             headers: HeaderMap::new(),
             body: None,
@@ -186,6 +193,16 @@ impl KeysCheck {
         self
     }
 
+    /// How long after its answer a key must still be remembered (the IETF draft leaves the
+    /// time to the server; APIs keep keys for hours): the first key is sent again once this
+    /// has passed, and must get its first answer. A server that forgets keys sooner fails.
+    ///
+    /// Defaults to 3 s.
+    pub fn keep(mut self, keep: Duration) -> Self {
+        self.keep = keep;
+        self
+    }
+
     /// Runs every rule against the server.
     pub async fn run(&self) -> KeysReport {
         let client: Client<HttpConnector, Full<Bytes>> =
@@ -201,6 +218,7 @@ impl KeysCheck {
         let baseline = ctx
             .send(&ctx.key("baseline"), ctx.payload("baseline", 0), &[])
             .await;
+        let answered = std::time::Instant::now();
         if !baseline.is_success() {
             return skip_all(format!(
                 "the route refused the check's request: a well-formed keyed request got {} (want a 2xx)",
@@ -230,6 +248,8 @@ impl KeysCheck {
                 ctx.stored_response().await,
                 ctx.concurrent_once().await,
                 ctx.after_failure().await,
+                ctx.key_case().await,
+                ctx.repeat_later(&baseline, answered).await,
             ],
         }
     }
