@@ -26,6 +26,9 @@ enum Breaks {
     /// Runs a key's handler once, with the run header; a repeat that arrives while it runs
     /// waits for it and gets its answer: never a 409.
     HoldsRepeats,
+    /// Runs the handler, then stores its answer under the key: requests that arrive while
+    /// it runs run it too. One constant answer, no run header.
+    RunsThenInserts,
     /// Keeps every rule (409 while a key's handler runs), but compares keys without case.
     CaseInsensitive,
     /// Keeps every rule, but forgets a key a second after its first request.
@@ -85,6 +88,14 @@ impl Server {
             }
         };
         match self.breaks {
+            Breaks::RunsThenInserts => {
+                if stored.lock().await.is_none() {
+                    self.runs.fetch_add(1, Ordering::SeqCst);
+                    held(hold).await;
+                    *stored.lock().await = Some((0, 200));
+                }
+                Response::new(Full::new(Bytes::from_static(b"{\"ok\":true}")))
+            }
             Breaks::RerunsEveryRepeat => {
                 self.runs.fetch_add(1, Ordering::SeqCst);
                 held(hold).await;
@@ -248,4 +259,19 @@ async fn a_server_that_forgets_keys_after_a_second_fails() {
     assert!(result.detail.contains("forgotten"), "{}", result.detail);
     assert!(!report.passed(), "{report}");
     assert_only_fails(&report, "key-kept");
+}
+
+/// A server that runs the handler and only then stores the key: requests at once with one
+/// key each ran it (8 runs for one key in the review), equal answers without a run header made the rule "unverified", and
+/// the check passed. Issue 41 item 17, real SDKs through the lab.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_runs_then_stores_the_key_is_not_passed() {
+    let (addr, server) = start(Breaks::RunsThenInserts).await;
+    let report = check(addr).run().await;
+    assert!(!report.passed(), "{report}");
+    let result = report.rule("concurrent-run-once").expect("reported");
+    assert_ne!(result.outcome, Outcome::Pass, "{report}");
+    // How many of the burst ran depends on how many arrived within the hold (a loaded
+    // machine may spread them): not counted here. The verdict does not depend on it.
+    drop(server);
 }
