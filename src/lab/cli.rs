@@ -25,7 +25,14 @@ USAGE
       the counts per route and exit 1 if more writes than N (default 0) may have been applied twice
       (an attempt counts from the moment it is handed to the upstream, answered or not; an answer
       marked with --replayed-header (default idempotent-replayed: true), a 400/409/422 to a
-      request with --key-header (default idempotency-key), or a 429 ran nothing).
+      request with --key-header (default idempotency-key), or a 429 ran nothing); exit 1 too when
+      no write reached it (nothing was verified) or a body was refused over --max-body.
+      Operations: attempts with one --op-header value (set by your harness per call; when
+      present it alone decides), else one key, else one method, path and body (a multipart body
+      without its boundary, which SDKs draw per attempt; --op-id: a JSON value in the body). A
+      resend with a new key is linked by its body to an operation not yet answered 2xx and
+      counted uncertain (two calls with one body look alike: --op-header tells them apart).
+      A resend whose key and body both change is not linked without --op-header or --op-id.
       --listen defaults to 127.0.0.1:8080; --faults to the six of the default mix:
       none,drop-after-apply,slow-after-apply,503-after-apply,429-before-apply,500-before-apply
       (also: reset-before-forwarding, refused-stream, goaway-before-forwarding,
@@ -37,9 +44,12 @@ USAGE
   retry-safety-lab demo
       Upstream, proxy and clients in one process: this crate's stacks and tower::retry.
   retry-safety-lab keys --target URL --route 'POST /v1/payments' [--concurrency N] [--hold-ms N]
-          [--header 'NAME: VALUE']... [--body TEXT]
+          [--header 'NAME: VALUE']... [--body TEXT] [--keep-ms N]
       Check that the server at URL honours Idempotency-Key on that route; exit 1 on a failure,
-      or when no rule could be tried (nothing was verified). --header is sent with every
+      or when a run-once rule (in-flight-409, repeat-same-answer, concurrent-run-once,
+      repeat-after-failure) could not be tried: it needs x-lab-hold-ms, x-lab-fail and the
+      x-lab-handler-run answer header (see `serve`); a repeat held until the first ends fails,
+      as do a key compared without case and a key forgotten before --keep-ms (default 3000). --header is sent with every
       request (credentials; never printed); --body replaces the check's own JSON, each
       {variant} in it made different per request (without one, the other-payload rule skips).
 
@@ -264,6 +274,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
 
 fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     let (mut target, mut route, mut concurrency, mut hold) = (None, None, None, None);
+    let mut keep = None;
     let (mut headers, mut body) = (Vec::new(), None);
     while let Some((flag, value)) = args.next_flag(&|_| true)? {
         match flag.as_str() {
@@ -273,6 +284,7 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
             "--body" => body = Some(value),
             "--concurrency" => concurrency = Some(parse_number(&flag, &value)?),
             "--hold-ms" => hold = Some(parse_number(&flag, &value)?),
+            "--keep-ms" => keep = Some(parse_number(&flag, &value)?),
             _ => return Err(unknown(&flag, "keys")),
         }
     }
@@ -294,6 +306,9 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     }
     if let Some(ms) = hold {
         check = check.hold(Duration::from_millis(ms));
+    }
+    if let Some(ms) = keep {
+        check = check.keep(Duration::from_millis(ms));
     }
     Ok(Command::Keys {
         check: Box::new(check),

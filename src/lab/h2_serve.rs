@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 
 use super::frame_filter::FrameFilter;
 use super::goaway::{GoAway, Stream};
-use super::proxy::Unanswered;
+use super::unanswered::Unanswered;
 
 /// How long a closed connection's socket is read (and the bytes discarded) for the client to
 /// close first: closing a socket with unread bytes sends a reset, which can make the client

@@ -1,6 +1,7 @@
 //! The proxy's books: per operation, its attempts, the requests handed to the upstream (each
 //! may have applied until an answer says it did not), and the last answer the client was
-//! given; per route, whose turn in the fault mix.
+//! given; per route, whose turn in the fault mix. Attempts are linked into operations by
+//! their [`Signals`] as the [`op_id`](super::op_id) module's docs say.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -9,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use super::report::{Report, RouteCounts};
-use super::{Fault, Kind, OpId};
+use super::{Fault, Kind, OpId, Signals};
 
 /// What the client was last given for an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +49,19 @@ struct OpState {
     /// Attempts handed to the upstream that have not ended yet.
     in_flight: u64,
     answer: Answer,
+    /// Named by the harness's op header: linked by it alone.
+    named: bool,
+    /// Its first attempt carried a key.
+    keyed: bool,
+    /// An attempt was linked to it by content alone, its key differing (or one had none).
+    uncertain: bool,
+}
+
+impl OpState {
+    /// Whether a resend may still come: its client has not been given a 2xx.
+    fn open(&self) -> bool {
+        !matches!(self.answer, Answer::Status(s) if (200..300).contains(&s))
+    }
 }
 
 #[derive(Debug)]
@@ -62,15 +76,82 @@ struct RouteState {
 struct Books {
     /// Set by [`Ledger::close`]: no attempt is begun or handed to the upstream after it.
     closed: bool,
-    ops: HashMap<OpId, OpState>,
+    /// Indexed by operation number.
+    ops: Vec<OpState>,
+    by_op_header: HashMap<OpId, usize>,
+    by_key: HashMap<OpId, usize>,
+    /// Operations by content, oldest first.
+    by_content: HashMap<OpId, Vec<usize>>,
     routes: Vec<RouteState>,
     route_of: HashMap<String, usize>,
+    /// Requests refused with a 413 (over `--max-body`): never seen whole, so never checked.
+    refused_over_limit: u64,
+}
+
+impl Books {
+    /// The operation an attempt belongs to, if one was seen, and whether it was linked by
+    /// content alone across different keys.
+    fn find(&self, signals: &Signals) -> Option<(usize, bool)> {
+        if let Some(op) = signals.op_header() {
+            // The harness named the call: nothing else links it.
+            return self.by_op_header.get(op).map(|&i| (i, false));
+        }
+        if let Some(&i) = signals.key().and_then(|k| self.by_key.get(k)) {
+            return Some((i, false));
+        }
+        let keyed = signals.key().is_some();
+        self.by_content
+            .get(signals.content())?
+            .iter()
+            .rev()
+            .map(|&i| (i, &self.ops[i]))
+            .find_map(|(i, op)| match (keyed, op.keyed) {
+                _ if op.named => None,
+                // No key either time: the same request sent again, as before.
+                (false, false) => Some((i, false)),
+                // A key changed (or came or went): a resend only while the first may still be
+                // answered by one, and then not certain.
+                _ if op.open() => Some((i, true)),
+                _ => None,
+            })
+    }
+
+    /// Indexes the attempt's op header, key and content under operation `i`.
+    fn index(&mut self, i: usize, signals: &Signals) {
+        if let Some(op) = signals.op_header() {
+            self.by_op_header.entry(op.clone()).or_insert(i);
+        }
+        if let Some(key) = signals.key() {
+            self.by_key.entry(key.clone()).or_insert(i);
+        }
+        let ops = self
+            .by_content
+            .entry(signals.content().clone())
+            .or_default();
+        if ops.last() != Some(&i) {
+            ops.push(i);
+        }
+    }
+
+    /// The route's row, made on first sight.
+    fn route(&mut self, kind: Kind, route: String) -> usize {
+        if let Some(&index) = self.route_of.get(&route) {
+            return index;
+        }
+        self.routes.push(RouteState {
+            label: route.clone(),
+            kind,
+            turn: 0,
+        });
+        self.route_of.insert(route, self.routes.len() - 1);
+        self.routes.len() - 1
+    }
 }
 
 /// One attempt, as the ledger handed it out.
 #[derive(Debug)]
 pub(crate) struct Attempt {
-    op: OpId,
+    op: usize,
     /// The fault to inject: the mix's next on an operation's first attempt, else none.
     pub(crate) fault: Fault,
 }
@@ -113,31 +194,23 @@ impl Ledger {
     /// Operations take turns per route, so each route's share of every fault is exact
     /// whatever order routes interleave in.
     /// `None` once the ledger is closed: the attempt is neither counted nor forwarded.
-    pub(crate) fn begin(&self, op: OpId, kind: Kind, route: String) -> Option<Attempt> {
+    pub(crate) fn begin(&self, signals: &Signals, kind: Kind, route: String) -> Option<Attempt> {
         let mut books = self.books();
         let books = &mut *books;
         if books.closed {
             return None;
         }
-        if let Some(state) = books.ops.get_mut(&op) {
+        if let Some((op, uncertain)) = books.find(signals) {
+            let state = &mut books.ops[op];
             state.attempts += 1;
+            state.uncertain |= uncertain;
+            books.index(op, signals);
             return Some(Attempt {
                 op,
                 fault: Fault::None,
             });
         }
-        let index = match books.route_of.get(&route) {
-            Some(&index) => index,
-            None => {
-                books.routes.push(RouteState {
-                    label: route.clone(),
-                    kind,
-                    turn: 0,
-                });
-                books.route_of.insert(route, books.routes.len() - 1);
-                books.routes.len() - 1
-            }
-        };
+        let index = books.route(kind, route);
         let turn = &mut books.routes[index].turn;
         let fault = self
             .faults
@@ -145,19 +218,30 @@ impl Ledger {
             .copied()
             .unwrap_or(Fault::None);
         *turn += 1;
-        books.ops.insert(
-            op.clone(),
-            OpState {
-                route: index,
-                attempts: 1,
-                sent: 0,
-                upstream_answers: 0,
-                applied: 0,
-                in_flight: 0,
-                answer: Answer::Pending,
-            },
-        );
+        books.ops.push(OpState {
+            route: index,
+            attempts: 1,
+            sent: 0,
+            upstream_answers: 0,
+            applied: 0,
+            in_flight: 0,
+            answer: Answer::Pending,
+            named: signals.op_header().is_some(),
+            keyed: signals.key().is_some(),
+            uncertain: false,
+        });
+        let op = books.ops.len() - 1;
+        books.index(op, signals);
         Some(Attempt { op, fault })
+    }
+
+    /// A request refused with a 413 (over `--max-body`): the run then does not pass, as the
+    /// lab never saw it whole.
+    pub(crate) fn refused_over_limit(&self) {
+        let mut books = self.books();
+        if !books.closed {
+            books.refused_over_limit += 1;
+        }
     }
 
     /// The attempt is about to be handed to the upstream: from now on it may have applied,
@@ -167,7 +251,7 @@ impl Ledger {
         if books.closed {
             return false;
         }
-        if let Some(state) = books.ops.get_mut(&attempt.op) {
+        if let Some(state) = books.ops.get_mut(attempt.op) {
             state.sent += 1;
             state.applied += 1;
             state.in_flight += 1;
@@ -178,7 +262,7 @@ impl Ledger {
     /// How an attempt handed to the upstream ended. Only proof subtracts: a connect error
     /// (not sent), or an answer saying the upstream ran nothing.
     pub(crate) fn sent(&self, attempt: &Attempt, how: Sent) {
-        if let Some(state) = self.books().ops.get_mut(&attempt.op) {
+        if let Some(state) = self.books().ops.get_mut(attempt.op) {
             state.in_flight = state.in_flight.saturating_sub(1);
             match how {
                 Sent::ConnectFailed => {
@@ -204,7 +288,7 @@ impl Ledger {
 
     /// Attempts handed to the upstream that have not ended yet.
     fn in_flight(&self) -> u64 {
-        self.books().ops.values().map(|s| s.in_flight).sum()
+        self.books().ops.iter().map(|s| s.in_flight).sum()
     }
 
     /// Waits until no attempt is at the upstream, or `within` has passed.
@@ -229,7 +313,7 @@ impl Ledger {
     /// was begun after it; an answer held and abandoned by the client never completes, so
     /// never records.
     pub(crate) fn answered(&self, attempt: &Attempt, answer: Answer) {
-        if let Some(state) = self.books().ops.get_mut(&attempt.op) {
+        if let Some(state) = self.books().ops.get_mut(attempt.op) {
             state.answer = answer;
         }
     }
@@ -242,7 +326,7 @@ impl Ledger {
             .iter()
             .map(|r| RouteCounts::new(r.label.clone(), r.kind))
             .collect();
-        for state in books.ops.values() {
+        for state in &books.ops {
             let Some(row) = rows.get_mut(state.route) else {
                 continue;
             };
@@ -253,6 +337,9 @@ impl Ledger {
             if row.kind == Kind::Write && state.applied >= 2 {
                 row.applied_twice += 1;
             }
+            if row.kind == Kind::Write && state.uncertain {
+                row.uncertain += 1;
+            }
             match state.answer {
                 Answer::Status(status) if (200..300).contains(&status) => row.answered_ok += 1,
                 _ if state.upstream_answers > 0 => row.failed_after_upstream += 1,
@@ -260,6 +347,6 @@ impl Ledger {
                 _ => row.failed_provably_unsent += 1,
             }
         }
-        Report::new(rows)
+        Report::new(rows, books.refused_over_limit)
     }
 }

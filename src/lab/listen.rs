@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -29,6 +30,16 @@ pub(crate) async fn bind(flag: &str, addr: SocketAddr) -> Result<TcpListener, La
 pub(crate) struct Listening {
     task: JoinHandle<()>,
     stop: Arc<Notify>,
+    open: Arc<AtomicUsize>,
+}
+
+/// Counts a connection as open until its task ends, or is aborted.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Listening {
@@ -36,6 +47,11 @@ impl Listening {
     pub(crate) fn stop_accepting(&self) {
         // A stored permit: the accept loop sees it even if it is not waiting right now.
         self.stop.notify_one();
+    }
+
+    /// Connections being served now.
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::SeqCst)
     }
 }
 
@@ -73,6 +89,8 @@ where
 {
     let stop = Arc::new(Notify::new());
     let stopped = stop.clone();
+    let open = Arc::new(AtomicUsize::new(0));
+    let counter = open.clone();
     let task = tokio::spawn(async move {
         // Owned here: aborting this task drops the set, which aborts every connection.
         let mut connections = JoinSet::new();
@@ -88,10 +106,16 @@ where
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                 continue;
             };
-            connections.spawn(connection(stream));
+            counter.fetch_add(1, Ordering::SeqCst);
+            let open = Open(counter.clone());
+            let serving = connection(stream);
+            connections.spawn(async move {
+                serving.await;
+                drop(open);
+            });
         }
         drop(listener);
         while connections.join_next().await.is_some() {}
     });
-    Listening { task, stop }
+    Listening { task, stop, open }
 }

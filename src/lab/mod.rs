@@ -13,13 +13,18 @@
 //!   after apply; 503 after apply; 429 before apply; 500 before apply; on request, a reset
 //!   before forwarding, HTTP/2's `REFUSED_STREAM`, and an HTTP/2 `GOAWAY` before forwarding
 //!   or after apply), and later attempts pass through.
-//!   Attempts are told to be one operation as a client repeats them ([`OpIdentity`]:
-//!   `Idempotency-Key` or `--key-header`, else `--op-header`, else method, path and a body fingerprint, or
-//!   `--op-id /json/pointer`). Writes and reads are told apart by method and
+//!   Attempts are linked into operations as a client repeats them ([`OpIdentity`], whose
+//!   module docs hold the design): by `--op-header` (a value the harness sets per call) when
+//!   present, else by `Idempotency-Key` (or `--key-header`), else by method, path and body
+//!   (a multipart body without its boundary; `--op-id /json/pointer` for a value in the
+//!   body); a resend with a new key is linked by its content to an operation not yet
+//!   answered 2xx, and counted *uncertain*. Writes and reads are told apart by method and
 //!   by `--write` / `--read` rules in the crate's route syntax ([`RouteKinds`]). On SIGINT or
 //!   SIGTERM it stops forwarding, waits for requests still at the upstream (`--drain-ms`),
 //!   prints a [`Report`] per route (`--json` for machines) and exits 1 when more writes than
-//!   `--max-applied-twice` (default 0) may have been applied twice.
+//!   `--max-applied-twice` (default 0) may have been applied twice, when no write reached it
+//!   (nothing was verified), or when a request was refused for a body over `--max-body`
+//!   (never checked).
 //! - **`serve`**: an [`Upstream`] for a quick try: any route answers a small JSON body,
 //!   behind this crate's [`IdempotencyLayer`](crate::server::IdempotencyLayer) over the
 //!   memory store.
@@ -29,10 +34,13 @@
 //!   for a server that honours `Idempotency-Key`: a malformed key gets 400, a key in flight
 //!   409, a key reused with another payload 422, a repeat the first answer (status, body,
 //!   `content-type`, `location`, `content-location`, `etag`), concurrent requests with one key
-//!   run the handler once, and a repeat after the handler failed does not run it again.
+//!   run the handler once, a repeat after the handler failed does not run it again, a key
+//!   differing only in case is another key, and the first key sent again after `--keep-ms`
+//!   (3 s) still gets its first answer.
 //!   `--header 'NAME: VALUE'` (credentials, never shown) and `--body` (the API's own payload,
-//!   `{variant}` made different per request) let it run against a real API; a check whose
-//!   every rule was skipped verified nothing and fails.
+//!   `{variant}` made different per request) let it run against a real API. The check
+//!   passes only when no rule failed and the run-once rules (in flight, repeat, concurrent,
+//!   after a failure) were each tried and kept: a skipped one verified nothing.
 //!
 //! # What the counts mean
 //!
@@ -47,7 +55,10 @@
 //! nothing says the handler did not run first. A write is *applied twice* when two or more of its attempts may have
 //! applied. What the client got is the answer that completed last for the operation (a hedged
 //! request's 2xx counts even if a later hedge was begun); an answer held for the slow fault
-//! records nothing unless the client waited it out.
+//! records nothing unless the client waited it out. An answer is counted only if the client
+//! is still there to take it: an HTTP/1.1 client that closed its connection (behind
+//! requests it pipelined, which hide the close from hyper) is given nothing, and its
+//! operation counts as not answered.
 //!
 //! Failed operations are split three ways: the upstream answered one of their attempts
 //! (`failed, answered`); an attempt was sent and none answered (`failed, no answer`); none
@@ -56,8 +67,11 @@
 //! still there as `pending` (counted as applied).
 //!
 //! Two identical requests without a key or an op header are one operation to the proxy
-//! (a second GET of the same path counts as a resend): give each logical request its own
-//! id, or its own path or body, when a test repeats one on purpose.
+//! (a second GET of the same path counts as a resend), and so are two with one body and
+//! different keys while the first is unanswered (counted uncertain): give each logical
+//! request its own `--op-header` value, or its own path or body, when a test repeats one on
+//! purpose. A resend whose key and body both change (a nonce per attempt) cannot be linked
+//! without `--op-header` or `--op-id`: it counts as a new operation.
 //!
 //! # For a server's keys to be checked
 //!
@@ -71,9 +85,13 @@
 //! route does not answer it 2xx, every rule is `skip`; with a `--body` without `{variant}`,
 //! so is every rule when that payload sent again with a fresh key is not answered 2xx (an API
 //! that refuses a payload it already applied would otherwise pass rules without keys).
-//! `in-flight-409` is `skip` when both requests got one handler run's 2xx (they did not
-//! overlap), `repeat-after-failure` when the failed request got neither a 5xx nor no answer. A rule the server does not let the check
-//! try is reported `skip`; a skip does not fail the check.
+//! `in-flight-409` fails when both requests got one handler run's 2xx after the hold was over
+//! (the server held the repeat until the first ended instead of answering 409), and is
+//! `skip` when one came sooner (the hold was not honoured: they may not have overlapped);
+//! `repeat-after-failure` is `skip` when the failed request got neither a 5xx nor no
+//! answer. A rule the server does not let the check try is reported `skip`: a skipped
+//! run-once rule leaves the check unpassed (exit 1), a skipped `other-payload-422` (a
+//! `--body` without `{variant}`) does not.
 //!
 //! # HTTP/2's GOAWAY
 //!
@@ -126,12 +144,14 @@ mod h2_serve;
 mod keys;
 mod ledger;
 mod listen;
+mod multipart;
 mod op_id;
 mod preface;
 mod proxy;
 mod report;
 mod routes;
 mod serve;
+mod unanswered;
 
 pub use cli::{main_with_args, USAGE};
 pub use demo::{
@@ -141,7 +161,7 @@ pub use demo::{
 pub use error::LabError;
 pub use fault::Fault;
 pub use keys::{KeysCheck, KeysReport, Outcome, RuleResult};
-pub use op_id::{OpId, OpIdentity};
+pub use op_id::{OpId, OpIdentity, Signals};
 pub use proxy::{Proxy, ProxyConfig};
 pub use report::{passes, Report, RouteCounts};
 pub use routes::{Kind, RouteKinds};

@@ -1,10 +1,42 @@
 //! Which operation an attempt belongs to, told as a client would repeat it.
+//!
+//! # The design
+//!
+//! An attempt names its operation in up to three ways, its [`Signals`]; the proxy's ledger
+//! links attempts into operations with them, and the first attempt of each operation is the
+//! one that gets a fault:
+//!
+//! 1. **the op header** (`--op-header NAME`, an explicit opt-in): a value the test harness
+//!    sets once per logical call and the client repeats on every attempt. When an attempt
+//!    carries it, it alone decides: the harness said which call this is.
+//! 2. **the key** (`Idempotency-Key`, or `--key-header`): attempts with one key are one
+//!    operation, whatever their bodies.
+//! 3. **the content**: the method, the path with its query, and a SHA-256 fingerprint of the
+//!    body; a multipart body is fingerprinted by its parts' headers and contents, without its
+//!    boundary (SDKs draw one per attempt); with `--op-id /json/pointer`, the value there
+//!    instead of the body.
+//!
+//! A resend that keeps neither the op header nor its key — a client that mints a new key
+//! per retry, exactly what the lab is there to catch — is linked by its content: an attempt
+//! whose content matches an operation whose client has not been given a 2xx yet (its first
+//! attempt failed, or is still running) belongs to it, even if its key differs. Such an
+//! operation's identity is *uncertain*: it may be two calls with one body. The report counts
+//! them, and one that reached the upstream twice is counted applied twice, so the run
+//! fails rather than passes; `--op-header` (or a body that differs per call) tells them
+//! apart. Attempts without a key or op header whose contents match are one operation, as a
+//! client repeating a call sends the same request.
+//!
+//! What the lab cannot see: a resend whose key *and* content both differ from its first
+//! attempt's (a body with a timestamp or nonce per attempt, no key kept), without an op
+//! header. It counts as a new operation; `--op-header` or `--op-id` is then the only way to
+//! count it.
 
 use std::fmt;
 
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
+use super::multipart;
 use super::LabError;
 
 /// The most characters of an operation id that output shows: ids can carry anything a
@@ -41,15 +73,34 @@ impl fmt::Display for OpId {
     }
 }
 
-/// How the proxy tells operations apart, first rule that speaks:
-///
-/// 1. the `Idempotency-Key` header, or the one named by `--key-header` (a Structured Field string and its bare form are one key,
-///    as the server layer reads them);
-/// 2. a header of the caller's choice (`x-request-id`, `x-stainless-retry-id`…), repeated on
-///    every attempt by the client;
-/// 3. the method, the path with its query, and the value at a JSON pointer into the body
-///    (`--op-id /request_id`), for APIs whose bodies differ per attempt;
-/// 4. the method, the path with its query, and a SHA-256 fingerprint of the body.
+/// What one attempt says about its operation: the op header's value, the key, and the
+/// content (see the module docs for how the ledger links them). Each is shown capped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signals {
+    op: Option<OpId>,
+    key: Option<OpId>,
+    content: OpId,
+}
+
+impl Signals {
+    /// The op header's value, when `--op-header` names one and the attempt carries it.
+    pub fn op_header(&self) -> Option<&OpId> {
+        self.op.as_ref()
+    }
+
+    /// The idempotency key, unquoted, if any.
+    pub fn key(&self) -> Option<&OpId> {
+        self.key.as_ref()
+    }
+
+    /// The method, path with query, and the body's fingerprint (or the `--op-id` value).
+    pub fn content(&self) -> &OpId {
+        &self.content
+    }
+}
+
+/// How the proxy tells operations apart: the op header, the key, and the content (see the
+/// module docs).
 #[derive(Clone, Debug)]
 pub struct OpIdentity {
     key_header: HeaderName,
@@ -68,7 +119,7 @@ impl Default for OpIdentity {
 }
 
 impl OpIdentity {
-    /// Keys, then method, path and body fingerprint.
+    /// Keys and content; no op header.
     pub fn new() -> Self {
         Self::default()
     }
@@ -83,7 +134,9 @@ impl OpIdentity {
         Ok(self)
     }
 
-    /// A header that names the operation when no key does. Refuses an invalid header name.
+    /// A header whose value names the logical call, set by the test harness and repeated by
+    /// the client on every attempt: when present, it alone decides which operation an
+    /// attempt belongs to. Refuses an invalid header name.
     ///
     /// Defaults to none.
     pub fn op_header(mut self, name: &str) -> Result<Self, LabError> {
@@ -94,8 +147,8 @@ impl OpIdentity {
     }
 
     /// A JSON pointer (RFC 6901: empty, or `/` then reference tokens) to the value that names
-    /// the operation in a JSON body. A body that is not JSON, or lacks the value, falls back
-    /// to the fingerprint.
+    /// the operation in a JSON body, for APIs whose bodies differ per attempt: it stands for
+    /// the body in the content. A body that is not JSON, or lacks the value, is fingerprinted.
     ///
     /// Defaults to none.
     pub fn op_id_pointer(mut self, pointer: &str) -> Result<Self, LabError> {
@@ -120,32 +173,47 @@ impl OpIdentity {
         &self.key_header
     }
 
-    /// The operation of an attempt. `path_and_query` is the request target's path and query.
+    /// What an attempt says about its operation. `path_and_query` is the request target's
+    /// path and query.
     pub fn identify(
         &self,
         method: &Method,
         path_and_query: &str,
         headers: &HeaderMap,
         body: &[u8],
+    ) -> Signals {
+        // A Structured Field string and its bare form are one key, as the server layer reads them.
+        let key =
+            header_text(headers, &self.key_header).map(|k| OpId(format!("key {}", unquote(k))));
+        let op = self.op_header.as_ref().and_then(|name| {
+            header_text(headers, name).map(|value| OpId(format!("{name} {value}")))
+        });
+        Signals {
+            op,
+            key,
+            content: self.content(method, path_and_query, headers, body),
+        }
+    }
+
+    fn content(
+        &self,
+        method: &Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: &[u8],
     ) -> OpId {
-        if let Some(key) = header_text(headers, &self.key_header) {
-            return OpId(format!("key {}", unquote(key)));
-        }
-        if let Some(name) = &self.op_header {
-            if let Some(value) = header_text(headers, name) {
-                return OpId(format!("{name} {value}"));
-            }
-        }
         if let Some(value) = self.pointer.as_deref().and_then(|p| pointed(body, p)) {
             return OpId(format!("{method} {path_and_query} {value}"));
         }
-        let digest = Sha256::new()
+        let mut hasher = Sha256::new()
             .chain_update(method.as_str())
             .chain_update([0])
             .chain_update(path_and_query)
-            .chain_update([0])
-            .chain_update(body)
-            .finalize();
+            .chain_update([0]);
+        if !multipart::hash_parts(headers, body, &mut hasher) {
+            hasher.update(body);
+        }
+        let digest = hasher.finalize();
         let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
         OpId(format!("{method} {path_and_query} sha256:{hex}"))
     }

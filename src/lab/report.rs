@@ -26,6 +26,10 @@ pub struct RouteCounts {
     /// its answer to one says it ran nothing (a stored response, a keyed request refused, a
     /// 429). Always 0 for reads.
     pub applied_twice: u64,
+    /// Writes whose attempts were linked by content alone across different keys (a client
+    /// that changed its key on a resend, or two calls with one body): those applied twice
+    /// are counted in `applied_twice`; `--op-header` tells them apart.
+    pub uncertain: u64,
     /// Operations whose client was last given a 2xx: for reads, the reads recovered.
     pub answered_ok: u64,
     /// Operations whose client was last given an error or a failed response, after the
@@ -51,6 +55,7 @@ impl RouteCounts {
             upstream_requests: 0,
             pending: 0,
             applied_twice: 0,
+            uncertain: 0,
             answered_ok: 0,
             failed_after_upstream: 0,
             failed_sent_no_answer: 0,
@@ -63,17 +68,55 @@ impl RouteCounts {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
     routes: Vec<RouteCounts>,
+    refused_over_limit: u64,
 }
 
-/// Whether a run passes: at most `max_applied_twice` writes may have been applied twice. The
-/// proxy's exit status is this verdict.
+/// Whether a count of writes applied twice is within `max_applied_twice`: one of the
+/// conditions of [`Report::passes`].
 pub fn passes(applied_twice: u64, max_applied_twice: u64) -> bool {
     applied_twice <= max_applied_twice
 }
 
 impl Report {
-    pub(crate) fn new(routes: Vec<RouteCounts>) -> Self {
-        Report { routes }
+    pub(crate) fn new(routes: Vec<RouteCounts>, refused_over_limit: u64) -> Self {
+        Report {
+            routes,
+            refused_over_limit,
+        }
+    }
+
+    /// Requests refused with a 413 for a body over `--max-body`: the lab never saw them
+    /// whole, so it checked nothing about them.
+    pub fn refused_over_limit(&self) -> u64 {
+        self.refused_over_limit
+    }
+
+    /// Writes linked by content alone across different keys, on every route.
+    pub fn uncertain(&self) -> u64 {
+        self.sum(Kind::Write, |r| r.uncertain)
+    }
+
+    /// Why the run does not pass, if it does not: a write applied twice past the allowance,
+    /// no write seen at all (a run that reached nothing verified nothing), or a request the
+    /// lab refused for its size (it was never checked).
+    pub fn failures(&self, max_applied_twice: u64) -> Vec<String> {
+        let mut why = Vec::new();
+        if !passes(self.applied_twice(), max_applied_twice) {
+            why.push(format!(
+                "{} writes may have been applied twice (--max-applied-twice {max_applied_twice})",
+                self.applied_twice()
+            ));
+        }
+        if self.writes() == 0 {
+            why.push("no write reached the lab: nothing was verified".to_owned());
+        }
+        if self.refused_over_limit > 0 {
+            why.push(format!(
+                "{} requests were refused for a body over --max-body: never checked",
+                self.refused_over_limit
+            ));
+        }
+        why
     }
 
     /// One row per route, in the order routes were first seen.
@@ -125,9 +168,11 @@ impl Report {
         self.routes.iter().map(|r| r.pending).sum()
     }
 
-    /// Whether the run passes `--max-applied-twice` (see [`passes`]).
+    /// Whether the run passes: at most `max_applied_twice` writes may have been applied
+    /// twice, at least one write was seen, and no request was refused for its size (see
+    /// [`failures`](Report::failures)). The proxy's exit status is this verdict.
     pub fn passes(&self, max_applied_twice: u64) -> bool {
-        passes(self.applied_twice(), max_applied_twice)
+        self.failures(max_applied_twice).is_empty()
     }
 
     /// The table printed on stdout: one row per route, then the verdict.
@@ -142,7 +187,7 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>13} {:>16} {:>17} {:>18}",
+            "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>9} {:>13} {:>16} {:>17} {:>18}",
             "route",
             "kind",
             "ops",
@@ -150,6 +195,7 @@ impl Report {
             "upstream",
             "pending",
             "applied twice",
+            "uncertain",
             "answered 2xx",
             "failed, answered",
             "failed, no answer",
@@ -163,7 +209,7 @@ impl Report {
             let route: String = r.route.chars().take(width).collect();
             let _ = writeln!(
                 out,
-                "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>13} {:>16} {:>17} {:>18}",
+                "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>9} {:>13} {:>16} {:>17} {:>18}",
                 route,
                 r.kind.name(),
                 r.operations,
@@ -171,31 +217,35 @@ impl Report {
                 r.upstream_requests,
                 r.pending,
                 twice,
+                r.uncertain,
                 format!("{} / {}", r.answered_ok, r.operations),
                 r.failed_after_upstream,
                 r.failed_sent_no_answer,
                 r.failed_provably_unsent,
             );
         }
-        let verdict = if self.passes(max_applied_twice) {
-            "pass"
+        let failures = self.failures(max_applied_twice);
+        let verdict = if failures.is_empty() {
+            "pass".to_owned()
         } else {
-            "FAIL"
+            format!("FAIL: {}", failures.join("; "))
         };
         let _ = writeln!(
             out,
-            "\nwrites applied twice {} / {}, reads recovered {} / {}: {verdict} (--max-applied-twice {max_applied_twice})",
+            "\nwrites applied twice {} / {} ({} uncertain), reads recovered {} / {}, refused over --max-body {}: {verdict} (--max-applied-twice {max_applied_twice})",
             self.applied_twice(),
             self.writes(),
+            self.uncertain(),
             self.reads_recovered(),
             self.reads(),
+            self.refused_over_limit,
         );
         out.push_str(LEGEND);
         out
     }
 
     /// The counts as one JSON object: `routes` (one object per row, fields as in
-    /// [`RouteCounts`]), the totals, and `pass`.
+    /// [`RouteCounts`]), the totals, `pass` and the `failures` that deny it.
     pub fn to_json(&self, max_applied_twice: u64) -> String {
         let routes: Vec<serde_json::Value> = self
             .routes
@@ -209,6 +259,7 @@ impl Report {
                     "upstream_requests": r.upstream_requests,
                     "pending": r.pending,
                     "applied_twice": r.applied_twice,
+                    "uncertain": r.uncertain,
                     "answered_ok": r.answered_ok,
                     "failed_after_upstream": r.failed_after_upstream,
                     "failed_sent_no_answer": r.failed_sent_no_answer,
@@ -221,22 +272,28 @@ impl Report {
             "writes": self.writes(),
             "reads": self.reads(),
             "applied_twice": self.applied_twice(),
+            "uncertain": self.uncertain(),
+            "refused_over_limit": self.refused_over_limit,
             "pending": self.pending(),
             "reads_recovered": self.reads_recovered(),
             "writes_answered": self.writes_answered(),
             "max_applied_twice": max_applied_twice,
             "pass": self.passes(max_applied_twice),
+            "failures": self.failures(max_applied_twice),
         })
         .to_string()
     }
 }
 
 const LEGEND: &str = "\
-ops                 operations: attempts with one Idempotency-Key, op header, or method, path and body
+ops                 operations: attempts linked by op header, key, or method, path and body (a multipart
+                    body without its boundary); a resend with another key is linked by its content
 upstream            attempts handed to the upstream, answered or not: each may have applied
 pending             of those, attempts the upstream had not answered when the counts were taken
 applied twice       writes two attempts of which may have applied (an answer marked as a stored
                     response, a keyed 400/409/422, or a 429 applies nothing)
+uncertain           writes linked by content alone across different keys: a client that changed its
+                    key on a resend, or two calls with one body (--op-header tells them apart)
 answered 2xx        operations whose latest answer was a 2xx (for reads: reads recovered)
 failed, answered    the client's last answer failed, after the upstream answered an attempt
 failed, no answer   the client's last answer failed; an attempt was sent, the upstream answered none

@@ -21,13 +21,15 @@ fn loopback() -> SocketAddr {
     SocketAddr::from((Ipv4Addr::LOCALHOST, 0))
 }
 
-const RULES: [&str; 6] = [
+const RULES: [&str; 8] = [
     "malformed-key-400",
     "in-flight-409",
     "other-payload-422",
     "repeat-same-answer",
     "concurrent-run-once",
     "repeat-after-failure",
+    "key-case-sensitive",
+    "key-kept",
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,9 +44,9 @@ async fn the_crates_layer_over_the_memory_store_passes_every_rule() {
     }
     assert!(report.passed(), "{report}");
     // The handler ran: once for the baseline request, the in-flight pair, the other
-    // payload's first, the stored response's first, the concurrent burst, and the failed
-    // run; never for a repeat.
-    assert_eq!(upstream.handler_runs(), 6, "{report}");
+    // payload's first, the stored response's first, the concurrent burst, the failed run,
+    // and each of the two keys differing in case; never for a repeat.
+    assert_eq!(upstream.handler_runs(), 8, "{report}");
     // The documented answer after a failed handler: the stored stand-in.
     let after = report.rule("repeat-after-failure").expect("reported");
     assert!(after.detail.contains("500"), "{}", after.detail);
@@ -163,7 +165,10 @@ async fn a_server_that_ignores_keys_fails_each_rule_it_breaks() {
     assert_eq!(after.outcome, Outcome::Skip, "{report}");
     let text = report.to_string();
     assert_eq!(text.lines().count(), RULES.len(), "{text}");
-    assert_eq!(text.lines().filter(|l| l.starts_with("FAIL")).count(), 5);
+    // And the first key, sent again later, runs again: forgotten.
+    let kept = report.rule("key-kept").expect("reported");
+    assert_eq!(kept.outcome, Outcome::Fail, "{report}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("FAIL")).count(), 6);
 }
 
 /// Equal answers without a run header cannot tell a replay from a second run: the rules that

@@ -12,7 +12,7 @@ fn loopback() -> SocketAddr {
 }
 
 fn assert_every_rule_passes(report: &KeysReport) {
-    assert_eq!(report.results.len(), 6, "{report}");
+    assert_eq!(report.results.len(), 8, "{report}");
     for result in &report.results {
         assert_eq!(result.outcome, Outcome::Pass, "{report}");
     }
@@ -36,7 +36,7 @@ async fn the_crates_layer_over_redis_passes_every_rule() {
         .run()
         .await;
     assert_every_rule_passes(&report);
-    assert_eq!(upstream.handler_runs(), 6, "{report}");
+    assert_eq!(upstream.handler_runs(), 8, "{report}");
     drop(upstream);
 }
 
@@ -56,7 +56,7 @@ async fn the_crates_layer_over_postgres_passes_every_rule() {
         .run()
         .await;
     assert_every_rule_passes(&report);
-    assert_eq!(upstream.handler_runs(), 6, "{report}");
+    assert_eq!(upstream.handler_runs(), 8, "{report}");
     drop(upstream);
     store.pool().close().await;
 }

@@ -14,14 +14,18 @@ mod forwarded_headers;
 mod goaway_faults;
 mod h2_serving;
 mod hedged_reads;
+mod keys_broken_servers;
 mod keys_conformance;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod keys_over_shared_stores;
 mod keys_with_credentials;
 mod op_identity;
 mod other_clients;
+mod pipelined_requests;
 mod proxy_counts;
 mod raw_h2_client;
 mod raw_upstream;
+mod resends_in_disguise;
 mod server_dialects;
 mod unanswered_writes;
+mod verdicts;

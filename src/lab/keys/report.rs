@@ -1,0 +1,84 @@
+//! The check's outcome: one result per rule, and whether the check as a whole passes.
+
+use std::fmt;
+
+/// One rule's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The server keeps the rule.
+    Pass,
+    /// The server breaks it.
+    Fail,
+    /// The rule could not be tried (the server does not honour the check's request).
+    Skip,
+}
+
+/// One rule, its outcome, and what was seen (statuses and header names only).
+#[derive(Clone, Debug)]
+pub struct RuleResult {
+    /// The rule's short name, such as `in-flight-409`.
+    pub rule: &'static str,
+    /// Pass, fail or skip.
+    pub outcome: Outcome,
+    /// What the check saw.
+    pub detail: String,
+}
+
+/// Every rule's result, in order.
+#[derive(Clone, Debug)]
+pub struct KeysReport {
+    /// One per rule.
+    pub results: Vec<RuleResult>,
+}
+
+/// The rules that say whether a key's handler runs once: the check passes only when each
+/// of them was tried and kept. A skip here is not a pass (a server that cannot be observed
+/// running once has not been shown to).
+pub(super) const RUN_ONCE: [&str; 4] = [
+    "in-flight-409",
+    "repeat-same-answer",
+    "concurrent-run-once",
+    "repeat-after-failure",
+];
+
+impl KeysReport {
+    /// Whether no rule failed and every run-once rule ([`RUN_ONCE`]: in flight, repeat,
+    /// concurrent, after a failure) passed. A skipped run-once rule leaves the check
+    /// unpassed: a server that re-ran every repeat, or held a repeat instead of answering
+    /// 409, could not be told from a conforming one, so the check does not say it conforms.
+    pub fn passed(&self) -> bool {
+        let failed = self.results.iter().any(|r| r.outcome == Outcome::Fail);
+        let verified = RUN_ONCE
+            .iter()
+            .all(|rule| self.rule(rule).is_some_and(|r| r.outcome == Outcome::Pass));
+        verified && !failed
+    }
+
+    /// The result of a rule, by name.
+    pub fn rule(&self, name: &str) -> Option<&RuleResult> {
+        self.results.iter().find(|r| r.rule == name)
+    }
+}
+
+impl fmt::Display for KeysReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for r in &self.results {
+            let outcome = match r.outcome {
+                Outcome::Pass => "pass",
+                Outcome::Fail => "FAIL",
+                Outcome::Skip => "skip",
+            };
+            writeln!(f, "{outcome}  {:<22} {}", r.rule, r.detail)?;
+        }
+        if self.results.iter().all(|r| r.outcome == Outcome::Skip) {
+            writeln!(f, "no rule could be tried: nothing was verified")?;
+        } else if !self.passed() && !self.results.iter().any(|r| r.outcome == Outcome::Fail) {
+            writeln!(
+                f,
+                "not passed: the run-once rules ({}) were not all verified",
+                RUN_ONCE.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
