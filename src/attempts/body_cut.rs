@@ -108,11 +108,6 @@ impl Attempts {
         FrameClock::new(self.attempt_timeout, self.deadline_at())
     }
 
-    /// When the request's deadline passes, if it has one.
-    fn deadline_at(&self) -> Option<tokio::time::Instant> {
-        self.deadline_at
-    }
-
     /// Whether the server marked `headers`' response a replay of its stored response to this
     /// request's key.
     pub(crate) fn is_stored_response(&self, headers: &HeaderMap) -> bool {

@@ -57,7 +57,7 @@ fn drive(
     let plan = Plan::new(
         policy,
         &parts.method,
-        || None,
+        || crate::classify::host::HostSeen::Nothing,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,
@@ -150,7 +150,7 @@ fn a_pushback_longer_than_the_time_left_stops_on_the_deadline() {
     let plan = Plan::new(
         &p,
         &parts.method,
-        || None,
+        || crate::classify::host::HostSeen::Nothing,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,

@@ -47,8 +47,8 @@ pub(crate) enum HedgeStep {
     /// This outcome is the request's: drop the others (after [`Attempts::supersede`]) and
     /// [`finish`](Attempts::finish) with it.
     Stop(StopReason),
-    /// Keep waiting for the attempts in flight; with `resend_now`, send another attempt at
-    /// once (the retry budget was spent for it).
+    /// Keep waiting for the attempts in flight; with `resend_now`, send another attempt as
+    /// soon as the service is ready, if [`Attempts::may_resend_now`] then allows it.
     KeepWaiting { resend_now: bool },
     /// Nothing is in flight: wait this long, then send again.
     Wait(Duration),
@@ -94,7 +94,9 @@ impl Attempts {
 
     /// Whether a hedge may be sent now, the attempts in flight being slow: hedges left, sends
     /// left within `max_retries`, time before the deadline, a hedge token and the retry
-    /// budget (both spent when it answers true).
+    /// budget (both spent, and the hedge counted, when it answers true). Ask only when the
+    /// hedge is handed to the inner service at once: a hedge that waits for the service and
+    /// is never sent would be counted, and its token and budget spent, for nothing.
     pub(crate) fn may_hedge(&mut self) -> bool {
         if !self.hedges_left() || self.time_left() == Some(Duration::ZERO) {
             return false;
@@ -117,17 +119,11 @@ impl Attempts {
         true
     }
 
-    /// A hedge granted by [`may_hedge`](Self::may_hedge) was not sent after all (the service
-    /// refused it, or a wait was decided first): it is not counted, and its token is given
-    /// back (the retry budget keeps what it gave: it has no refund).
-    pub(crate) fn cancel_hedge(&mut self) {
-        let (Some(hedger), Some(run)) = (self.policy.hedging(), self.hedge.as_mut()) else {
-            return;
-        };
-        if std::mem::take(&mut run.next_is_hedge) {
-            run.summary.hedges -= 1;
-            hedger.tokens().refund();
-        }
+    /// Whether the resend that [`HedgeStep::KeepWaiting`] asked for may go now, the retry
+    /// budget permitting (spent when it answers true): ask only when it is handed to the
+    /// inner service at once, as for [`may_hedge`](Self::may_hedge).
+    pub(crate) fn may_resend_now(&self) -> bool {
+        !self.past_deadline() && self.policy.withdraw()
     }
 
     /// How many attempts were sent so far (the number of the last one).
@@ -210,10 +206,7 @@ impl Attempts {
         if let (true, Some(run)) = (hold, self.hedge.as_mut()) {
             run.held = true;
         }
-        let resend_now = !hold
-            && sends <= self.max_retries
-            && self.time_left() != Some(Duration::ZERO)
-            && self.policy.withdraw();
+        let resend_now = !hold && sends <= self.max_retries && !self.past_deadline();
         HedgeStep::KeepWaiting { resend_now }
     }
 

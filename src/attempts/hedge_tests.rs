@@ -26,7 +26,7 @@ fn start(policy: &RetryPolicy, req: Request<()>, copyable: bool) -> (Attempts, O
     let plan = Plan::new(
         policy,
         &parts.method,
-        || None,
+        || crate::classify::host::HostSeen::Nothing,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,

@@ -44,6 +44,10 @@ use crate::BoxError;
 /// services that keep a request after failing it, not a wait in the common case.
 pub(crate) const LET_GO_WAIT: Duration = Duration::from_secs(1);
 
+/// The error of a request whose next attempt was not sent: the deadline passed first.
+const DEADLINE_BEFORE_SEND: &str =
+    "the request's deadline passed before its next attempt could be sent";
+
 /// What a front end does after an attempt, as [`Attempts::on_outcome`] decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Step {
@@ -227,6 +231,12 @@ impl Attempts {
         &self.target
     }
 
+    /// When the request's deadline passes, if it has one.
+    #[inline]
+    pub(crate) fn deadline_at(&self) -> Option<Instant> {
+        self.deadline_at
+    }
+
     /// Time before the request's deadline, if it has one.
     #[inline]
     pub(crate) fn time_left(&self) -> Option<Duration> {
@@ -343,6 +353,28 @@ impl Attempts {
     pub(crate) fn finish_refused(&mut self, why: NotReplayable) -> Error {
         self.refuse_replay(why);
         self.take_error(StopReason::BodyNotReplayable, why.to_string().into())
+    }
+
+    /// Whether the request's deadline has passed: nothing more is handed to the inner service
+    /// (a resend that waited for it to be ready past the deadline is not sent).
+    #[inline]
+    pub(crate) fn past_deadline(&self) -> bool {
+        self.time_left() == Some(Duration::ZERO)
+    }
+
+    /// The outcome for a request whose next attempt was not sent because the deadline passed
+    /// before the inner service was ready for it (the last attempt's outcome was already
+    /// dropped for the retry): an error, stopped on the deadline, and said so in the log.
+    #[cold]
+    pub(crate) fn stop_at_deadline<R>(&self) -> (Result<R, BoxError>, StopReason) {
+        tracing::warn!(
+            http.request.method = %self.target.method,
+            url.path = self.target.path(),
+            http.request.resend_count = self.records.len(),
+            reason = StopReason::Deadline.as_str(),
+            "retry refused: the deadline passed while the service was getting ready"
+        );
+        (Err(DEADLINE_BEFORE_SEND.into()), StopReason::Deadline)
     }
 
     /// The request's body can no longer be sent again. The first reason found is kept.

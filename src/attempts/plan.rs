@@ -108,7 +108,7 @@ impl Plan {
     pub(crate) fn new<'h>(
         policy: &RetryPolicy,
         method: &Method,
-        host: impl FnOnce() -> Option<(&'h str, Option<u16>)>,
+        host: impl FnOnce() -> crate::classify::host::HostSeen<'h>,
         path: &str,
         headers: &HeaderMap,
         extensions: &Extensions,

@@ -26,7 +26,10 @@ fn drive(
     let plan = Plan::new(
         &policy,
         &parts.method,
-        || parts.uri.host().map(|h| (h, None)),
+        || match parts.uri.host() {
+            Some(h) => crate::classify::host::HostSeen::Uri(h, None),
+            None => crate::classify::host::HostSeen::Nothing,
+        },
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,
@@ -243,7 +246,7 @@ fn an_untrusted_key_is_named_in_the_report_and_the_error() {
     let mut plan = Plan::new(
         &p,
         &parts.method,
-        || None,
+        || crate::classify::host::HostSeen::Nothing,
         parts.uri.path(),
         &headers,
         &parts.extensions,

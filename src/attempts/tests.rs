@@ -32,7 +32,7 @@ fn drive(
     let plan = Plan::new(
         policy,
         &parts.method,
-        || None,
+        || crate::classify::host::HostSeen::Nothing,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,
@@ -212,7 +212,7 @@ fn a_refused_body_after_the_wait_ends_in_an_error_that_says_why() {
     let plan = Plan::new(
         &p,
         &parts.method,
-        || None,
+        || crate::classify::host::HostSeen::Nothing,
         "/v1/x",
         &parts.headers,
         &parts.extensions,

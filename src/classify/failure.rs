@@ -69,11 +69,12 @@ impl Classification {
         }
     }
 
-    /// A response that would have been retried, but whose server hint asks for a longer wait
-    /// than the policy's `max_retry_after`: it is final.
-    pub(crate) fn retry_after_too_long(delay: Duration) -> Self {
+    /// A response of `class` (not sent, or retryable) whose server hint asks for a longer
+    /// wait than the policy's `max_retry_after`: it is not retried, and keeps its class, which
+    /// says whether the request was applied (a refusal that proves nothing ran stays not sent).
+    pub(crate) fn retry_after_too_long(class: FailureClass, delay: Duration) -> Self {
         Classification {
-            class: FailureClass::Final,
+            class,
             retry_after: Some(delay),
             retry_after_too_long: true,
             replayed: false,
@@ -86,14 +87,17 @@ impl Classification {
     }
 
     /// The delay the server asked for, if it gave a readable one. It is not capped here:
-    /// a delay above the policy's cap made the response final (see
+    /// a delay above the policy's cap ends the retries (see
     /// [`is_retry_after_too_long`](Self::is_retry_after_too_long)).
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
 
-    /// True when the response would be retryable but its Retry-After hint exceeds the
-    /// policy's `max_retry_after`, which made it final.
+    /// True when the response would be retried but its Retry-After hint exceeds the policy's
+    /// `max_retry_after`: no retry follows. The class stays what the status says
+    /// ([`NotSent`](FailureClass::NotSent) for a status that proves nothing was applied,
+    /// [`RetryableResponse`](FailureClass::RetryableResponse) otherwise), so whether the
+    /// request may have been applied does not depend on the wait asked for.
     pub fn is_retry_after_too_long(&self) -> bool {
         self.retry_after_too_long
     }

@@ -136,7 +136,7 @@ pub(crate) fn classify(
         Pushback::None => FailureClass::RetryableResponse.into(),
         Pushback::DoNotRetry => FailureClass::Final.into(),
         Pushback::After(delay) if delay > max_pushback => {
-            Classification::retry_after_too_long(delay)
+            Classification::retry_after_too_long(FailureClass::RetryableResponse, delay)
         }
         Pushback::After(delay) => {
             Classification::with_retry_after(FailureClass::RetryableResponse, Some(delay))

@@ -98,7 +98,7 @@ fn pushback_is_the_wait_and_negative_or_malformed_means_do_not_retry() {
         );
         assert_eq!(c.class(), FailureClass::Final, "{bad:?}");
     }
-    // Longer than the policy's cap: final, and said so.
+    // Longer than the policy's cap: not retried, and said so.
     let c = class_of(
         &READ,
         &trailers_only("14", &[("grpc-retry-pushback-ms", "9000000")]),

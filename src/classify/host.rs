@@ -175,23 +175,93 @@ fn number(part: &str) -> Option<u64> {
     u64::from_str_radix(significant, radix).ok()
 }
 
-/// The host a request is for, and the port it reaches: from its URI, or for a request in
-/// origin form (`/v1/send`, as hyper's connection-level client sends them) from its `Host`
-/// header. `None` when neither names one, and when both do and disagree: the server may route
-/// by either, so the request's host is not known (rules scoped to hosts then fail closed).
+/// What a request says of its host, before a policy's origin is considered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HostSeen<'a> {
+    /// Named by the request's URI (absolute form, HTTP/2's `:authority`), with no `Host`
+    /// header naming another host.
+    Uri(&'a str, Option<u16>),
+    /// A request in origin form (`/v1/send`) whose `Host` header names this host. `decides`:
+    /// the header is where the request goes (HTTP/1.x, as hyper's connection-level client
+    /// sends it). Over HTTP/2 it is not: the authority is added below the layer (tonic's
+    /// `Channel` adds its endpoint's, whatever metadata the call carries).
+    Header {
+        host: &'a str,
+        port: Option<u16>,
+        decides: bool,
+    },
+    /// Nothing in the request names its host.
+    Nothing,
+    /// The request names two hosts (its URI and its `Host` header, or two `Host` fields): the
+    /// server may route by either, so the host is not known.
+    Conflict,
+}
+
+impl<'a> HostSeen<'a> {
+    /// The host the request itself names, if one does (what hedging's latency slots are
+    /// kept by).
+    pub(crate) fn named(self) -> Option<(&'a str, Option<u16>)> {
+        match self {
+            HostSeen::Uri(host, port) | HostSeen::Header { host, port, .. } => Some((host, port)),
+            HostSeen::Nothing | HostSeen::Conflict => None,
+        }
+    }
+
+    /// The host the request goes to, given the origin the layer was told (`None`: none), or
+    /// `None` when that is not known. A `Host` header that names another host than the
+    /// origin leaves it unknown: the server may route by either (fail closed).
+    pub(crate) fn target<'o>(self, origin: Option<&'o HostScope>) -> Option<RequestHost<'o>>
+    where
+        'a: 'o,
+    {
+        match (self, origin) {
+            (HostSeen::Uri(host, port), _) => Some(RequestHost::new(host, port)),
+            (HostSeen::Header { host, .. }, Some(origin)) => {
+                (*canonical(host) == *origin.host).then(|| RequestHost::of_scope(origin))
+            }
+            (
+                HostSeen::Header {
+                    host,
+                    port,
+                    decides: true,
+                },
+                None,
+            ) => Some(RequestHost::new(host, port)),
+            (HostSeen::Header { decides: false, .. }, None) => None,
+            (HostSeen::Nothing, origin) => origin.map(RequestHost::of_scope),
+            (HostSeen::Conflict, _) => None,
+        }
+    }
+}
+
+/// What a request says of its host: its URI's, or for a request in origin form its `Host`
+/// header's (see [`HostSeen`]; `version` says whether that header decides where it goes).
 pub(crate) fn of_request<'a>(
     uri: &'a http::Uri,
     headers: &'a http::HeaderMap,
-) -> Option<(&'a str, Option<u16>)> {
+    version: http::Version,
+) -> HostSeen<'a> {
     let mut all = headers.get_all(http::header::HOST).iter();
     let header = all.next();
     if all.next().is_some() {
         // Two `Host` fields: servers differ on which one counts (or refuse the request).
-        return None;
+        return HostSeen::Conflict;
     }
-    match uri.host() {
-        Some(host) => unless_disagreeing(host, effective_port(uri), header),
-        None => host_header(header?),
+    match (uri.host(), header) {
+        (Some(host), header) => match unless_disagreeing(host, effective_port(uri), header) {
+            Some((host, port)) => HostSeen::Uri(host, port),
+            None => HostSeen::Conflict,
+        },
+        (None, Some(value)) => match host_header(value) {
+            Some((host, port)) => HostSeen::Header {
+                host,
+                port,
+                decides: version < http::Version::HTTP_2,
+            },
+            // A `Host` that names nothing readable: the server's reading of it is unknown.
+            None => HostSeen::Conflict,
+        },
+        (None, None) => HostSeen::Nothing,
     }
 }
 
@@ -283,6 +353,9 @@ impl HostScope {
         let host = authority.host();
         if host.is_empty() {
             return Err("it has no host");
+        }
+        if authority.port_u16() == Some(0) {
+            return Err("port 0 is no port a request reaches");
         }
         let port = match (authority.port_u16(), scheme.and_then(default_port)) {
             (Some(p), Some(default)) if p == default => None,

@@ -15,7 +15,7 @@ pub(crate) mod failure;
 pub(crate) mod grpc;
 pub(crate) mod host;
 pub(crate) mod idempotency_key;
-mod request;
+pub(crate) mod request;
 pub(crate) mod response;
 pub(crate) mod retry_after;
 pub(crate) mod routes;

@@ -25,17 +25,24 @@ pub enum Idempotency {
     NonIdempotent,
 }
 
+/// Whether `method` is safe: GET, HEAD, OPTIONS and TRACE (RFC 9110 §9.2.1), and QUERY (the
+/// IETF httpbis draft defines it safe and idempotent: a read with a body). The one list of
+/// safe methods: a request with one is a read unless a marker or rule calls it a write.
+/// Not `Method::is_safe`, whose list depends on the `http` crate's version.
+pub(crate) fn is_safe_method(method: &Method) -> bool {
+    method == Method::GET
+        || method == Method::HEAD
+        || method == Method::OPTIONS
+        || method == Method::TRACE
+        || method.as_str() == "QUERY"
+}
+
 impl Idempotency {
-    /// The RFC 9110 §9.2.2 default for a method: GET, HEAD, OPTIONS, TRACE, PUT and DELETE are
-    /// idempotent; POST, PATCH, CONNECT and every extension method are not.
+    /// The RFC 9110 §9.2.2 default for a method: the safe methods (GET, HEAD, OPTIONS, TRACE,
+    /// and QUERY, which its draft defines safe and idempotent), PUT and DELETE are idempotent;
+    /// POST, PATCH, CONNECT and every other extension method are not.
     pub fn of_method(method: &Method) -> Self {
-        if method == Method::GET
-            || method == Method::HEAD
-            || method == Method::OPTIONS
-            || method == Method::TRACE
-            || method == Method::PUT
-            || method == Method::DELETE
-        {
+        if is_safe_method(method) || method == Method::PUT || method == Method::DELETE {
             Idempotency::Idempotent
         } else {
             Idempotency::NonIdempotent
@@ -133,8 +140,9 @@ pub struct RequestVerdict {
 
 impl RequestVerdict {
     /// A request with the [`NoRetry`] marker. Nothing is repeated for it, so it is treated as
-    /// the cautious case; a safe method stays a read (the marker calls nothing a write).
-    pub(crate) const fn no_retry(safe_method: bool) -> Self {
+    /// the cautious case; `read`: a safe method that no other marker or rule calls a write
+    /// (`NoRetry` itself calls nothing a write).
+    pub(crate) const fn no_retry(read: bool) -> Self {
         RequestVerdict {
             idempotency: Idempotency::NonIdempotent,
             source: VerdictSource::Marker,
@@ -142,7 +150,7 @@ impl RequestVerdict {
             keys_honored: false,
             has_key: false,
             keyed: false,
-            read: safe_method,
+            read,
             host_unknown: false,
         }
     }
@@ -174,7 +182,7 @@ impl RequestVerdict {
     }
 
     /// Whether the request can change the server's state: `false` only for a safe method
-    /// (GET, HEAD, OPTIONS, TRACE, RFC 9110 §9.2.1) that no marker or route rule calls
+    /// (GET, HEAD, OPTIONS, TRACE, RFC 9110 §9.2.1, and QUERY) that no marker or route rule calls
     /// [`NonIdempotent`](Idempotency::NonIdempotent). A PUT or DELETE can (repeating it is
     /// harmless, but it may have happened); so can every gRPC call (each is a POST).
     /// [`RetryReport::may_have_been_applied`](crate::RetryReport::may_have_been_applied) is

@@ -108,7 +108,7 @@ pub(crate) fn classify(
     with_hint(policy, FailureClass::RetryableResponse, headers, now)
 }
 
-/// `class` with the server's `Retry-After`; a hint above the policy's cap makes it final.
+/// `class` with the server's `Retry-After`; a hint above the policy's cap ends the retries.
 fn with_hint(
     policy: &ResponseRules,
     class: FailureClass,
@@ -117,7 +117,7 @@ fn with_hint(
 ) -> Classification {
     match retry_after::from_headers(headers, now) {
         Hint::After(delay) if delay > policy.max_retry_after => {
-            Classification::retry_after_too_long(delay)
+            Classification::retry_after_too_long(class, delay)
         }
         Hint::After(delay) => Classification::with_retry_after(class, Some(delay)),
         Hint::None => class.into(),

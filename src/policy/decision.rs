@@ -171,14 +171,16 @@ impl RetryPolicy {
             FailureClass::Final if facts.outcome.is_stored_response() => {
                 return Decision::Stop(StoredResponse)
             }
-            FailureClass::Final if facts.outcome.is_retry_after_too_long() => {
-                return Decision::Stop(RetryAfterTooLong)
-            }
             FailureClass::Final => return Decision::Stop(Final),
+            // A write that may have been applied is never repeated: that reason comes before
+            // any other (a wait too long, the budget, the deadline).
             FailureClass::Ambiguous | FailureClass::RetryableResponse
                 if !verdict.repeat_is_harmless() =>
             {
                 return Decision::Stop(SuppressedNotIdempotent)
+            }
+            _ if facts.outcome.is_retry_after_too_long() => {
+                return Decision::Stop(RetryAfterTooLong)
             }
             // NotSent for anything; Ambiguous and RetryableResponse for harmless repeats.
             _ => {}
@@ -466,10 +468,22 @@ mod tests {
 
     #[test]
     fn retry_after_too_long() {
-        let c = Classification::retry_after_too_long(Duration::from_secs(600));
+        let long = |class| Classification::retry_after_too_long(class, Duration::from_secs(600));
+        for class in [FailureClass::RetryableResponse, FailureClass::NotSent] {
+            assert_eq!(
+                decide(&IDEMPOTENT, long(class)),
+                Decision::Stop(StopReason::RetryAfterTooLong)
+            );
+        }
+        // Not applied, so a write would be sent again but for the wait.
         assert_eq!(
-            decide(&IDEMPOTENT, c),
+            decide(&NON_IDEMPOTENT, long(FailureClass::NotSent)),
             Decision::Stop(StopReason::RetryAfterTooLong)
+        );
+        // A write that may have been applied: its own reason comes first (issue 41, item 7).
+        assert_eq!(
+            decide(&NON_IDEMPOTENT, long(FailureClass::RetryableResponse)),
+            Decision::Stop(StopReason::SuppressedNotIdempotent)
         );
     }
 

@@ -93,6 +93,37 @@ impl HostRoutes {
     }
 }
 
+/// The scope of a policy's origin (`RetryPolicy::for_origin`): a host scope that a channel
+/// can send to, and on its scheme's default port when it names none.
+pub(crate) fn origin_scope(origin: &str) -> Result<HostScope, BuildError> {
+    let mut scope = host_scope("for_origin", origin)?;
+    let scheme = origin.split_once("://").map(|(scheme, _)| scheme);
+    // Named without the rest of the input: a base URL's path or query is not for messages.
+    let refuse = |why| BuildError::host("for_origin", &scope.host, why);
+    if scheme.is_some_and(|s| !s.eq_ignore_ascii_case("http") && !s.eq_ignore_ascii_case("https")) {
+        return Err(refuse("a channel sends over http or https"));
+    }
+    let unspecified = match scope
+        .host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+    {
+        Ok(ip) => std::net::IpAddr::is_unspecified(&ip),
+        Err(_) => false,
+    };
+    if unspecified {
+        return Err(refuse(
+            "an unspecified address is no host a channel sends to",
+        ));
+    }
+    if scope.port.is_none() {
+        // A base URL on its scheme's default port reaches that port.
+        scope.port = scheme.and_then(crate::classify::host::default_port);
+    }
+    Ok(scope)
+}
+
 /// A host scope as a setting names it, or an error that names `setting` and the input.
 pub(crate) fn host_scope(setting: &'static str, host: &str) -> Result<HostScope, BuildError> {
     HostScope::parse(host).map_err(|why| match host.rsplit_once('@') {

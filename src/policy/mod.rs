@@ -24,7 +24,8 @@ pub(crate) use events::AttemptHook;
 pub use options::RequestOptions;
 
 use crate::backoff::Backoff;
-use crate::classify::host::{HostScope, RequestHost};
+use crate::classify::host::{HostScope, HostSeen};
+use crate::classify::request::is_safe_method;
 use crate::classify::response::{self, ResponseRules};
 use crate::classify::routes::RouteTable;
 use crate::classify::{idempotency_key, Classification, Idempotency, NoRetry, RequestVerdict};
@@ -212,7 +213,10 @@ impl RetryPolicy {
     /// build the client with `with_origin`, which puts the origin in every call's URI).
     ///
     /// The result shares this policy's settings and retry budget. An `origin` that is not a
-    /// host, an authority or a base URL is refused with an error that names it.
+    /// host, an authority or a base URL is refused with an error that names it, and so is one
+    /// that cannot be where a channel sends: port 0, an unspecified address (`0.0.0.0`,
+    /// `[::]`), a scheme other than `http` or `https`. (Rules scoped to the real endpoint would
+    /// not apply to a call classified for such an origin.)
     ///
     /// ```
     /// use http::Method;
@@ -231,13 +235,7 @@ impl RetryPolicy {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn for_origin(&self, origin: &str) -> Result<RetryPolicy, BuildError> {
-        let mut scope = host_routes::host_scope("for_origin", origin)?;
-        if scope.port.is_none() {
-            // A base URL on its scheme's default port reaches that port.
-            scope.port = origin
-                .split_once("://")
-                .and_then(|(scheme, _)| crate::classify::host::default_port(scheme));
-        }
+        let scope = host_routes::origin_scope(origin)?;
         Ok(RetryPolicy {
             inner: Arc::clone(&self.inner),
             origin: Some(Arc::new(scope)),
@@ -257,7 +255,7 @@ impl RetryPolicy {
     pub fn classify<B>(&self, req: &Request<B>) -> RequestVerdict {
         self.classify_parts(
             req.method(),
-            || crate::classify::host::of_request(req.uri(), req.headers()),
+            || crate::classify::host::of_request(req.uri(), req.headers(), req.version()),
             req.uri().path(),
             self.idempotency_key(req.headers()).is_some(),
             req.extensions(),
@@ -272,22 +270,17 @@ impl RetryPolicy {
     pub(crate) fn classify_parts<'h>(
         &self,
         method: &Method,
-        host: impl FnOnce() -> Option<(&'h str, Option<u16>)>,
+        host: impl FnOnce() -> HostSeen<'h>,
         path: &str,
         has_key: bool,
         extensions: &Extensions,
     ) -> RequestVerdict {
-        if extensions.get::<NoRetry>().is_some() {
-            return RequestVerdict::no_retry(method.is_safe());
-        }
         let inner = &*self.inner;
         // Found only when something is scoped to hosts: finding the host in a URI is a good
         // part of the layer's work (`benches/classify.rs`).
         let scoped = !(inner.host_routes.is_empty() && inner.key_trust.hosts.is_empty());
         let host = if scoped {
-            host()
-                .map(|(host, port)| RequestHost::new(host, port))
-                .or_else(|| self.origin.as_deref().map(RequestHost::of_scope))
+            host().target(self.origin.as_deref())
         } else {
             None
         };
@@ -309,7 +302,12 @@ impl RetryPolicy {
         };
         let explicit_write =
             source != VerdictSource::Method && idempotency == Idempotency::NonIdempotent;
-        let read = method.is_safe() && !explicit_write;
+        let read = is_safe_method(method) && !explicit_write;
+        if extensions.get::<NoRetry>().is_some() {
+            // Exactly one attempt; whether it can have applied anything is still what the
+            // markers and rules say (a GET a rule calls a write is a write).
+            return RequestVerdict::no_retry(read);
+        }
         let trusted = inner.key_trust.trusted(method, host, path, explicit_write);
         let verdict = RequestVerdict::new(idempotency, source)
             .with_read(read)
@@ -368,8 +366,9 @@ impl RetryPolicy {
     ///   retryable (the decision still suppresses it for non-idempotent requests).
     /// - A status in the retry set is [`FailureClass::RetryableResponse`](crate::FailureClass),
     ///   with the server's delay if it gave a readable one. A delay above
-    ///   [`max_retry_after`](RetryPolicyBuilder::max_retry_after) makes it final and
-    ///   [`is_retry_after_too_long`](Classification::is_retry_after_too_long) says so.
+    ///   [`max_retry_after`](RetryPolicyBuilder::max_retry_after) ends the retries and
+    ///   [`is_retry_after_too_long`](Classification::is_retry_after_too_long) says so; the class
+    ///   stays the status's.
     /// - A 409 to a request with an idempotency key the policy honours is retryable: the
     ///   original is still in flight on the server, so the same key is tried again later.
     /// - A 2xx with a gRPC content type (`application/grpc…`) is read as a gRPC call's answer:

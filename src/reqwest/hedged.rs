@@ -84,7 +84,9 @@ pub(super) async fn run(
                             .finish(result.map_err(into_box), reason)
                             .map_err(reqwest_middleware::Error::middleware);
                     }
-                    HedgeStep::KeepWaiting { resend_now } => resend_now,
+                    HedgeStep::KeepWaiting { resend_now } => {
+                        resend_now && attempts.may_resend_now()
+                    }
                     HedgeStep::Wait(after) => {
                         timer = None;
                         backoff = Some(Box::pin(tokio::time::sleep(after)));

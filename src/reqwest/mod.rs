@@ -126,12 +126,15 @@ impl Middleware for RetrySafetyMiddleware {
             policy,
             req.method(),
             || {
+                use crate::classify::host::{unless_disagreeing, HostSeen};
                 let (url, host) = (req.url(), req.headers().get(http::header::HOST));
-                crate::classify::host::unless_disagreeing(
-                    url.host_str()?,
-                    url.port_or_known_default(),
-                    host,
-                )
+                let Some(name) = url.host_str() else {
+                    return HostSeen::Nothing;
+                };
+                match unless_disagreeing(name, url.port_or_known_default(), host) {
+                    Some((name, port)) => HostSeen::Uri(name, port),
+                    None => HostSeen::Conflict,
+                }
             },
             req.url().path(),
             req.headers(),

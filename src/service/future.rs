@@ -46,8 +46,9 @@ pin_project! {
         // attempt's transport to let go of the recording.
         Waiting { sleep: Pin<Box<Sleep>>, for_body: bool },
         // Waiting for the inner service to accept the next attempt, with the next attempt's
-        // body when it came from the recording (a copy is made once the service is ready).
-        Readying { body: Option<B> },
+        // body when it came from the recording (a copy is made once the service is ready),
+        // until the request's deadline if it has one (boxed, and only with a deadline).
+        Readying { body: Option<B>, deadline: Option<Pin<Box<Sleep>>> },
         // A hedged request: its attempts in flight, boxed (only a hedged request pays for it).
         Hedged { hedged: Box<Hedged<F>> },
         // The outcome was returned.
@@ -88,7 +89,7 @@ where
         let mut plan = Plan::new(
             policy,
             &parts.method,
-            || crate::classify::host::of_request(&parts.uri, &parts.headers),
+            || crate::classify::host::of_request(&parts.uri, &parts.headers, parts.version),
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,
@@ -117,7 +118,10 @@ where
         let hedge = match policy.hedging() {
             None => None,
             Some(_) => attempts.plan_hedge(
-                || crate::classify::host::of_request(&parts.uri, &parts.headers),
+                || {
+                    crate::classify::host::of_request(&parts.uri, &parts.headers, parts.version)
+                        .named()
+                },
                 matches!(kept, Some(Kept::Copy(_))),
             ),
         };
@@ -193,15 +197,22 @@ where
                     let replay = this.retry.as_ref().expect("a retry keeps its body");
                     match ready!(poll_wait(sleep, for_body, &replay.body, this.attempts, cx)) {
                         Ok(body) => {
-                            this.state.set(State::Readying { body });
+                            let deadline = this.attempts.deadline_at().map(|at| {
+                                sleep.as_mut().reset(at);
+                                std::mem::replace(
+                                    sleep,
+                                    Box::pin(tokio::time::sleep(Duration::ZERO)),
+                                )
+                            });
+                            this.state.set(State::Readying { body, deadline });
                             continue;
                         }
                         Err(why) => refused(this.attempts, why),
                     }
                 }
-                StateProj::Readying { body } => {
+                StateProj::Readying { body, deadline } => {
                     let replay = this.retry.as_mut().expect("a retry keeps its body");
-                    match ready!(poll_resend(replay, body, this.attempts, cx)) {
+                    match ready!(poll_resend(replay, body, deadline, this.attempts, cx)) {
                         Ok((future, timer)) => {
                             this.state.set(State::Called { future, timer });
                             continue;

@@ -25,10 +25,23 @@ pub(super) struct Hedged<F> {
     /// Fires the next hedge, while hedges are left.
     timer: Option<Pin<Box<Sleep>>>,
     delay: Duration,
-    /// The wait before a retry, when no attempt is left running.
+    /// The wait before a retry, when no attempt is left running; once it has passed, the
+    /// request's deadline (if it has one) while the retry waits for the service.
     backoff: Option<Pin<Box<Sleep>>>,
-    /// Send an attempt as soon as the service is ready.
-    send: bool,
+    /// The attempt to send as soon as the service is ready: counted, and its budget spent,
+    /// only then.
+    send: Option<Send>,
+}
+
+/// Why the next attempt is sent.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Send {
+    /// A hedge: the attempts in flight are slow.
+    Hedge,
+    /// A resend while others are in flight: one of them failed.
+    Resend,
+    /// The retry after a backoff, nothing in flight (its budget was spent when decided).
+    Retry,
 }
 
 struct InFlight<F> {
@@ -52,7 +65,7 @@ impl<F> Hedged<F> {
             timer: Some(Box::pin(tokio::time::sleep(delay))),
             delay,
             backoff: None,
-            send: false,
+            send: None,
         }
     }
 }
@@ -93,67 +106,92 @@ where
                     h.in_flight.clear();
                     return Poll::Ready((result, reason));
                 }
-                HedgeStep::KeepWaiting { resend_now } => h.send |= resend_now,
+                HedgeStep::KeepWaiting { resend_now: true } => h.send = Some(Send::Resend),
+                HedgeStep::KeepWaiting { resend_now: false } => {}
                 HedgeStep::Wait(after) => {
                     h.timer = None;
                     h.backoff = Some(Box::pin(tokio::time::sleep(after)));
-                    // A hedge granted but not yet sent (the service was not ready) does not
-                    // go as well as the retry.
-                    if std::mem::take(&mut h.send) {
-                        attempts.cancel_hedge();
-                    }
+                    // A hedge or resend not yet sent (the service was not ready) does not go
+                    // as well as the retry.
+                    h.send = None;
                 }
             }
         }
         if let Some(timer) = &mut h.timer {
             if timer.as_mut().poll(cx).is_ready() {
                 h.timer = None;
-                if !h.send && !h.in_flight.is_empty() && attempts.may_hedge() {
-                    h.send = true;
+                if h.send.is_none() && !h.in_flight.is_empty() && attempts.hedges_left() {
+                    h.send = Some(Send::Hedge);
                 }
             }
         }
-        if let Some(backoff) = &mut h.backoff {
-            if backoff.as_mut().poll(cx).is_ready() {
-                h.backoff = None;
-                h.send = true;
+        if h.send != Some(Send::Retry) {
+            if let Some(backoff) = &mut h.backoff {
+                if backoff.as_mut().poll(cx).is_ready() {
+                    h.send = Some(Send::Retry);
+                    // From now on the same timer waits for the deadline, if any.
+                    match attempts.deadline_at() {
+                        Some(at) => backoff.as_mut().reset(at),
+                        None => h.backoff = None,
+                    }
+                }
             }
         }
-        if !h.send {
+        let Some(send) = h.send else {
             return Poll::Pending;
-        }
+        };
         // The clone may be a handle to a shared resource: `call` only once it is ready.
         let ready = match replay.service.poll_ready(cx) {
+            Poll::Pending if send == Send::Retry => {
+                // Nothing in flight: the request ends at its deadline if the service is
+                // still not ready then.
+                let deadline = h.backoff.as_mut().map(|d| d.as_mut().poll(cx));
+                return match deadline {
+                    Some(Poll::Ready(())) => Poll::Ready(attempts.stop_at_deadline()),
+                    _ => Poll::Pending,
+                };
+            }
             Poll::Pending => return Poll::Pending,
             Poll::Ready(ready) => ready,
         };
-        h.send = false;
-        let body = match ready {
-            Ok(()) => replay.body.copy(),
-            Err(err) if h.in_flight.is_empty() => {
-                return Poll::Ready((Err(err.into()), StopReason::ServiceNotReady))
+        h.send = None;
+        if send == Send::Retry {
+            h.backoff = None;
+        }
+        if let Err(err) = ready {
+            if h.in_flight.is_empty() {
+                return Poll::Ready((Err(err.into()), StopReason::ServiceNotReady));
             }
-            // The attempts in flight may still answer; the hedge is not sent.
-            Err(_) => {
-                attempts.cancel_hedge();
-                return Poll::Pending;
-            }
-        };
-        match body {
-            Ok(body) => {
-                let (future, timer) = resend(replay, attempts, body);
-                h.in_flight.push(InFlight {
-                    number: attempts.sent(),
-                    future: Box::pin(future),
-                    timer,
-                    span: attempts.span().clone(),
-                });
-                if attempts.hedges_left() {
-                    h.timer = Some(Box::pin(tokio::time::sleep(h.delay)));
-                }
-            }
+            // The attempts in flight may still answer; nothing more is sent.
+            return Poll::Pending;
+        }
+        let body = match replay.body.copy() {
+            Ok(body) => body,
             Err(why) if h.in_flight.is_empty() => return Poll::Ready(refused(attempts, why)),
             Err(_) => return Poll::Pending,
+        };
+        // Spent and counted now that the attempt is handed on, not when it was wanted: the
+        // service may have stayed busy until another attempt ended the request.
+        let go = match send {
+            Send::Hedge => attempts.may_hedge(),
+            Send::Resend => attempts.may_resend_now(),
+            Send::Retry => !attempts.past_deadline(),
+        };
+        if !go {
+            if h.in_flight.is_empty() {
+                return Poll::Ready(attempts.stop_at_deadline());
+            }
+            continue;
+        }
+        let (future, timer) = resend(replay, attempts, body);
+        h.in_flight.push(InFlight {
+            number: attempts.sent(),
+            future: Box::pin(future),
+            timer,
+            span: attempts.span().clone(),
+        });
+        if attempts.hedges_left() {
+            h.timer = Some(Box::pin(tokio::time::sleep(h.delay)));
         }
     }
 }

@@ -153,9 +153,12 @@ pub(super) type Sent<S, B> = (<S as Service<Request<B>>>::Future, AttemptTimer);
 
 /// The next attempt, once the retry's service is ready: sent, or how the request ends
 /// instead.
+/// `deadline` fires at the request's deadline, if it has one: the wait for the service ends
+/// there.
 pub(super) fn poll_resend<S, B, R>(
     replay: &mut Replay<S, B>,
     body: &mut Option<B>,
+    deadline: &mut Option<Pin<Box<Sleep>>>,
     attempts: &mut Attempts,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Sent<S, B>, Ended<R>>>
@@ -166,8 +169,22 @@ where
 {
     // The clone may be a handle to a shared resource (a buffer, a pool, a concurrency limit):
     // `call` is only allowed once it says it is ready.
-    if let Err(err) = ready!(replay.service.poll_ready(cx)) {
-        return Poll::Ready(Err((Err(err.into()), StopReason::ServiceNotReady)));
+    match replay.service.poll_ready(cx) {
+        Poll::Ready(Ok(())) => {}
+        Poll::Ready(Err(err)) => {
+            return Poll::Ready(Err((Err(err.into()), StopReason::ServiceNotReady)))
+        }
+        Poll::Pending => {
+            ready!(deadline
+                .as_mut()
+                .map_or(Poll::Pending, |d| d.as_mut().poll(cx)));
+            return Poll::Ready(Err(attempts.stop_at_deadline()));
+        }
+    }
+    // The wait for readiness may have outlasted the deadline (a concurrency limit, a buffer):
+    // nothing is handed on for a caller who has stopped waiting.
+    if attempts.past_deadline() {
+        return Poll::Ready(Err(attempts.stop_at_deadline()));
     }
     // A copy is made now (never pending); a recording came with the state.
     Poll::Ready(match body.take().map_or_else(|| replay.body.copy(), Ok) {

@@ -146,10 +146,12 @@ fn a_request_without_a_visible_host_fails_closed() {
         assert_eq!(search.source(), VerdictSource::Route, "{host:?}");
         assert!(search.keys_honored() && !search.host_unknown());
     }
-    // The request's own host outranks the origin.
+    // A `Host` that names another host than the origin (where the channel sends): the server
+    // may route by either, so the host is unknown and nothing host-scoped but a write rule
+    // applies (issue 41, item 1: it used to outrank the origin).
     let elsewhere = origin.classify(&req(Method::POST, "/v1/search", Some("other.test")));
     assert_eq!(elsewhere.source(), VerdictSource::Method);
-    assert!(!elsewhere.keys_honored() && !elsewhere.host_unknown());
+    assert!(!elsewhere.keys_honored() && elsewhere.host_unknown());
     // A policy that scopes nothing to hosts never looks, and never says the host was unknown.
     let plain = RetryPolicy::builder().build().unwrap();
     assert!(!plain
