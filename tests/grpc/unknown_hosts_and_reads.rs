@@ -251,12 +251,30 @@ fn for_origin_takes_base_urls_and_refuses_user_information_without_echoing_it() 
         v6.classify(&put("/v1/put")).idempotency(),
         Idempotency::NonIdempotent
     );
-    // The origin is used only when the request shows no host.
+    // A `Host` naming another host than the origin (where the channel sends) leaves the host
+    // unknown, and the write rule holds (issue 41, item 1: the header used to outrank it).
     let named = origin_form(Method::PUT, "/v1/put")
         .header("host", "elsewhere.test")
         .body(())
         .unwrap();
-    assert_eq!(v6.classify(&named).idempotency(), Idempotency::Idempotent);
+    assert_eq!(
+        v6.classify(&named).idempotency(),
+        Idempotency::NonIdempotent
+    );
+    assert!(v6.classify(&named).host_unknown());
+    // Port 0 and an unspecified address are no origin a channel sends to (issue 41, item 2).
+    for bad in [
+        "http://127.0.0.1:0",
+        "127.0.0.1:0",
+        "http://0.0.0.0:50051",
+        "ftp://127.0.0.1:1",
+    ] {
+        assert_eq!(
+            policy.for_origin(bad).unwrap_err().setting_name(),
+            "for_origin",
+            "{bad}"
+        );
+    }
 }
 
 /// From the adversarial review of the host/applied change: a keyed POST whose key is trusted
