@@ -13,7 +13,9 @@ use tower_retry_safety::server::{Entry, IdempotencyStore, RedisStore};
 
 use super::redis_failover::{replicated, send, Answer, LIMIT};
 use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{free_port, wait_until, wait_until_async, Node, Proxy, INSTALL};
+use crate::support::redis::{
+    free_port, wait_until, wait_until_async, Node, Proxy, INSTALL, PATIENT,
+};
 
 /// A `redis-server` of the test's own that keeps its keys across a stop: stopped with
 /// `SHUTDOWN SAVE` and started again from its snapshot, so an outage refuses connections
@@ -247,8 +249,13 @@ async fn a_stalled_replica_starves_no_renewal() {
     let url = primary.url();
     let a = Instance::start_with(
         move || async move {
+            // Patient with the calls this test needs through (32 claims at once, each
+            // waiting for the replica, beside a build in CI): the stall, not a timeout, is
+            // what is tested.
             RedisStore::builder(&url)
                 .wait_for_replicas(1)
+                .timeout(PATIENT)
+                .replica_timeout(PATIENT)
                 .connect()
                 .await
         },
