@@ -42,7 +42,7 @@ pub(super) const RUN_ONCE: [&str; 4] = [
 ];
 
 impl KeysReport {
-    /// Whether no rule failed and every run-once rule ([`RUN_ONCE`]: in flight, repeat,
+    /// Whether no rule failed and every run-once rule (in flight, repeat,
     /// concurrent, after a failure) passed. A skipped run-once rule leaves the check
     /// unpassed: a server that re-ran every repeat, or held a repeat instead of answering
     /// 409, could not be told from a conforming one, so the check does not say it conforms.
