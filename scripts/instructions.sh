@@ -28,3 +28,19 @@ ratio stream_put full_put
 ratio bare_stream_put bare_full_put
 # The recording's own cost: a stream over `Full` through the layer, over the same without it.
 python3 -c "print('instr recording_overhead %.3f' % ((${per[stream_put]} / ${per[full_put]}) / (${per[bare_stream_put]} / ${per[bare_full_put]})))"
+
+# The metrics' own cost (feature opentelemetry): a GET through a layer recording in an SDK
+# meter, the same without a meter, and the SDK's own histogram record with the same
+# attributes built once (`otel_floor`). This crate's share is what the meter adds beyond the
+# SDK's record; the goal is at most half of that record.
+bin=$(scripts/bench-bin.sh overhead --features opentelemetry)
+for variant in layer layer_metrics otel_floor; do
+    zero=$(count "$variant" 0)
+    many=$(count "$variant" "$n")
+    per[m_$variant]=$(((many - zero) / n))
+    echo "instr metrics/$variant ${per[m_$variant]}"
+done
+python3 -c "print('instr layer_metrics/layer %.3f' % (${per[m_layer_metrics]} / ${per[m_layer]}))"
+own=$((per[m_layer_metrics] - per[m_layer] - per[m_otel_floor]))
+echo "count metrics_own_share $own"
+python3 -c "print('instr metrics_own_share/otel_floor %.3f' % ($own / ${per[m_otel_floor]}))"

@@ -72,7 +72,10 @@ impl Attempts {
         let hedging = self.hedge.as_ref().map(|h| h.summary()).unwrap_or_default();
         let ended = crate::metrics::client::Ended {
             attempts: self.records.len() + hedging.superseded,
-            stop: stop.as_str(),
+            stop: crate::metrics::client::Label {
+                ordinal: stop as usize,
+                name: stop.as_str(),
+            },
             suppressed: stop == StopReason::SuppressedNotIdempotent,
             refused: matches!(
                 stop,

@@ -20,13 +20,22 @@ fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {
                     .map_or(IdempotencyLevel::IdempotencyUnknown, |o| {
                         o.idempotency_level()
                     });
+                let (service, method) = (service.name(), method.name());
+                let named = is_full_name(package) && is_name(service) && is_name(method);
+                let path = if package.is_empty() {
+                    format!("/{service}/{method}")
+                } else {
+                    format!("/{package}.{service}/{method}")
+                };
+                if named {
+                    routes.methods.push(path[1..].to_owned());
+                }
                 // IDEMPOTENCY_UNKNOWN says nothing: the call stays a POST, a write.
                 if level == IdempotencyLevel::IdempotencyUnknown {
                     continue;
                 }
-                let (service, method) = (service.name(), method.name());
                 // Names from bytes are checked, so no rule can be a template by accident.
-                if !is_full_name(package) || !is_name(service) || !is_name(method) {
+                if !named {
                     routes.refused.get_or_insert(BuildError::setting(
                         "grpc_descriptors",
                         format!(
@@ -36,11 +45,6 @@ fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {
                     ));
                     continue;
                 }
-                let path = if package.is_empty() {
-                    format!("/{service}/{method}")
-                } else {
-                    format!("/{package}.{service}/{method}")
-                };
                 routes.paths.push(path);
             }
         }

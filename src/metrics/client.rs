@@ -8,6 +8,8 @@ use std::time::Duration;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 
+pub(crate) use super::attributes::Label;
+use super::attributes::{AttributeSets, Method, Set};
 use crate::classify::{FailureClass, VerdictSource};
 use crate::target::Target;
 
@@ -32,6 +34,8 @@ pub(crate) struct ClientInstruments {
     stored_responses: Counter<u64>,
     /// gRFC A96's per-call histograms, for gRPC calls.
     grpc: GrpcInstruments,
+    /// The attribute sets, built once per combination.
+    sets: AttributeSets,
 }
 
 /// gRFC A96's instruments: per gRPC call, recorded only when the call was resent.
@@ -40,6 +44,10 @@ struct GrpcInstruments {
     transparent_retries: Histogram<u64>,
     hedges: Histogram<u64>,
     retry_delay: Histogram<f64>,
+    /// `grpc.method`'s values: the methods the policy knows, by name, each with its set.
+    methods: Box<[(Box<str>, [KeyValue; 1])]>,
+    /// Every other method's set (`other`).
+    other: [KeyValue; 1],
 }
 
 /// What a gRPC call's resends were, as gRFC A96 counts them.
@@ -64,8 +72,8 @@ impl fmt::Debug for ClientInstruments {
 pub(crate) struct Ended {
     /// Attempts sent, the superseded included (`RetryReport::attempts`).
     pub(crate) attempts: u32,
-    /// Why there was no further attempt (`StopReason::as_str`).
-    pub(crate) stop: &'static str,
+    /// Why there was no further attempt (`StopReason`).
+    pub(crate) stop: Label,
     /// The retry of a write that may have been applied was suppressed.
     pub(crate) suppressed: bool,
     /// A retry that the failure called for was refused (budget, deadline, body, a wait too
@@ -83,8 +91,21 @@ pub(crate) struct Ended {
 }
 
 impl ClientInstruments {
-    pub(crate) fn new(meter: &Meter) -> Self {
+    /// The instruments, with `grpc_methods` (full names, `package.Service/Method`) as the
+    /// only `grpc.method` values besides `other`.
+    pub(crate) fn new(meter: &Meter, grpc_methods: Vec<String>) -> Self {
+        let mut names: Vec<Box<str>> = grpc_methods.into_iter().map(Into::into).collect();
+        names.sort_unstable();
+        names.dedup();
+        let methods = names
+            .into_iter()
+            .map(|name| {
+                let set = [KeyValue::new("grpc.method", name.to_string())];
+                (name, set)
+            })
+            .collect();
         ClientInstruments {
+            sets: AttributeSets::default(),
             attempts: meter
                 .u64_histogram("retry_safety.client.attempts")
                 .with_unit("{attempt}")
@@ -172,6 +193,8 @@ impl ClientInstruments {
                     )
                     .with_boundaries(WAIT_BUCKETS.to_vec())
                     .build(),
+                methods,
+                other: [KeyValue::new("grpc.method", "other")],
             },
         }
     }
@@ -185,59 +208,62 @@ impl ClientInstruments {
         class: FailureClass,
         wait: Option<Duration>,
     ) {
-        let method = super::method(&target.method);
-        let host = host(target);
-        let attributes = [
-            method.clone(),
-            KeyValue::new("retry_safety.verdict_source", source.as_str()),
-            KeyValue::new("retry_safety.failure_class", class.as_str()),
-            host.clone(),
-        ];
-        self.retries.add(1, known(&attributes));
-        if let Some(wait) = wait {
-            self.wait.record(wait.as_secs_f64(), known(&[method, host]));
-        }
+        let method = Method::of(&target.method);
+        let sets = [Set::Class(method, source, class), Set::Method(method)];
+        self.sets
+            .with(target.host(), sets, |[by_class, by_method]| {
+                self.retries.add(1, by_class);
+                if let Some(wait) = wait {
+                    self.wait.record(wait.as_secs_f64(), by_method);
+                }
+            });
     }
 
     /// A request's end: its attempts, and what stopped them.
     pub(crate) fn ended(&self, target: &Target, source: VerdictSource, ended: Ended) {
-        let method = super::method(&target.method);
-        let host = host(target);
-        let source = KeyValue::new("retry_safety.verdict_source", source.as_str());
-        let stop = KeyValue::new("retry_safety.stop_reason", ended.stop);
-        let attributes = [method.clone(), source.clone(), stop.clone(), host.clone()];
-        self.attempts
-            .record(u64::from(ended.attempts), known(&attributes));
-        if ended.suppressed {
+        let method = Method::of(&target.method);
+        if !ended.suppressed && !ended.refused && !ended.has_more() {
+            // The common end (one attempt, answered): one set, one record.
+            let sets = [Set::Stop(method, source, ended.stop)];
+            self.sets.with(target.host(), sets, |[by_stop]| {
+                self.attempts.record(u64::from(ended.attempts), by_stop);
+            });
+        } else {
             let class = ended.last_class.unwrap_or(FailureClass::Ambiguous);
-            let attributes = [
-                method.clone(),
-                source.clone(),
-                KeyValue::new("retry_safety.failure_class", class.as_str()),
-                host.clone(),
+            let sets = [
+                Set::Stop(method, source, ended.stop),
+                Set::Class(method, source, class),
+                Set::Method(method),
             ];
-            self.suppressed.add(1, known(&attributes));
-        }
-        if ended.refused {
-            let attributes = [method.clone(), source, stop, host.clone()];
-            self.refused.add(1, known(&attributes));
-        }
-        let attributes = [method, host];
-        let attributes = known(&attributes);
-        if ended.stored_response {
-            self.stored_responses.add(1, attributes);
-        }
-        if ended.hedges > 0 {
-            self.hedges.add(u64::from(ended.hedges), attributes);
-        }
-        if ended.hedge_won {
-            self.hedge_wins.add(1, attributes);
-        }
-        if ended.superseded > 0 {
-            self.superseded.add(u64::from(ended.superseded), attributes);
+            self.sets
+                .with(target.host(), sets, |sets| self.ended_all(&ended, sets));
         }
         if let Some(call) = ended.grpc {
             self.grpc_call(target, call, ended.hedges);
+        }
+    }
+
+    /// A request's end that recorded more than its attempts.
+    #[cold]
+    fn ended_all(&self, ended: &Ended, [by_stop, by_class, by_method]: [&[KeyValue]; 3]) {
+        self.attempts.record(u64::from(ended.attempts), by_stop);
+        if ended.suppressed {
+            self.suppressed.add(1, by_class);
+        }
+        if ended.refused {
+            self.refused.add(1, by_stop);
+        }
+        if ended.stored_response {
+            self.stored_responses.add(1, by_method);
+        }
+        if ended.hedges > 0 {
+            self.hedges.add(u64::from(ended.hedges), by_method);
+        }
+        if ended.hedge_won {
+            self.hedge_wins.add(1, by_method);
+        }
+        if ended.superseded > 0 {
+            self.superseded.add(u64::from(ended.superseded), by_method);
         }
     }
 
@@ -245,40 +271,34 @@ impl ClientInstruments {
     /// the delay only for a call that was resent.
     #[cold]
     fn grpc_call(&self, target: &Target, call: GrpcCall, hedges: u32) {
-        // A path of gRPC's shape, else `other`: any POST with a gRPC content type is a call,
-        // and a path is no bounded attribute.
-        let method = crate::classify::grpc::method_name(target.path()).unwrap_or("other");
-        let attributes = [KeyValue::new("grpc.method", method.to_owned())];
         let g = &self.grpc;
+        // A method the policy knows (a route, a proto's method), else `other`: any POST with
+        // a gRPC content type is a call, and a caller may invent its path.
+        let attributes = crate::classify::grpc::method_name(target.path())
+            .and_then(|name| {
+                let at = g.methods.binary_search_by(|(n, _)| (**n).cmp(name)).ok()?;
+                Some(&g.methods[at].1)
+            })
+            .unwrap_or(&g.other);
         if call.retries > 0 {
-            g.retries.record(u64::from(call.retries), &attributes);
+            g.retries.record(u64::from(call.retries), attributes);
         }
         if call.transparent_retries > 0 {
             g.transparent_retries
-                .record(u64::from(call.transparent_retries), &attributes);
+                .record(u64::from(call.transparent_retries), attributes);
         }
         if hedges > 0 {
-            g.hedges.record(u64::from(hedges), &attributes);
+            g.hedges.record(u64::from(hedges), attributes);
         }
         if call.retries + call.transparent_retries + hedges > 0 {
-            g.retry_delay.record(call.delay.as_secs_f64(), &attributes);
+            g.retry_delay.record(call.delay.as_secs_f64(), attributes);
         }
     }
 }
 
-/// `server.address`: the host alone (no port, path, query or header value); empty when the
-/// request showed none, and then left out by [`known`].
-fn host(target: &Target) -> KeyValue {
-    // Shared, not owned: the value is cloned into each instrument's attributes, and a clone
-    // of an `Arc` allocates nothing (an owned string was copied once more per request).
-    let host: std::sync::Arc<str> = target.host().unwrap_or("").into();
-    KeyValue::new("server.address", host)
-}
-
-/// The attributes without an empty `server.address`, which is always last.
-fn known(attributes: &[KeyValue]) -> &[KeyValue] {
-    match attributes.split_last() {
-        Some((host, rest)) if host.value.as_str().is_empty() => rest,
-        _ => attributes,
+impl Ended {
+    /// Whether anything besides the attempts is recorded.
+    fn has_more(&self) -> bool {
+        self.stored_response || self.hedges > 0 || self.hedge_won || self.superseded > 0
     }
 }

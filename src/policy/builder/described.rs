@@ -7,6 +7,9 @@ use super::*;
 #[derive(Debug, Default)]
 pub(crate) struct DescribedRoutes {
     pub(crate) paths: Vec<String>,
+    /// Every described method's full name (`package.Service/Method`), harmless or not: the
+    /// `grpc.method` values a meter may record.
+    pub(crate) methods: Vec<String>,
     pub(crate) refused: Option<BuildError>,
 }
 

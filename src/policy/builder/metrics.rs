@@ -29,3 +29,28 @@ impl RetryPolicyBuilder {
         self
     }
 }
+
+impl super::Rules {
+    /// `grpc.method`'s values besides `other`: the gRPC methods the rules name literally (a
+    /// POST route without a template part, for any host or one) and every method of a
+    /// described service. Anything else a caller sends is `other`: a path is no bounded
+    /// attribute.
+    pub(super) fn grpc_methods(&self) -> Vec<String> {
+        let literal = |method: &http::Method, template: &str| {
+            let name = (*method == http::Method::POST && !template.contains('{'))
+                .then(|| crate::classify::grpc::method_name(template))
+                .flatten()?;
+            Some(name.to_owned())
+        };
+        let routes = self.routes.iter().map(|(m, t, _)| (m, t));
+        let host_routes = self.host_routes.iter().map(|(_, m, t, _)| (m, t));
+        let key_routes = self.key_routes.iter().map(|(m, t, _)| (m, t));
+        let mut methods: Vec<String> = routes
+            .chain(host_routes)
+            .chain(key_routes)
+            .filter_map(|(m, t)| literal(m, t))
+            .collect();
+        methods.extend(self.described.methods.iter().cloned());
+        methods
+    }
+}

@@ -248,6 +248,8 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
+        #[cfg(feature = "opentelemetry")]
+        let grpc_methods = self.rules.grpc_methods();
         self.rules.described.add_to(&mut self.rules.routes)?;
         let hedge = self.hedge.map(crate::Hedge::build).transpose()?;
         let mut key_trust = KeyTrust {
@@ -320,7 +322,7 @@ impl RetryPolicyBuilder {
                 metrics: self
                     .meter
                     .as_ref()
-                    .map(crate::metrics::client::ClientInstruments::new),
+                    .map(|m| crate::metrics::client::ClientInstruments::new(m, grpc_methods)),
                 warned_host_unknown: Default::default(),
             }),
         })
