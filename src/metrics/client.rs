@@ -90,20 +90,58 @@ pub(crate) struct Ended {
     pub(crate) grpc: Option<GrpcCall>,
 }
 
-impl ClientInstruments {
-    /// The instruments, with `grpc_methods` (full names, `package.Service/Method`) as the
-    /// only `grpc.method` values besides `other`.
-    pub(crate) fn new(meter: &Meter, grpc_methods: Vec<String>) -> Self {
-        let mut names: Vec<Box<str>> = grpc_methods.into_iter().map(Into::into).collect();
+impl GrpcInstruments {
+    /// gRFC A96's instruments, with `methods` as the only `grpc.method` values besides
+    /// `other`.
+    fn new(meter: &Meter, methods: Vec<String>) -> Self {
+        let mut names: Vec<Box<str>> = methods.into_iter().map(Into::into).collect();
         names.sort_unstable();
         names.dedup();
-        let methods = names
+        let methods: Box<[_]> = names
             .into_iter()
             .map(|name| {
                 let set = [KeyValue::new("grpc.method", name.to_string())];
                 (name, set)
             })
             .collect();
+        GrpcInstruments {
+            retries: meter
+                .u64_histogram("grpc.client.call.retries")
+                .with_unit("{retry}")
+                .with_description("Number of retries during the client call (gRFC A96)")
+                .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                .build(),
+            transparent_retries: meter
+                .u64_histogram("grpc.client.call.transparent_retries")
+                .with_unit("{transparent_retry}")
+                .with_description("Number of transparent retries during the client call (gRFC A96)")
+                .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                .build(),
+            hedges: meter
+                .u64_histogram("grpc.client.call.hedges")
+                .with_unit("{hedge}")
+                .with_description("Number of hedges during the client call (gRFC A96)")
+                .with_boundaries(ATTEMPT_BUCKETS.to_vec())
+                .build(),
+            retry_delay: meter
+                .f64_histogram("grpc.client.call.retry_delay")
+                .with_unit("s")
+                .with_description(
+                    "Total time of delay while there is no active attempt during the \
+                     client call (gRFC A96)",
+                )
+                .with_boundaries(WAIT_BUCKETS.to_vec())
+                .build(),
+            methods,
+            other: [KeyValue::new("grpc.method", "other")],
+        }
+    }
+}
+
+impl ClientInstruments {
+    /// The instruments, with `grpc_methods` (full names, `package.Service/Method`) as the
+    /// only `grpc.method` values besides `other`.
+    pub(crate) fn new(meter: &Meter, grpc_methods: Vec<String>) -> Self {
         ClientInstruments {
             sets: AttributeSets::default(),
             attempts: meter
@@ -163,39 +201,7 @@ impl ClientInstruments {
                     "Responses that are the server's stored response to an idempotency key",
                 )
                 .build(),
-            grpc: GrpcInstruments {
-                retries: meter
-                    .u64_histogram("grpc.client.call.retries")
-                    .with_unit("{retry}")
-                    .with_description("Number of retries during the client call (gRFC A96)")
-                    .with_boundaries(ATTEMPT_BUCKETS.to_vec())
-                    .build(),
-                transparent_retries: meter
-                    .u64_histogram("grpc.client.call.transparent_retries")
-                    .with_unit("{transparent_retry}")
-                    .with_description(
-                        "Number of transparent retries during the client call (gRFC A96)",
-                    )
-                    .with_boundaries(ATTEMPT_BUCKETS.to_vec())
-                    .build(),
-                hedges: meter
-                    .u64_histogram("grpc.client.call.hedges")
-                    .with_unit("{hedge}")
-                    .with_description("Number of hedges during the client call (gRFC A96)")
-                    .with_boundaries(ATTEMPT_BUCKETS.to_vec())
-                    .build(),
-                retry_delay: meter
-                    .f64_histogram("grpc.client.call.retry_delay")
-                    .with_unit("s")
-                    .with_description(
-                        "Total time of delay while there is no active attempt during the \
-                         client call (gRFC A96)",
-                    )
-                    .with_boundaries(WAIT_BUCKETS.to_vec())
-                    .build(),
-                methods,
-                other: [KeyValue::new("grpc.method", "other")],
-            },
+            grpc: GrpcInstruments::new(meter, grpc_methods),
         }
     }
 

@@ -48,28 +48,9 @@ pub(super) async fn run(
     let mut timer: Option<Pin<Box<Sleep>>> = Some(Box::pin(tokio::time::sleep(delay)));
     let mut backoff: Option<Pin<Box<Sleep>>> = None;
     loop {
-        let event = std::future::poll_fn(|cx| {
-            for i in 0..in_flight.len() {
-                if let Poll::Ready(out) = in_flight[i].1.as_mut().poll(cx) {
-                    let (number, _, span) = in_flight.swap_remove(i);
-                    return Poll::Ready(Event::Done(number, out, span));
-                }
-            }
-            if let Some(t) = &mut timer {
-                if t.as_mut().poll(cx).is_ready() {
-                    timer = None;
-                    return Poll::Ready(Event::Hedge);
-                }
-            }
-            if let Some(b) = &mut backoff {
-                if b.as_mut().poll(cx).is_ready() {
-                    backoff = None;
-                    return Poll::Ready(Event::Backoff);
-                }
-            }
-            Poll::Pending
-        })
-        .await;
+        let event =
+            std::future::poll_fn(|cx| poll_event(cx, &mut in_flight, &mut timer, &mut backoff))
+                .await;
         let send = match event {
             Event::Done(number, (result, ext), span) => {
                 attempts.use_span(span);
@@ -118,6 +99,35 @@ pub(super) async fn run(
             timer = Some(Box::pin(tokio::time::sleep(delay)));
         }
     }
+}
+
+/// The first of: an attempt's outcome (taken out of `in_flight`), the hedge timer, the
+/// backoff (each timer cleared once it fired).
+fn poll_event(
+    cx: &mut std::task::Context<'_>,
+    in_flight: &mut Vec<(u32, Attempt<'_>, Span)>,
+    timer: &mut Option<Pin<Box<Sleep>>>,
+    backoff: &mut Option<Pin<Box<Sleep>>>,
+) -> Poll<Event> {
+    for i in 0..in_flight.len() {
+        if let Poll::Ready(out) = in_flight[i].1.as_mut().poll(cx) {
+            let (number, _, span) = in_flight.swap_remove(i);
+            return Poll::Ready(Event::Done(number, out, span));
+        }
+    }
+    if let Some(t) = timer {
+        if t.as_mut().poll(cx).is_ready() {
+            *timer = None;
+            return Poll::Ready(Event::Hedge);
+        }
+    }
+    if let Some(b) = backoff {
+        if b.as_mut().poll(cx).is_ready() {
+            *backoff = None;
+            return Poll::Ready(Event::Backoff);
+        }
+    }
+    Poll::Pending
 }
 
 /// One attempt through the rest of the chain, cut by the policy's clock if it runs out first.

@@ -122,42 +122,7 @@ impl Middleware for RetrySafetyMiddleware {
     ) -> reqwest_middleware::Result<Response> {
         let policy = &self.policy;
         let mut req = req;
-        let mut plan = Plan::new(
-            policy,
-            req.method(),
-            || {
-                use crate::classify::host::{unless_disagreeing, HostSeen};
-                let (url, host) = (req.url(), req.headers().get(http::header::HOST));
-                let Some(name) = url.host_str() else {
-                    return HostSeen::Nothing;
-                };
-                match unless_disagreeing(name, url.port_or_known_default(), host) {
-                    Some((name, port)) => HostSeen::Uri(name, port),
-                    None => HostSeen::Conflict,
-                }
-            },
-            req.url().path(),
-            req.headers(),
-            extensions,
-        );
-        plan.mint_key(policy, req.headers_mut());
-        let kept = if plan.may_retry(policy) {
-            keep_request(&mut req, policy.replay_buffer())
-        } else {
-            Err(NotReplayable::Stream)
-        };
-        let url = req.url();
-        let target = Target::from_path(req.method().clone(), url.host_str(), url.path());
-        let marks_attempts = plan.marks_attempts();
-        let (kept, why_not) = match kept {
-            Ok(kept) => (Some(kept), Ok(())),
-            Err(why) => (None, Err(why)),
-        };
-        let mut attempts = Attempts::start(policy, plan, target, why_not);
-        if marks_attempts {
-            extensions.insert(LayerAttempt);
-            KeyHeader::mark(policy, extensions);
-        }
+        let (mut attempts, kept) = start(policy, &mut req, extensions);
         // One branch when the policy does not hedge.
         let hedge = match policy.hedging() {
             None => None,
@@ -171,31 +136,7 @@ impl Middleware for RetrySafetyMiddleware {
             return hedged::run(&mut attempts, next, req, extensions, copy, delay).await;
         }
         loop {
-            let number = attempts.next_attempt(req.headers_mut());
-            if number > 1 {
-                extensions.insert(AttemptNumber(number));
-            }
-            // With a clock, the attempt's clock, for a middleware that reads the body.
-            let limit = attempts.attempt_limit();
-            let clock = limit.map(|_| attempts.clock());
-            if let Some(clock) = &clock {
-                extensions.insert(clock.clone());
-            } else {
-                extensions.remove::<AttemptClock>();
-            }
-            let attempt = next
-                .clone()
-                .run(req, extensions)
-                .instrument(attempts.span().clone());
-            let result = match limit {
-                None => attempt.await,
-                // Cut by the policy's clock: the attempt may have been sent.
-                Some((limit, why)) => {
-                    timed(attempt, limit, why, clock.as_ref(), || attempts.time_left())
-                        .await
-                        .unwrap_or_else(|why| Err(reqwest_middleware::Error::middleware(why)))
-                }
-            };
+            let result = send_attempt(&mut attempts, next.clone(), req, extensions).await;
             let resend = kept.as_ref().map(|k| k.check(result.is_ok()));
             let reason = match attempts.on_outcome(outcome(&result), resend) {
                 Step::Wait(after) => {
@@ -219,6 +160,84 @@ impl Middleware for RetrySafetyMiddleware {
                 .finish(result.map_err(into_box), reason)
                 .map_err(reqwest_middleware::Error::middleware);
         }
+    }
+}
+
+/// Reads the request once (its verdict, a minted key, a copy kept for resends) and starts
+/// its attempts.
+fn start(
+    policy: &RetryPolicy,
+    req: &mut Request,
+    extensions: &mut Extensions,
+) -> (Attempts, Option<KeptRequest>) {
+    let mut plan = Plan::new(
+        policy,
+        req.method(),
+        || {
+            use crate::classify::host::{unless_disagreeing, HostSeen};
+            let (url, host) = (req.url(), req.headers().get(http::header::HOST));
+            let Some(name) = url.host_str() else {
+                return HostSeen::Nothing;
+            };
+            match unless_disagreeing(name, url.port_or_known_default(), host) {
+                Some((name, port)) => HostSeen::Uri(name, port),
+                None => HostSeen::Conflict,
+            }
+        },
+        req.url().path(),
+        req.headers(),
+        extensions,
+    );
+    plan.mint_key(policy, req.headers_mut());
+    let kept = if plan.may_retry(policy) {
+        keep_request(req, policy.replay_buffer())
+    } else {
+        Err(NotReplayable::Stream)
+    };
+    let url = req.url();
+    let target = Target::from_path(req.method().clone(), url.host_str(), url.path());
+    let marks_attempts = plan.marks_attempts();
+    let (kept, why_not) = match kept {
+        Ok(kept) => (Some(kept), Ok(())),
+        Err(why) => (None, Err(why)),
+    };
+    let attempts = Attempts::start(policy, plan, target, why_not);
+    if marks_attempts {
+        extensions.insert(LayerAttempt);
+        KeyHeader::mark(policy, extensions);
+    }
+    (attempts, kept)
+}
+
+/// Sends the next attempt of `req` down the chain, with its number and (with a clock) the
+/// attempt's clock in the extensions, cut by the policy's clock.
+async fn send_attempt(
+    attempts: &mut Attempts,
+    next: Next<'_>,
+    mut req: Request,
+    extensions: &mut Extensions,
+) -> reqwest_middleware::Result<Response> {
+    let number = attempts.next_attempt(req.headers_mut());
+    if number > 1 {
+        extensions.insert(AttemptNumber(number));
+    }
+    // With a clock, the attempt's clock, for a middleware that reads the body.
+    let limit = attempts.attempt_limit();
+    let clock = limit.map(|_| attempts.clock());
+    if let Some(clock) = &clock {
+        extensions.insert(clock.clone());
+    } else {
+        extensions.remove::<AttemptClock>();
+    }
+    let attempt = next
+        .run(req, extensions)
+        .instrument(attempts.span().clone());
+    match limit {
+        None => attempt.await,
+        // Cut by the policy's clock: the attempt may have been sent.
+        Some((limit, why)) => timed(attempt, limit, why, clock.as_ref(), || attempts.time_left())
+            .await
+            .unwrap_or_else(|why| Err(reqwest_middleware::Error::middleware(why))),
     }
 }
 

@@ -182,101 +182,15 @@ where
             let Some(rest) = this.rest.as_mut() else {
                 break;
             };
-            let polled = match Pin::new(rest).poll_frame(cx) {
-                Poll::Ready(polled) => polled,
-                Poll::Pending => {
-                    // A body that stalls past the policy's clock is cut like one that ends.
-                    let stalled = match (this.resume.as_mut(), this.clock.as_mut()) {
-                        (Some(resume), _) => resume.poll_idle(cx),
-                        (None, Some(clock)) => match clock.poll(cx) {
-                            Poll::Ready(why) => {
-                                this.rest = None;
-                                let mut cut =
-                                    BodyCutError::new(this.status, this.received, Box::new(why));
-                                if let Some(why) = this.no_resume {
-                                    cut = cut.no_resume(why);
-                                }
-                                return Poll::Ready(Some(Err(Box::new(cut))));
-                            }
-                            Poll::Pending => Poll::Pending,
-                        },
-                        (None, None) => Poll::Pending,
-                    };
-                    match (stalled, this.resume.as_mut()) {
-                        (Poll::Ready(why), Some(resume)) => {
-                            this.rest = None;
-                            resume.begin(Box::new(why), this.received);
-                            continue;
-                        }
-                        _ => return Poll::Pending,
-                    }
-                }
+            let step = match Pin::new(rest).poll_frame(cx) {
+                Poll::Pending => this.on_pending(cx),
+                Poll::Ready(Some(Ok(frame))) => this.on_frame(frame),
+                Poll::Ready(Some(Err(err))) => this.on_error(err.into()),
+                Poll::Ready(None) => this.on_end(),
             };
-            match polled {
-                Some(Ok(frame)) => {
-                    if let Some(resume) = this.resume.as_mut() {
-                        resume.on_frame();
-                    }
-                    if let Some(clock) = this.clock.as_mut() {
-                        clock.on_frame();
-                    }
-                    let frame = match frame.into_data() {
-                        Ok(mut data) => {
-                            // What a superset repeats was delivered already.
-                            if this.skip > 0 {
-                                let skip = this.skip.min(data.len() as u64);
-                                this.skip -= skip;
-                                data = data.slice(skip as usize..);
-                                if data.is_empty() {
-                                    continue;
-                                }
-                            }
-                            let total = this.resume.as_ref().and_then(|r| r.total());
-                            if total.is_some_and(|t| this.received + data.len() as u64 > t) {
-                                // More than the body's length: not the body that was asked
-                                // for. Nothing of it goes on.
-                                this.rest = None;
-                                let cut = BodyCutError::new(
-                                    this.status,
-                                    this.received,
-                                    "the server sent more bytes than the body's length".into(),
-                                )
-                                .no_resume(NoResume::NotTheSame);
-                                return Poll::Ready(Some(Err(Box::new(cut))));
-                            }
-                            this.received += data.len() as u64;
-                            Frame::data(data)
-                        }
-                        Err(frame) => frame,
-                    };
-                    return Poll::Ready(Some(Ok(frame)));
-                }
-                Some(Err(err)) => {
-                    // Nothing more comes from a body that failed.
-                    this.rest = None;
-                    match this.resume.as_mut() {
-                        Some(resume) => resume.begin(err.into(), this.received),
-                        None => {
-                            let mut cut = BodyCutError::new(this.status, this.received, err.into());
-                            if let Some(why) = this.no_resume {
-                                cut = cut.no_resume(why);
-                            }
-                            return Poll::Ready(Some(Err(Box::new(cut))));
-                        }
-                    }
-                }
-                None => {
-                    // A clean end before the body's length is a cut too (a `206` shorter than
-                    // its `Content-Range`).
-                    this.rest = None;
-                    if let Some(resume) = this.resume.as_mut() {
-                        if resume.total().is_some_and(|t| this.received < t) {
-                            resume.begin("the body ended before its length".into(), this.received);
-                            continue;
-                        }
-                    }
-                    return Poll::Ready(None);
-                }
+            match step {
+                Step::Again => continue,
+                Step::Give(polled) => return polled,
             }
         }
         Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
@@ -292,6 +206,114 @@ where
 
     fn size_hint(&self) -> SizeHint {
         crate::body_hint::with_bytes_ahead(self.rest.as_ref(), self.read_len, self.exact)
+    }
+}
+
+/// What `poll_frame` does after one poll of the rest of the body.
+enum Step {
+    /// Poll again: a resume began, or a frame held only bytes already delivered.
+    Again,
+    /// Give this to the reader.
+    Give(Poll<Option<Result<Frame<Bytes>, BoxError>>>),
+}
+
+impl<B> WholeBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    /// The body stopped here for `why`, and is not resumed: the error the reader gets.
+    fn cut(&mut self, why: BoxError) -> Step {
+        self.rest = None;
+        let mut cut = BodyCutError::new(self.status, self.received, why);
+        if let Some(why) = self.no_resume {
+            cut = cut.no_resume(why);
+        }
+        Step::Give(Poll::Ready(Some(Err(Box::new(cut)))))
+    }
+
+    /// The rest is pending: a body that stalls past the policy's clock is cut like one that
+    /// ends (and resumed, when it may be).
+    fn on_pending(&mut self, cx: &mut Context<'_>) -> Step {
+        let stalled = match (self.resume.as_mut(), self.clock.as_mut()) {
+            (Some(resume), _) => resume.poll_idle(cx),
+            (None, Some(clock)) => match clock.poll(cx) {
+                Poll::Ready(why) => return self.cut(Box::new(why)),
+                Poll::Pending => Poll::Pending,
+            },
+            (None, None) => Poll::Pending,
+        };
+        match (stalled, self.resume.as_mut()) {
+            (Poll::Ready(why), Some(resume)) => {
+                self.rest = None;
+                resume.begin(Box::new(why), self.received);
+                Step::Again
+            }
+            _ => Step::Give(Poll::Pending),
+        }
+    }
+
+    /// A frame of the rest: data past what was delivered goes on, trailers as they are.
+    fn on_frame(&mut self, frame: Frame<Bytes>) -> Step {
+        if let Some(resume) = self.resume.as_mut() {
+            resume.on_frame();
+        }
+        if let Some(clock) = self.clock.as_mut() {
+            clock.on_frame();
+        }
+        let mut data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => return Step::Give(Poll::Ready(Some(Ok(frame)))),
+        };
+        // What a superset repeats was delivered already.
+        if self.skip > 0 {
+            let skip = self.skip.min(data.len() as u64);
+            self.skip -= skip;
+            data = data.slice(skip as usize..);
+            if data.is_empty() {
+                return Step::Again;
+            }
+        }
+        let total = self.resume.as_ref().and_then(|r| r.total());
+        if total.is_some_and(|t| self.received + data.len() as u64 > t) {
+            // More than the body's length: not the body that was asked for. Nothing of it
+            // goes on.
+            self.rest = None;
+            let cut = BodyCutError::new(
+                self.status,
+                self.received,
+                "the server sent more bytes than the body's length".into(),
+            )
+            .no_resume(NoResume::NotTheSame);
+            return Step::Give(Poll::Ready(Some(Err(Box::new(cut)))));
+        }
+        self.received += data.len() as u64;
+        Step::Give(Poll::Ready(Some(Ok(Frame::data(data)))))
+    }
+
+    /// The rest failed: nothing more comes from it; resumed when it may be.
+    fn on_error(&mut self, err: BoxError) -> Step {
+        match self.resume.as_mut() {
+            Some(resume) => {
+                self.rest = None;
+                resume.begin(err, self.received);
+                Step::Again
+            }
+            None => self.cut(err),
+        }
+    }
+
+    /// The rest ended: a clean end before the body's length is a cut too (a `206` shorter
+    /// than its `Content-Range`).
+    fn on_end(&mut self) -> Step {
+        self.rest = None;
+        if let Some(resume) = self.resume.as_mut() {
+            if resume.total().is_some_and(|t| self.received < t) {
+                resume.begin("the body ended before its length".into(), self.received);
+                return Step::Again;
+            }
+        }
+        Step::Give(Poll::Ready(None))
     }
 }
 

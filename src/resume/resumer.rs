@@ -178,6 +178,66 @@ impl<B> Resume<B> {
         }
     }
 
+    /// Sends the range request for the bytes after `received`: the phase that waits for it.
+    fn send_range(&mut self, received: u64) -> Phase<B> {
+        let Some(attempts) = self.attempts.as_mut() else {
+            return Phase::Failed(NoResume::Refused);
+        };
+        let mut headers = HeaderMap::new();
+        self.expect.ask_from(received, &mut headers);
+        attempts.next_attempt(&mut headers);
+        let timer = attempts
+            .attempt_limit()
+            .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why));
+        let send = self.send.get_mut().unwrap_or_else(|e| e.into_inner());
+        let future = send(headers);
+        self.resumes += 1;
+        Phase::Sending(Mutex::new(future), timer)
+    }
+
+    /// The range request's response: the rest of the body and the bytes of it already
+    /// delivered when it continues the body, else the next phase is set.
+    fn on_response(&mut self, res: http::Response<B>, received: u64) -> Option<(B, u64)> {
+        let step = self.decide(Outcome::Response {
+            status: res.status(),
+            headers: res.headers(),
+            extensions: res.extensions(),
+        });
+        // This response's own stored-response mark, as the retry policy reads it (only on
+        // a request with a key).
+        let replayed = self
+            .attempts
+            .as_ref()
+            .is_some_and(|a| a.is_stored_response(res.headers()));
+        let checked = self
+            .expect
+            .check(res.status(), res.headers(), received, replayed);
+        match (checked, res.status().is_success()) {
+            (Ok(skip), _) => {
+                self.phase = Phase::Idle;
+                return Some((res.into_body(), skip));
+            }
+            // Another representation, or the whole body again: never spliced.
+            (Err(why), true) => {
+                if let Some(attempts) = self.attempts.as_mut() {
+                    attempts.set_stop(StopReason::Final);
+                }
+                self.publish();
+                self.phase = Phase::Failed(why);
+            }
+            // An error status: as the decision core said; a final one (a 416, a 404) says
+            // the body is not there any more.
+            (Err(why), false) => {
+                let finished = self.attempts.as_ref().map(Attempts::last_stop);
+                self.phase = match step {
+                    Phase::Failed(_) if finished == Some(StopReason::Final) => Phase::Failed(why),
+                    step => step,
+                };
+            }
+        }
+        None
+    }
+
     /// Drives the resume: ready with the rest of the body and how many of its bytes were
     /// already delivered, or with the error that ends the body.
     pub(crate) fn poll_resume(
@@ -199,20 +259,7 @@ impl<B> Resume<B> {
                 }
                 Phase::Waiting(sleep) => {
                     ready!(sleep.as_mut().poll(cx));
-                    let Some(attempts) = self.attempts.as_mut() else {
-                        self.phase = Phase::Failed(NoResume::Refused);
-                        continue;
-                    };
-                    let mut headers = HeaderMap::new();
-                    self.expect.ask_from(received, &mut headers);
-                    attempts.next_attempt(&mut headers);
-                    let timer = attempts
-                        .attempt_limit()
-                        .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why));
-                    let send = self.send.get_mut().unwrap_or_else(|e| e.into_inner());
-                    let future = send(headers);
-                    self.resumes += 1;
-                    self.phase = Phase::Sending(Mutex::new(future), timer);
+                    self.phase = self.send_range(received);
                 }
                 Phase::Sending(future, timer) => {
                     let future = future.get_mut().unwrap_or_else(|e| e.into_inner());
@@ -228,45 +275,8 @@ impl<B> Resume<B> {
                     };
                     match result {
                         Ok(res) => {
-                            let step = self.decide(Outcome::Response {
-                                status: res.status(),
-                                headers: res.headers(),
-                                extensions: res.extensions(),
-                            });
-                            // This response's own replay mark, as the retry policy reads it
-                            // (only on a request with a key).
-                            let replayed = self
-                                .attempts
-                                .as_ref()
-                                .is_some_and(|a| a.is_stored_response(res.headers()));
-                            let checked =
-                                self.expect
-                                    .check(res.status(), res.headers(), received, replayed);
-                            match (checked, res.status().is_success()) {
-                                (Ok(skip), _) => {
-                                    self.phase = Phase::Idle;
-                                    return Poll::Ready(Ok((res.into_body(), skip)));
-                                }
-                                // Another representation, or the whole body again: never
-                                // spliced.
-                                (Err(why), true) => {
-                                    if let Some(attempts) = self.attempts.as_mut() {
-                                        attempts.set_stop(StopReason::Final);
-                                    }
-                                    self.publish();
-                                    self.phase = Phase::Failed(why);
-                                }
-                                // An error status: as the decision core said; a final
-                                // one (a 416, a 404) says the body is not there any more.
-                                (Err(why), false) => {
-                                    let finished = self.attempts.as_ref().map(Attempts::last_stop);
-                                    self.phase = match step {
-                                        Phase::Failed(_) if finished == Some(StopReason::Final) => {
-                                            Phase::Failed(why)
-                                        }
-                                        step => step,
-                                    };
-                                }
+                            if let Some(rest) = self.on_response(res, received) {
+                                return Poll::Ready(Ok(rest));
                             }
                         }
                         Err(err) => self.phase = self.decide(Outcome::Error(&*err)),

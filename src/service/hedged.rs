@@ -70,6 +70,9 @@ impl<F> Hedged<F> {
     }
 }
 
+/// The request's outcome and why no further attempt was sent.
+type Ended<ResBody> = (Result<Response<ResBody>, BoxError>, StopReason);
+
 /// Polls every attempt in flight, sends hedges and retries; ready with the request's outcome.
 /// The attempts still running then are dropped here: on HTTP/2 that resets their streams, on
 /// HTTP/1 it closes their connections.
@@ -78,120 +81,162 @@ pub(super) fn poll<S, B, ResBody>(
     replay: &mut Replay<S, B>,
     attempts: &mut Attempts,
     cx: &mut Context<'_>,
-) -> Poll<(Result<Response<ResBody>, BoxError>, StopReason)>
+) -> Poll<Ended<ResBody>>
 where
     S: Service<Request<B>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
     B: ReplayBody,
 {
     loop {
-        let mut i = 0;
-        while i < h.in_flight.len() {
-            let a = &mut h.in_flight[i];
-            let entered = a.span.enter();
-            let Poll::Ready(result) = poll_attempt(a.future.as_mut(), &mut a.timer, attempts, cx)
-            else {
-                drop(entered);
-                i += 1;
-                continue;
-            };
-            drop(entered);
-            let done = h.in_flight.swap_remove(i);
-            attempts.use_span(done.span);
-            let others = !h.in_flight.is_empty();
-            match attempts.on_hedged_outcome(done.number, Outcome::of(&result), others) {
-                HedgeStep::Stop(reason) => {
-                    attempts.supersede(h.in_flight.iter().map(|a| a.number));
-                    h.in_flight.iter().for_each(|a| superseded(&a.span));
-                    h.in_flight.clear();
-                    return Poll::Ready((result, reason));
-                }
-                HedgeStep::KeepWaiting { resend_now: true } => h.send = Some(Send::Resend),
-                HedgeStep::KeepWaiting { resend_now: false } => {}
-                HedgeStep::Wait(after) => {
-                    h.timer = None;
-                    h.backoff = Some(Box::pin(tokio::time::sleep(after)));
-                    // A hedge or resend not yet sent (the service was not ready) does not go
-                    // as well as the retry.
-                    h.send = None;
-                }
-            }
+        if let Some(ended) = poll_in_flight(h, attempts, cx) {
+            return Poll::Ready(ended);
         }
-        if let Some(timer) = &mut h.timer {
-            if timer.as_mut().poll(cx).is_ready() {
-                h.timer = None;
-                if h.send.is_none() && !h.in_flight.is_empty() && attempts.hedges_left() {
-                    h.send = Some(Send::Hedge);
-                }
-            }
-        }
-        if h.send != Some(Send::Retry) {
-            if let Some(backoff) = &mut h.backoff {
-                if backoff.as_mut().poll(cx).is_ready() {
-                    h.send = Some(Send::Retry);
-                    // From now on the same timer waits for the deadline, if any.
-                    match attempts.deadline_at() {
-                        Some(at) => backoff.as_mut().reset(at),
-                        None => h.backoff = None,
-                    }
-                }
-            }
-        }
+        poll_timers(h, attempts, cx);
         let Some(send) = h.send else {
             return Poll::Pending;
         };
-        // The clone may be a handle to a shared resource: `call` only once it is ready.
-        let ready = match replay.service.poll_ready(cx) {
-            Poll::Pending if send == Send::Retry => {
-                // Nothing in flight: the request ends at its deadline if the service is
-                // still not ready then.
-                let deadline = h.backoff.as_mut().map(|d| d.as_mut().poll(cx));
-                return match deadline {
-                    Some(Poll::Ready(())) => Poll::Ready(attempts.stop_at_deadline()),
-                    _ => Poll::Pending,
-                };
-            }
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(ready) => ready,
-        };
-        h.send = None;
-        if send == Send::Retry {
-            h.backoff = None;
-        }
-        if let Err(err) = ready {
-            if h.in_flight.is_empty() {
-                return Poll::Ready((Err(err.into()), StopReason::ServiceNotReady));
-            }
-            // The attempts in flight may still answer; nothing more is sent.
-            return Poll::Pending;
-        }
-        let body = match replay.body.copy() {
-            Ok(body) => body,
-            Err(why) if h.in_flight.is_empty() => return Poll::Ready(refused(attempts, why)),
-            Err(_) => return Poll::Pending,
-        };
-        // Spent and counted now that the attempt is handed on, not when it was wanted: the
-        // service may have stayed busy until another attempt ended the request.
-        let go = match send {
-            Send::Hedge => attempts.may_hedge(),
-            Send::Resend => attempts.may_resend_now(),
-            Send::Retry => !attempts.past_deadline(),
-        };
-        if !go {
-            if h.in_flight.is_empty() {
-                return Poll::Ready(attempts.stop_at_deadline());
-            }
-            continue;
-        }
-        let (future, timer) = resend(replay, attempts, body);
-        h.in_flight.push(InFlight {
-            number: attempts.sent(),
-            future: Box::pin(future),
-            timer,
-            span: attempts.span().clone(),
-        });
-        if attempts.hedges_left() {
-            h.timer = Some(Box::pin(tokio::time::sleep(h.delay)));
+        if let Some(polled) = send_next(h, replay, attempts, cx, send) {
+            return polled;
         }
     }
+}
+
+/// Polls each attempt in flight and hands each outcome to the core; the request's outcome
+/// when the core stops (the others are dropped, superseded).
+fn poll_in_flight<F, ResBody, E>(
+    h: &mut Hedged<F>,
+    attempts: &mut Attempts,
+    cx: &mut Context<'_>,
+) -> Option<Ended<ResBody>>
+where
+    F: Future<Output = Result<Response<ResBody>, E>>,
+    E: Into<BoxError>,
+{
+    let mut i = 0;
+    while i < h.in_flight.len() {
+        let a = &mut h.in_flight[i];
+        let entered = a.span.enter();
+        let Poll::Ready(result) = poll_attempt(a.future.as_mut(), &mut a.timer, attempts, cx)
+        else {
+            drop(entered);
+            i += 1;
+            continue;
+        };
+        drop(entered);
+        let done = h.in_flight.swap_remove(i);
+        attempts.use_span(done.span);
+        let others = !h.in_flight.is_empty();
+        match attempts.on_hedged_outcome(done.number, Outcome::of(&result), others) {
+            HedgeStep::Stop(reason) => {
+                attempts.supersede(h.in_flight.iter().map(|a| a.number));
+                h.in_flight.iter().for_each(|a| superseded(&a.span));
+                h.in_flight.clear();
+                return Some((result, reason));
+            }
+            HedgeStep::KeepWaiting { resend_now: true } => h.send = Some(Send::Resend),
+            HedgeStep::KeepWaiting { resend_now: false } => {}
+            HedgeStep::Wait(after) => {
+                h.timer = None;
+                h.backoff = Some(Box::pin(tokio::time::sleep(after)));
+                // A hedge or resend not yet sent (the service was not ready) does not go
+                // as well as the retry.
+                h.send = None;
+            }
+        }
+    }
+    None
+}
+
+/// The hedge timer and the backoff: each that fired says what to send next.
+fn poll_timers<F>(h: &mut Hedged<F>, attempts: &Attempts, cx: &mut Context<'_>) {
+    if let Some(timer) = &mut h.timer {
+        if timer.as_mut().poll(cx).is_ready() {
+            h.timer = None;
+            if h.send.is_none() && !h.in_flight.is_empty() && attempts.hedges_left() {
+                h.send = Some(Send::Hedge);
+            }
+        }
+    }
+    if h.send != Some(Send::Retry) {
+        if let Some(backoff) = &mut h.backoff {
+            if backoff.as_mut().poll(cx).is_ready() {
+                h.send = Some(Send::Retry);
+                // From now on the same timer waits for the deadline, if any.
+                match attempts.deadline_at() {
+                    Some(at) => backoff.as_mut().reset(at),
+                    None => h.backoff = None,
+                }
+            }
+        }
+    }
+}
+
+/// Sends the attempt `send` once the service is ready and the core still allows it; `None`
+/// to poll again (sent, or not allowed with others in flight), else what `poll` returns.
+fn send_next<S, B, ResBody>(
+    h: &mut Hedged<S::Future>,
+    replay: &mut Replay<S, B>,
+    attempts: &mut Attempts,
+    cx: &mut Context<'_>,
+    send: Send,
+) -> Option<Poll<Ended<ResBody>>>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: ReplayBody,
+{
+    // The clone may be a handle to a shared resource: `call` only once it is ready.
+    let ready = match replay.service.poll_ready(cx) {
+        Poll::Pending if send == Send::Retry => {
+            // Nothing in flight: the request ends at its deadline if the service is still
+            // not ready then.
+            let deadline = h.backoff.as_mut().map(|d| d.as_mut().poll(cx));
+            return Some(match deadline {
+                Some(Poll::Ready(())) => Poll::Ready(attempts.stop_at_deadline()),
+                _ => Poll::Pending,
+            });
+        }
+        Poll::Pending => return Some(Poll::Pending),
+        Poll::Ready(ready) => ready,
+    };
+    h.send = None;
+    if send == Send::Retry {
+        h.backoff = None;
+    }
+    if let Err(err) = ready {
+        if h.in_flight.is_empty() {
+            return Some(Poll::Ready((Err(err.into()), StopReason::ServiceNotReady)));
+        }
+        // The attempts in flight may still answer; nothing more is sent.
+        return Some(Poll::Pending);
+    }
+    let body = match replay.body.copy() {
+        Ok(body) => body,
+        Err(why) if h.in_flight.is_empty() => return Some(Poll::Ready(refused(attempts, why))),
+        Err(_) => return Some(Poll::Pending),
+    };
+    // Spent and counted now that the attempt is handed on, not when it was wanted: the
+    // service may have stayed busy until another attempt ended the request.
+    let go = match send {
+        Send::Hedge => attempts.may_hedge(),
+        Send::Resend => attempts.may_resend_now(),
+        Send::Retry => !attempts.past_deadline(),
+    };
+    if !go {
+        return h
+            .in_flight
+            .is_empty()
+            .then(|| Poll::Ready(attempts.stop_at_deadline()));
+    }
+    let (future, timer) = resend(replay, attempts, body);
+    h.in_flight.push(InFlight {
+        number: attempts.sent(),
+        future: Box::pin(future),
+        timer,
+        span: attempts.span().clone(),
+    });
+    if attempts.hedges_left() {
+        h.timer = Some(Box::pin(tokio::time::sleep(h.delay)));
+    }
+    None
 }

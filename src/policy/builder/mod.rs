@@ -190,6 +190,51 @@ impl RetryPolicyBuilder {
 
     /// Checks every setting and builds the policy.
     pub fn build(#[allow(unused_mut)] mut self) -> Result<RetryPolicy, BuildError> {
+        self.check_limits()?;
+        #[cfg(feature = "opentelemetry")]
+        let grpc_methods = self.rules.grpc_methods();
+        self.rules.described.add_to(&mut self.rules.routes)?;
+        let hedge = self.hedge.map(crate::Hedge::build).transpose()?;
+        let key_trust = self.rules.key_trust()?;
+        let (routes, host_routes) = self.rules.route_tables()?;
+        let budget = self.timing.budget.build()?;
+        Ok(RetryPolicy {
+            origin: None,
+            inner: Arc::new(Inner {
+                max_retries: self.timing.max_retries,
+                routes,
+                host_routes,
+                key_trust,
+                mint_idempotency_keys: self.rules.mint_idempotency_keys,
+                backoff: self.timing.backoff,
+                jitter: self.timing.jitter,
+                responses: ResponseRules {
+                    retry_statuses: self.responses.retry_statuses.into_iter().collect(),
+                    not_applied_statuses: self.responses.not_applied_statuses.into_iter().collect(),
+                    hook: self.responses.response_hook,
+                    max_retry_after: self.responses.max_retry_after,
+                    should_retry_header: self.responses.should_retry_header,
+                    stored_response_header: self.responses.stored_response_header,
+                },
+                on_attempt: self.responses.on_attempt,
+                deadline: self.timing.deadline,
+                attempt_timeout: self.timing.attempt_timeout,
+                replay_buffer: self.timing.replay_buffer,
+                budget,
+                headers: self.headers,
+                hedge,
+                #[cfg(feature = "opentelemetry")]
+                metrics: self
+                    .meter
+                    .as_ref()
+                    .map(|m| crate::metrics::client::ClientInstruments::new(m, grpc_methods)),
+                warned_host_unknown: Default::default(),
+            }),
+        })
+    }
+
+    /// The settings' bounds, each failing with an error that names the setting.
+    fn check_limits(&self) -> Result<(), BuildError> {
         if self.timing.max_retries > MAX_RETRIES_LIMIT {
             return Err(BuildError::setting(
                 "max_retries",
@@ -248,31 +293,46 @@ impl RetryPolicyBuilder {
                 ),
             ));
         }
-        #[cfg(feature = "opentelemetry")]
-        let grpc_methods = self.rules.grpc_methods();
-        self.rules.described.add_to(&mut self.rules.routes)?;
-        let hedge = self.hedge.map(crate::Hedge::build).transpose()?;
+        Ok(())
+    }
+}
+
+impl Rules {
+    /// Trust in idempotency keys: everywhere, or on the hosts and routes named.
+    fn key_trust(&self) -> Result<KeyTrust, BuildError> {
         let mut key_trust = KeyTrust {
-            everywhere: self.rules.honor_idempotency_key
-                || (self.rules.mint_idempotency_keys && self.rules.key_hosts.is_empty()),
+            everywhere: self.honor_idempotency_key
+                || (self.mint_idempotency_keys && self.key_hosts.is_empty()),
             hosts: Vec::new(),
             routes: RouteTable::default(),
         };
-        for host in &self.rules.key_hosts {
+        for host in &self.key_hosts {
             key_trust.add_host(host)?;
         }
-        for (method, template, honors) in self.rules.key_routes {
-            key_trust.add_route(method, &template, honors)?;
+        for (method, template, honors) in &self.key_routes {
+            key_trust.add_route(method.clone(), template, *honors)?;
         }
+        Ok(key_trust)
+    }
+
+    /// The route rules, for any host and per host.
+    fn route_tables(&self) -> Result<(RouteTable, HostRoutes), BuildError> {
         let mut routes = RouteTable::default();
-        for (method, template, idempotency) in self.rules.routes {
-            routes.insert(method, &template, idempotency)?;
+        for (method, template, idempotency) in &self.routes {
+            routes.insert(method.clone(), template, *idempotency)?;
         }
         let mut host_routes = HostRoutes::default();
-        for (host, method, template, idempotency) in self.rules.host_routes {
-            host_routes.insert(&host, method, &template, idempotency)?;
+        for (host, method, template, idempotency) in &self.host_routes {
+            host_routes.insert(host, method.clone(), template, *idempotency)?;
         }
-        let budget: Option<Arc<dyn Budget + Send + Sync>> = match self.timing.budget {
+        Ok((routes, host_routes))
+    }
+}
+
+impl BudgetChoice {
+    /// The budget chosen, checked (`None`: unlimited).
+    fn build(self) -> Result<Option<Arc<dyn Budget + Send + Sync>>, BuildError> {
+        Ok(match self {
             BudgetChoice::LockFree {
                 ttl,
                 min_per_sec,
@@ -292,39 +352,6 @@ impl RetryPolicyBuilder {
             }
             BudgetChoice::Custom(budget) => Some(budget),
             BudgetChoice::Unlimited => None,
-        };
-        Ok(RetryPolicy {
-            origin: None,
-            inner: Arc::new(Inner {
-                max_retries: self.timing.max_retries,
-                routes,
-                host_routes,
-                key_trust,
-                mint_idempotency_keys: self.rules.mint_idempotency_keys,
-                backoff: self.timing.backoff,
-                jitter: self.timing.jitter,
-                responses: ResponseRules {
-                    retry_statuses: self.responses.retry_statuses.into_iter().collect(),
-                    not_applied_statuses: self.responses.not_applied_statuses.into_iter().collect(),
-                    hook: self.responses.response_hook,
-                    max_retry_after: self.responses.max_retry_after,
-                    should_retry_header: self.responses.should_retry_header,
-                    stored_response_header: self.responses.stored_response_header,
-                },
-                on_attempt: self.responses.on_attempt,
-                deadline: self.timing.deadline,
-                attempt_timeout: self.timing.attempt_timeout,
-                replay_buffer: self.timing.replay_buffer,
-                budget,
-                headers: self.headers,
-                hedge,
-                #[cfg(feature = "opentelemetry")]
-                metrics: self
-                    .meter
-                    .as_ref()
-                    .map(|m| crate::metrics::client::ClientInstruments::new(m, grpc_methods)),
-                warned_host_unknown: Default::default(),
-            }),
         })
     }
 }
