@@ -173,6 +173,7 @@ mod body_hint;
 mod budget;
 mod build_error;
 pub mod classify;
+pub mod deadline;
 
 // gRPC's front end: its feature gate is inside the module.
 pub mod grpc;

@@ -69,6 +69,8 @@ impl Attempts {
             idempotency_key: self.idempotency_key.clone(),
             last_stop: stop,
             grpc: self.grpc,
+            caller_deadline: self.caller_deadline,
+            sends_deadline: self.sends_deadline,
             stack: self.stack,
             hedge: None,
             span: None,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
+use crate::classify::FailureClass;
 
 impl Attempts {
     /// When the request's deadline passes, if it has one.
@@ -54,13 +55,90 @@ impl Attempts {
     /// dropped for the retry): an error, stopped on the deadline, and said so in the log.
     #[cold]
     pub(crate) fn stop_at_deadline<R>(&self) -> (Result<R, BoxError>, StopReason) {
+        let reason = self.deadline_reason();
         tracing::warn!(
             http.request.method = %self.target.method,
             url.path = self.target.path(),
             http.request.resend_count = self.records.len(),
-            reason = StopReason::Deadline.as_str(),
+            reason = reason.as_str(),
             "retry refused: the deadline passed while the service was getting ready"
         );
-        (Err(DEADLINE_BEFORE_SEND.into()), StopReason::Deadline)
+        (Err(DEADLINE_BEFORE_SEND.into()), reason)
+    }
+
+    /// Whether the caller's deadline (less the margin) has passed before the first attempt:
+    /// nobody would read its answer, so it is not sent.
+    #[inline]
+    pub(crate) fn caller_gone(&self) -> bool {
+        self.caller_deadline && self.past_deadline()
+    }
+
+    /// The outcome of a request not sent at all because its caller's deadline had passed
+    /// ([`caller_gone`](Self::caller_gone)): one attempt, not sent, stopped on the caller's
+    /// deadline.
+    #[cold]
+    pub(crate) fn refuse_at_caller_deadline<R>(&mut self) -> (Result<R, BoxError>, StopReason) {
+        self.records.push(AttemptRecord {
+            class: FailureClass::NotSent,
+            status: None,
+            delay: None,
+            body_cut: None,
+        });
+        tracing::debug!(
+            http.request.method = %self.target.method,
+            url.path = self.target.path(),
+            reason = StopReason::CallerDeadline.as_str(),
+            "request not sent: the caller's deadline has passed"
+        );
+        (Err(CALLER_GONE.into()), StopReason::CallerDeadline)
+    }
+
+    /// Why a request stops on its deadline: its own, or its caller's.
+    pub(crate) fn deadline_reason(&self) -> StopReason {
+        if self.caller_deadline {
+            StopReason::CallerDeadline
+        } else {
+            StopReason::Deadline
+        }
+    }
+
+    /// Writes the time left and the attempt's number for a host that reads them.
+    pub(super) fn mark_deadline(&self, headers: &mut HeaderMap, number: u32) {
+        use crate::deadline::{ATTEMPT_HEADER, TIMEOUT_HEADER};
+        if let Some(left) = self.time_left() {
+            headers.insert(TIMEOUT_HEADER, crate::deadline::timeout_value(left));
+        }
+        headers.insert(ATTEMPT_HEADER, HeaderValue::from(number));
+    }
+}
+
+/// The error of a request not sent because its caller's deadline had passed.
+const CALLER_GONE: &str = "the caller's deadline passed before the request could be sent";
+
+/// The earlier of the request's own deadline and the inbound one less the policy's margin,
+/// and whether it is the inbound one.
+pub(super) fn earliest(
+    policy: &RetryPolicy,
+    own: Option<Instant>,
+    inbound: crate::deadline::Inbound,
+) -> (Option<Instant>, bool) {
+    let theirs = inbound.deadline();
+    // A margin longer than the time since the clock's start: the deadline is now.
+    let theirs = theirs
+        .checked_sub(policy.hops().margin)
+        .unwrap_or_else(Instant::now);
+    match own {
+        Some(own) if own <= theirs => (Some(own), false),
+        _ => (Some(theirs), true),
+    }
+}
+
+/// Retries allowed: the request's option or the policy's, and no more than the policy allows
+/// a nested call whose caller retries.
+pub(super) fn retries_for(policy: &RetryPolicy, plan: &Plan) -> u32 {
+    let max = plan.max_retries(policy);
+    match (plan.inbound, policy.hops().retries_when_caller_retries) {
+        (Some(inbound), Some(cap)) if inbound.caller_retries() => max.min(cap),
+        _ => max,
     }
 }

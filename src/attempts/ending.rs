@@ -81,6 +81,7 @@ impl Attempts {
                 stop,
                 StopReason::Budget
                     | StopReason::Deadline
+                    | StopReason::CallerDeadline
                     | StopReason::BodyNotReplayable
                     | StopReason::RetryAfterTooLong
             ),

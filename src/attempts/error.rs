@@ -331,6 +331,9 @@ impl fmt::Display for Error {
                     StopReason::RetriesExhausted => "no retries were left",
                     StopReason::Budget => "the retry budget is spent (too many retries lately)",
                     StopReason::Deadline => "the next attempt could not start before the deadline",
+                    StopReason::CallerDeadline => {
+                        "no attempt could start before the caller's deadline"
+                    }
                     StopReason::RetriedByOuterLayer => "an outer retry layer decides about retries",
                     StopReason::ServiceNotReady => {
                         "the inner service failed while getting ready for the next attempt"

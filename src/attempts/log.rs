@@ -58,6 +58,7 @@ impl Attempts {
                 reason @ (StopReason::Budget
                 | StopReason::BodyNotReplayable
                 | StopReason::Deadline
+                | StopReason::CallerDeadline
                 | StopReason::RetryAfterTooLong),
             ) if outcome.class() != FailureClass::Final
                 || reason == StopReason::RetryAfterTooLong =>

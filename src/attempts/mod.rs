@@ -134,6 +134,11 @@ pub(crate) struct Attempts {
     last_stop: StopReason,
     /// A gRPC call: each attempt carries the time left and the attempts before it.
     grpc: bool,
+    /// The deadline is the caller's (inherited from the inbound request, less the margin),
+    /// not this request's own: a stop on it is [`StopReason::CallerDeadline`].
+    caller_deadline: bool,
+    /// Each attempt carries the time left and its number (an HTTP host that asked).
+    sends_deadline: bool,
     /// What the client stack's own errors say (the front end's hook).
     stack: &'static StackErrors,
     /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
@@ -160,8 +165,9 @@ impl Attempts {
         } else {
             None
         };
-        let max_retries = plan.max_retries(policy);
+        let max_retries = deadline::retries_for(policy, &plan);
         let (grpc, stack) = (plan.grpc, plan.stack);
+        let (inbound, sends_deadline) = (plan.inbound, plan.sends_deadline);
         let Plan {
             verdict,
             outer_layer,
@@ -194,6 +200,11 @@ impl Attempts {
             policy.deposit();
         }
         let now = SystemTime::now();
+        let own_at = deadline.and_then(|d| Instant::now().checked_add(d));
+        let (deadline_at, caller_deadline) = match inbound {
+            Some(inbound) if !outer_layer => deadline::earliest(policy, own_at, inbound),
+            _ => (own_at, false),
+        };
         Attempts {
             policy: policy.clone(),
             verdict,
@@ -202,7 +213,7 @@ impl Attempts {
             outer_layer,
             max_retries,
             attempt_timeout,
-            deadline_at: deadline.and_then(|d| Instant::now().checked_add(d)),
+            deadline_at,
             first_attempt_at: now,
             last_attempt_at: now,
             records: Records::default(),
@@ -210,6 +221,8 @@ impl Attempts {
             idempotency_key,
             last_stop: StopReason::Final,
             grpc: grpc.is_some() && !outer_layer,
+            caller_deadline,
+            sends_deadline: sends_deadline && !outer_layer,
             stack,
             hedge: None,
             span: None,
@@ -357,6 +370,8 @@ impl Attempts {
         }
         if self.grpc {
             crate::classify::grpc::mark_attempt(headers, number, self.time_left());
+        } else if self.sends_deadline {
+            self.mark_deadline(headers, number);
         }
         number
     }
@@ -427,7 +442,10 @@ impl Attempts {
                 replayable: self.not_replayable.is_none(),
             };
             let policy = &self.policy;
-            policy.decide_with(facts, || policy.jitter_unit(), || policy.withdraw())
+            match policy.decide_with(facts, || policy.jitter_unit(), || policy.withdraw()) {
+                Decision::Stop(StopReason::Deadline) => Decision::Stop(self.deadline_reason()),
+                decision => decision,
+            }
         };
         if let Decision::Retry { after } = decision {
             if let Some(last) = self.records.last_mut() {

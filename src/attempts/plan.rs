@@ -98,6 +98,10 @@ pub(crate) struct Plan {
     pub(super) grpc: Option<Option<std::time::Duration>>,
     /// What the client stack's own errors say (the front end's hook; none by default).
     pub(super) stack: &'static StackErrors,
+    /// The request hands its deadline and attempt number on (an HTTP host that asked).
+    pub(super) sends_deadline: bool,
+    /// The deadline the task this runs in arrived with, if the policy inherits it.
+    pub(super) inbound: Option<crate::deadline::Inbound>,
 }
 
 impl Plan {
@@ -128,8 +132,19 @@ impl Plan {
         };
         let has_key_header = key.is_some();
         let key = key.and_then(idempotency_key::parse);
+        // The host is found at most once, for the rules and the deadline's hosts alike.
+        let (mut seen, mut find) = (None, Some(host));
+        let mut host = || {
+            *seen.get_or_insert_with(|| {
+                find.take()
+                    .map_or(crate::classify::host::HostSeen::Nothing, |f| f())
+            })
+        };
+        let verdict = policy.classify_parts(method, &mut host, path, key.is_some(), extensions);
+        let hops = policy.hops();
+        let sends_deadline = !hops.hosts.is_empty() && hops.sends_to(host(), policy.origin());
         Plan {
-            verdict: policy.classify_parts(method, host, path, key.is_some(), extensions),
+            verdict,
             outer_layer: extensions.get::<LayerAttempt>().is_some(),
             key: key.map(Into::into),
             has_key_header,
@@ -141,6 +156,12 @@ impl Plan {
                     .and_then(crate::classify::grpc::parse_timeout)
             }),
             stack: &StackErrors::NONE,
+            sends_deadline,
+            inbound: if hops.inherit {
+                crate::deadline::current()
+            } else {
+                None
+            },
         }
     }
 

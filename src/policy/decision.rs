@@ -51,6 +51,11 @@ pub enum StopReason {
     /// [`stored_response_header`](crate::RetryPolicyBuilder::stored_response_header)): the server had already run
     /// the request, and every repeat of the key gets this same answer, whatever its status.
     StoredResponse,
+    /// The next attempt (or the first) could not start before the caller's deadline: the
+    /// deadline the handler this request is sent from was called with, less the margin for
+    /// the way back (see the [`deadline`](crate::deadline) module). Nobody would read its
+    /// answer.
+    CallerDeadline,
 }
 
 impl StopReason {
@@ -68,6 +73,7 @@ impl StopReason {
             StopReason::RetriedByOuterLayer => "retried-by-outer-layer",
             StopReason::ServiceNotReady => "service-not-ready",
             StopReason::StoredResponse => "stored-response",
+            StopReason::CallerDeadline => "caller-deadline",
         }
     }
 }

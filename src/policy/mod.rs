@@ -5,6 +5,7 @@
 pub(crate) mod builder;
 mod decision;
 mod events;
+pub(crate) mod hops;
 mod host_routes;
 mod key_trust;
 mod options;
@@ -90,6 +91,8 @@ pub(crate) struct Inner {
     budget: Option<Arc<dyn Budget + Send + Sync>>,
     headers: Headers,
     hedge: Option<crate::hedge::Hedger>,
+    /// Deadlines across hops: where they are handed on, whether they are inherited.
+    hops: hops::Hops,
     /// The instruments requests record in, made once from the builder's meter.
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::metrics::client::ClientInstruments>,
@@ -184,6 +187,18 @@ impl RetryPolicy {
     #[inline]
     pub(crate) fn hedging(&self) -> Option<&crate::hedge::Hedger> {
         self.inner.hedge.as_ref()
+    }
+
+    /// Deadlines across hops.
+    #[inline]
+    pub(crate) fn hops(&self) -> &hops::Hops {
+        &self.inner.hops
+    }
+
+    /// The origin the layer was told, if any.
+    #[inline]
+    pub(crate) fn origin(&self) -> Option<&HostScope> {
+        self.origin.as_deref()
     }
 
     /// The caller's attempt hook, if any.

@@ -123,6 +123,12 @@ impl Middleware for RetrySafetyMiddleware {
         let policy = &self.policy;
         let mut req = req;
         let (mut attempts, kept) = start(policy, &mut req, extensions);
+        if attempts.caller_gone() {
+            let (result, reason) = attempts.refuse_at_caller_deadline::<Response>();
+            return attempts
+                .finish(result, reason)
+                .map_err(reqwest_middleware::Error::middleware);
+        }
         // One branch when the policy does not hedge.
         let hedge = match policy.hedging() {
             None => None,

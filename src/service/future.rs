@@ -51,6 +51,8 @@ pin_project! {
         Readying { body: Option<B>, deadline: Option<Pin<Box<Sleep>>> },
         // A hedged request: its attempts in flight, boxed (only a hedged request pays for it).
         Hedged { hedged: Box<Hedged<F>> },
+        // Not sent: the caller's deadline had passed before the first attempt.
+        CallerGone,
         // The outcome was returned.
         Done,
     }
@@ -69,6 +71,7 @@ where
             State::Waiting { for_body: true, .. } => "waiting for the body",
             State::Readying { .. } => "waiting for the service",
             State::Hedged { .. } => "hedging",
+            State::CallerGone => "caller gone",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
@@ -114,6 +117,13 @@ where
         let marks_attempts = plan.marks_attempts();
         let target = Target::from_uri(parts.method.clone(), parts.uri.clone());
         let mut attempts = Attempts::start(policy, plan, target, why_not);
+        if attempts.caller_gone() {
+            return ResponseFuture {
+                state: State::CallerGone,
+                retry: None,
+                attempts,
+            };
+        }
         // One branch when the policy does not hedge.
         let hedge = match policy.hedging() {
             None => None,
@@ -227,6 +237,7 @@ where
                         .expect("a hedged request keeps its body");
                     ready!(hedged::poll(hedged, replay, this.attempts, cx))
                 }
+                StateProj::CallerGone => this.attempts.refuse_at_caller_deadline(),
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             return Poll::Ready(stop(this.state, this.retry, this.attempts, result, reason));

@@ -4,5 +4,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod deadlines_across_hops;
 mod deadlines_and_timeouts;
 mod resend_heads_and_deadlines;

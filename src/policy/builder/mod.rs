@@ -33,6 +33,8 @@ pub struct RetryPolicyBuilder {
     responses: Responses,
     headers: Headers,
     hedge: Option<crate::Hedge>,
+    /// Deadlines across hops.
+    hops: deadlines::HopSettings,
     /// The meter the policy's instruments are made with, if any.
     #[cfg(feature = "opentelemetry")]
     meter: Option<opentelemetry::metrics::Meter>,
@@ -183,6 +185,7 @@ impl RetryPolicyBuilder {
                 attempt_header: None,
             },
             hedge: None,
+            hops: deadlines::HopSettings::new(),
             #[cfg(feature = "opentelemetry")]
             meter: None,
         }
@@ -198,6 +201,7 @@ impl RetryPolicyBuilder {
         let key_trust = self.rules.key_trust()?;
         let (routes, host_routes) = self.rules.route_tables()?;
         let budget = self.timing.budget.build()?;
+        let hops = self.hops.build()?;
         Ok(RetryPolicy {
             origin: None,
             inner: Arc::new(Inner {
@@ -223,6 +227,7 @@ impl RetryPolicyBuilder {
                 budget,
                 headers: self.headers,
                 hedge,
+                hops,
                 #[cfg(feature = "opentelemetry")]
                 metrics: self
                     .meter
@@ -379,6 +384,7 @@ fn check_tps(ttl: Duration, min_per_sec: u32, retry_percent: f32) -> Result<(), 
     Ok(())
 }
 
+mod deadlines;
 mod described;
 mod headers;
 mod hedge;
