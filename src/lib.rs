@@ -218,9 +218,11 @@ pub use policy::{
 pub use reqwest::{PeekBodyMiddleware, ReadWholeMiddleware, RetrySafetyMiddleware};
 #[doc(inline)]
 pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
+#[allow(deprecated)]
+pub use service::AttemptRecord;
 #[doc(inline)]
 pub use service::{
-    attempt_number, AttemptRecord, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable,
+    attempt_number, AttemptOutcome, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable,
     ResponseFuture, RetryReport, RetrySafety,
 };
 /// The trait of retry budgets that [`RetryPolicyBuilder::budget`] takes (tower's), re-exported

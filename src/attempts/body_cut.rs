@@ -64,7 +64,7 @@ impl Attempts {
             deadline_at: self.deadline_at,
             first_attempt_at: self.first_attempt_at,
             last_attempt_at: self.last_attempt_at,
-            records: self.records.clone(),
+            outcomes: self.outcomes.clone(),
             request_id: self.request_id.clone(),
             idempotency_key: self.idempotency_key.clone(),
             last_stop: stop,
@@ -82,7 +82,7 @@ impl Attempts {
     pub(crate) fn report_now(&self) -> RetryReport {
         RetryReport {
             verdict: self.verdict,
-            records: self.records.clone(),
+            outcomes: self.outcomes.clone(),
             stop: self.last_stop,
             first_attempt_at: self.first_attempt_at,
             last_attempt_at: self.last_attempt_at,
@@ -100,7 +100,7 @@ impl Attempts {
         let may_repeat = !self.outer_layer
             && self.not_replayable.is_none()
             && self.verdict.repeat_is_harmless()
-            && self.records.len() < self.max_retries;
+            && self.outcomes.len() < self.max_retries;
         AttemptClock::new(self.attempt_timeout, self.deadline_at(), may_repeat)
     }
 
@@ -121,7 +121,7 @@ impl Attempts {
         self.last_stop
     }
 
-    /// Records why the resumes stopped, for [`report_now`](Self::report_now).
+    /// Keeps why the resumes stopped, for [`report_now`](Self::report_now).
     pub(crate) fn set_stop(&mut self, stop: StopReason) {
         self.last_stop = stop;
     }

@@ -59,7 +59,7 @@ impl Attempts {
         tracing::warn!(
             http.request.method = %self.target.method,
             url.path = self.target.path(),
-            http.request.resend_count = self.records.len(),
+            http.request.resend_count = self.outcomes.len(),
             reason = reason.as_str(),
             "retry refused: the deadline passed while the service was getting ready"
         );
@@ -78,7 +78,7 @@ impl Attempts {
     /// deadline.
     #[cold]
     pub(crate) fn refuse_at_caller_deadline<R>(&mut self) -> (Result<R, BoxError>, StopReason) {
-        self.records.push(AttemptRecord {
+        self.outcomes.push(AttemptOutcome {
             class: FailureClass::NotSent,
             status: None,
             delay: None,

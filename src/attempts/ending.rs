@@ -15,11 +15,11 @@ impl Attempts {
         // The request's end, in the policy's instruments: one check without a meter.
         #[cfg(feature = "opentelemetry")]
         if let Some(metrics) = self.policy.metrics() {
-            self.record_end(metrics, stop);
+            self.count_end(metrics, stop);
         }
         RetryReport {
             verdict: self.verdict,
-            records: std::mem::take(&mut self.records),
+            outcomes: std::mem::take(&mut self.outcomes),
             stop,
             first_attempt_at: self.first_attempt_at,
             last_attempt_at: self.last_attempt_at,
@@ -45,7 +45,7 @@ impl Attempts {
             Err(other) => other,
         };
         let class = self
-            .records
+            .outcomes
             .iter()
             .last()
             .map_or(FailureClass::Ambiguous, |r| r.class);
@@ -61,17 +61,17 @@ impl Attempts {
 
 #[cfg(feature = "opentelemetry")]
 impl Attempts {
-    /// Records the request's end: its attempts, and whether a write was suppressed, a retry
-    /// refused, or the server's stored response received. An inner layer of this crate
-    /// records nothing: the outer one owns the request.
+    /// Counts the request's end in the policy's instruments: its attempts, and whether a
+    /// write was suppressed, a retry refused, or the server's stored response received. An
+    /// inner layer of this crate counts nothing: the outer one owns the request.
     #[cold]
-    fn record_end(&self, metrics: &crate::metrics::client::ClientInstruments, stop: StopReason) {
+    fn count_end(&self, metrics: &crate::metrics::client::ClientInstruments, stop: StopReason) {
         if self.outer_layer || stop == StopReason::RetriedByOuterLayer {
             return;
         }
         let hedging = self.hedge.as_ref().map(|h| h.summary()).unwrap_or_default();
         let ended = crate::metrics::client::Ended {
-            attempts: self.records.len() + hedging.superseded,
+            attempts: self.outcomes.len() + hedging.superseded,
             stop: crate::metrics::client::Label {
                 ordinal: stop as usize,
                 name: stop.as_str(),
@@ -86,7 +86,7 @@ impl Attempts {
                     | StopReason::RetryAfterTooLong
             ),
             stored_response: stop == StopReason::StoredResponse,
-            last_class: self.records.iter().last().map(|r| r.class),
+            last_class: self.outcomes.iter().last().map(|r| r.class),
             hedges: hedging.hedges,
             hedge_won: hedging.won_by.is_some_and(|n| n > 1),
             superseded: hedging.superseded,
@@ -95,15 +95,15 @@ impl Attempts {
         metrics.ended(&self.target, self.verdict.source(), ended);
     }
 
-    /// A gRPC call's resends, from its records: every attempt but the last was followed by a
+    /// A gRPC call's resends, from its attempts' outcomes: every attempt but the last was followed by a
     /// resend, transparent when it was not sent; the hedges are not retries.
     fn grpc_call(&self, hedging: super::HedgeSummary) -> crate::metrics::client::GrpcCall {
-        let sent = self.records.len() + hedging.superseded;
+        let sent = self.outcomes.len() + hedging.superseded;
         let resends = sent.saturating_sub(1).saturating_sub(hedging.hedges);
         let before_last = self
-            .records
+            .outcomes
             .iter()
-            .take(self.records.len().saturating_sub(1) as usize);
+            .take(self.outcomes.len().saturating_sub(1) as usize);
         let not_sent = before_last
             .filter(|r| r.class == crate::classify::FailureClass::NotSent)
             .count() as u32;
@@ -111,7 +111,7 @@ impl Attempts {
         crate::metrics::client::GrpcCall {
             retries: resends - transparent_retries,
             transparent_retries,
-            delay: self.records.iter().filter_map(|r| r.delay).sum(),
+            delay: self.outcomes.iter().filter_map(|r| r.delay).sum(),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{AttemptRecord, BodyCut, HedgeSummary};
+use super::{AttemptOutcome, BodyCut, HedgeSummary};
 use super::{Attempts, Outcome, Step};
 use crate::classify::{classify_error_with, BodyVerdict, Classification, FailureClass};
 use crate::policy::StopReason;
@@ -130,7 +130,7 @@ impl Attempts {
     pub(crate) fn sent(&self) -> u32 {
         self.hedge
             .as_ref()
-            .map_or(self.records.len(), |r| r.starts.len() as u32)
+            .map_or(self.outcomes.len(), |r| r.starts.len() as u32)
     }
 
     /// Whether the delay allows another hedge after this one (for re-arming the timer).
@@ -189,7 +189,7 @@ impl Attempts {
             http.response.status_code = status.map(|s| s.as_u16()),
             "hedged attempt failed; waiting for the attempts still in flight"
         );
-        self.records.push(AttemptRecord {
+        self.outcomes.push(AttemptOutcome {
             class: classification.class(),
             status,
             delay: None,
@@ -229,7 +229,7 @@ impl Attempts {
         };
         for number in numbers {
             if let Some(start) = run.starts.get(number as usize - 1) {
-                hedger.record(run.slot, start.elapsed());
+                hedger.add_sample(run.slot, start.elapsed());
             }
             run.summary.superseded += 1;
         }
@@ -251,7 +251,7 @@ impl Attempts {
         };
         let index = number.map_or(run.starts.len(), |n| n as usize);
         if let (true, Some(start)) = (counts, run.starts.get(index.wrapping_sub(1))) {
-            hedger.record(run.slot, start.elapsed());
+            hedger.add_sample(run.slot, start.elapsed());
         }
     }
 

@@ -192,7 +192,7 @@ fn what_the_learned_delay_counts() {
     let p = policy(Hedge::learned().max_extra_load(1.0));
     let h = p.hedging().unwrap();
     let slot = h.slot(|| Some(("api.example", None)));
-    let counted = || h.recorded(slot);
+    let counted = || h.samples(slot);
     let none = HeaderMap::new();
     let (mut a, _) = start(&p, get(), true);
     let step = status(&mut a, 1, 503, &none, false);

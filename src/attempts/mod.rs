@@ -22,8 +22,10 @@ pub(crate) use markers::{AttemptNumber, KeyHeader, LayerAttempt};
 pub(crate) use plan::Plan;
 use plan::{printable, MAX_REQUEST_ID_LEN};
 pub use refusal::NotReplayable;
-pub use report::{AttemptRecord, RetryReport};
-pub(crate) use report::{HedgeSummary, Records};
+#[allow(deprecated)]
+pub use report::AttemptRecord;
+pub use report::{AttemptOutcome, RetryReport};
+pub(crate) use report::{HedgeSummary, Outcomes};
 pub(crate) use span::{superseded, won};
 
 use std::error::Error as StdError;
@@ -127,7 +129,7 @@ pub(crate) struct Attempts {
     deadline_at: Option<Instant>,
     first_attempt_at: SystemTime,
     last_attempt_at: SystemTime,
-    records: Records,
+    outcomes: Outcomes,
     request_id: Option<Box<str>>,
     idempotency_key: Option<Box<str>>,
     /// Why the last decision stopped (kept only for a body that resumes after `finish`).
@@ -216,7 +218,7 @@ impl Attempts {
             deadline_at,
             first_attempt_at: now,
             last_attempt_at: now,
-            records: Records::default(),
+            outcomes: Outcomes::default(),
             request_id,
             idempotency_key,
             last_stop: StopReason::Final,
@@ -280,7 +282,7 @@ impl Attempts {
             // The attempt whose body streamed on was recorded at its head: its record
             // becomes the cut's.
             Outcome::BodyCut { status, received } => {
-                self.records.pop_last();
+                self.outcomes.pop_last();
                 self.on_body_cut(status, &HeaderMap::new(), received)
             }
         };
@@ -346,7 +348,7 @@ impl Attempts {
     #[inline]
     pub(crate) fn next_attempt(&mut self, headers: &mut HeaderMap) -> u32 {
         let (number, hedge) = match &mut self.hedge {
-            None => (self.records.len() + 1, false),
+            None => (self.outcomes.len() + 1, false),
             Some(run) => run.sent(),
         };
         self.open_span(number, hedge);
@@ -356,7 +358,7 @@ impl Attempts {
             // meter, and none for a first attempt.
             #[cfg(feature = "opentelemetry")]
             if let (false, Some(metrics)) = (hedge, self.policy.metrics()) {
-                let last = self.records.iter().last();
+                let last = self.outcomes.iter().last();
                 metrics.retry(
                     &self.target,
                     self.verdict.source(),
@@ -422,13 +424,13 @@ impl Attempts {
         status: Option<StatusCode>,
         body_cut: Option<u64>,
     ) -> Decision {
-        self.records.push(AttemptRecord {
+        self.outcomes.push(AttemptOutcome {
             class: outcome.class(),
             status,
             delay: None,
             body_cut,
         });
-        let attempt = self.records.len();
+        let attempt = self.outcomes.len();
         let decision = if self.outer_layer {
             Decision::Stop(StopReason::RetriedByOuterLayer)
         } else {
@@ -448,7 +450,7 @@ impl Attempts {
             }
         };
         if let Decision::Retry { after } = decision {
-            if let Some(last) = self.records.last_mut() {
+            if let Some(last) = self.outcomes.last_mut() {
                 last.delay = Some(after);
             }
         }

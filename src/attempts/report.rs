@@ -7,9 +7,13 @@ use super::NotReplayable;
 use crate::classify::{FailureClass, RequestVerdict};
 use crate::policy::StopReason;
 
-/// One attempt, as the report keeps it.
+/// The earlier name of [`AttemptOutcome`].
+#[deprecated(since = "0.2.0", note = "renamed `AttemptOutcome`")]
+pub type AttemptRecord = AttemptOutcome;
+
+/// One attempt, as the report keeps it: how it ended, and the wait after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttemptRecord {
+pub struct AttemptOutcome {
     pub(crate) class: FailureClass,
     pub(crate) status: Option<StatusCode>,
     pub(crate) delay: Option<Duration>,
@@ -18,7 +22,7 @@ pub struct AttemptRecord {
     pub(crate) body_cut: Option<u64>,
 }
 
-impl AttemptRecord {
+impl AttemptOutcome {
     /// Whether this attempt may have reached the server's application: any response but one
     /// classified as proof that nothing was applied, and any failure after it may have been
     /// sent.
@@ -55,7 +59,7 @@ impl AttemptRecord {
     ///
     /// ```
     /// # fn show(report: &tower_retry_safety::RetryReport) {
-    /// for (n, attempt) in report.attempt_records().enumerate() {
+    /// for (n, attempt) in report.attempt_outcomes().enumerate() {
     ///     if let Some(bytes) = attempt.body_cut_after() {
     ///         println!("attempt {}: body cut after {bytes} bytes", n + 1);
     ///     }
@@ -99,7 +103,7 @@ impl AttemptRecord {
 #[derive(Clone)]
 pub struct RetryReport {
     pub(crate) verdict: RequestVerdict,
-    pub(crate) records: Records,
+    pub(crate) outcomes: Outcomes,
     pub(crate) stop: StopReason,
     pub(crate) first_attempt_at: SystemTime,
     pub(crate) last_attempt_at: SystemTime,
@@ -135,7 +139,7 @@ impl RetryReport {
     /// attempts that lost to a hedge and were dropped
     /// ([`superseded`](Self::superseded)), which have no record.
     pub fn attempts(&self) -> u32 {
-        self.records.len() + self.hedging.superseded
+        self.outcomes.len() + self.hedging.superseded
     }
 
     /// How many backup attempts were sent because the attempts in flight were slow (see
@@ -205,9 +209,9 @@ impl RetryReport {
     pub(crate) fn reached_the_server(&self) -> bool {
         self.hedging.superseded > 0
             || self
-                .records
+                .outcomes
                 .iter()
-                .any(AttemptRecord::may_have_been_applied)
+                .any(AttemptOutcome::may_have_been_applied)
     }
 
     /// True when the response is the server's stored response (its first answer) to an earlier
@@ -251,8 +255,14 @@ impl RetryReport {
     }
 
     /// Each attempt, first to last.
-    pub fn attempt_records(&self) -> impl Iterator<Item = &AttemptRecord> + '_ {
-        self.records.iter()
+    pub fn attempt_outcomes(&self) -> impl Iterator<Item = &AttemptOutcome> + '_ {
+        self.outcomes.iter()
+    }
+
+    /// Each attempt, first to last.
+    #[deprecated(since = "0.2.0", note = "renamed `attempt_outcomes`")]
+    pub fn attempt_records(&self) -> impl Iterator<Item = &AttemptOutcome> + '_ {
+        self.attempt_outcomes()
     }
 
     /// When the first attempt started.
@@ -283,7 +293,7 @@ impl fmt::Debug for RetryReport {
             .field("attempts", &self.attempts())
             .field("verdict", &self.verdict)
             .field("stop", &self.stop)
-            .field("records", &self.records.iter().collect::<Vec<_>>())
+            .field("outcomes", &self.outcomes.iter().collect::<Vec<_>>())
             .field("request_id", &self.request_id)
             .field("idempotency_key", &self.idempotency_key)
             .field("body_not_replayable", &self.body)
@@ -326,7 +336,7 @@ impl fmt::Display for RetryReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let attempts = self.attempts();
         let plural = if attempts == 1 { "" } else { "s" };
-        let status = self.records.iter().last().and_then(|r| r.status);
+        let status = self.outcomes.iter().last().and_then(|r| r.status);
         write!(f, "{attempts} attempt{plural}")?;
         if self.hedging.hedges > 0 {
             write!(f, " ({} hedged", self.hedging.hedges)?;
@@ -338,7 +348,7 @@ impl fmt::Display for RetryReport {
         if let Some(status) = status {
             write!(f, ", last answered {status}")?;
         }
-        if let Some(cut) = self.records.iter().last().and_then(|r| r.body_cut) {
+        if let Some(cut) = self.outcomes.iter().last().and_then(|r| r.body_cut) {
             write!(f, ", its body cut after {cut} bytes")?;
         }
         match self.stop {
@@ -386,26 +396,26 @@ impl fmt::Display for RetryReport {
 /// The attempts, with the first one inline: a request that succeeds at once allocates nothing
 /// here.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Records {
-    first: Option<AttemptRecord>,
-    rest: Vec<AttemptRecord>,
+pub(crate) struct Outcomes {
+    first: Option<AttemptOutcome>,
+    rest: Vec<AttemptOutcome>,
 }
 
-impl Records {
-    pub(crate) fn push(&mut self, record: AttemptRecord) {
+impl Outcomes {
+    pub(crate) fn push(&mut self, outcome: AttemptOutcome) {
         if self.first.is_none() {
-            self.first = Some(record);
+            self.first = Some(outcome);
         } else {
-            self.rest.push(record);
+            self.rest.push(outcome);
         }
     }
 
     /// Removes the last attempt's record, to record it again.
-    pub(crate) fn pop_last(&mut self) -> Option<AttemptRecord> {
+    pub(crate) fn pop_last(&mut self) -> Option<AttemptOutcome> {
         self.rest.pop().or_else(|| self.first.take())
     }
 
-    pub(crate) fn last_mut(&mut self) -> Option<&mut AttemptRecord> {
+    pub(crate) fn last_mut(&mut self) -> Option<&mut AttemptOutcome> {
         match self.rest.last_mut() {
             Some(last) => Some(last),
             None => self.first.as_mut(),
@@ -416,7 +426,7 @@ impl Records {
         (self.first.is_some() as usize + self.rest.len()) as u32
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &AttemptRecord> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &AttemptOutcome> + '_ {
         self.first.iter().chain(self.rest.iter())
     }
 }

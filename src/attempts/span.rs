@@ -80,7 +80,7 @@ impl Attempts {
         self.span = (!span.is_disabled()).then(|| Box::new(span));
     }
 
-    /// Records an attempt's outcome and what was decided on its span.
+    /// Writes an attempt's outcome and what was decided on its span.
     pub(super) fn record_span(
         &self,
         outcome: &Classification,

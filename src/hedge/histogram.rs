@@ -47,7 +47,7 @@ fn upper_bound(b: usize) -> u64 {
 /// Latencies of one host (or of every host past the table's size).
 pub(crate) struct Histogram {
     buckets: Box<[AtomicU64]>,
-    /// Samples ever recorded (never halved): for the minimum before the first hedge.
+    /// Samples ever taken (never halved): for the minimum before the first hedge.
     recorded: AtomicU64,
     /// The last quantile computed, in microseconds (`0`: none yet).
     cached: AtomicU64,
@@ -63,7 +63,7 @@ impl Histogram {
     }
 
     /// Counts one latency, and refreshes the cached `quantile` now and then.
-    pub(crate) fn record(&self, latency: Duration, quantile: f64) {
+    pub(crate) fn add_sample(&self, latency: Duration, quantile: f64) {
         let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.buckets[bucket(us)].fetch_add(1, Relaxed);
         let n = self.recorded.fetch_add(1, Relaxed) + 1;
@@ -81,8 +81,8 @@ impl Histogram {
         }
     }
 
-    /// Samples ever recorded.
-    pub(crate) fn recorded(&self) -> u64 {
+    /// Samples ever taken.
+    pub(crate) fn samples(&self) -> u64 {
         self.recorded.load(Relaxed)
     }
 
@@ -233,7 +233,7 @@ mod tests {
                 500 + (x >> 33) % 1000
             };
             samples.push(us);
-            h.record(Duration::from_micros(us), 0.95);
+            h.add_sample(Duration::from_micros(us), 0.95);
         }
         samples.sort_unstable();
         for q in [0.5, 0.9, 0.95, 0.96, 0.99, 0.999, 1.0] {
@@ -249,7 +249,7 @@ mod tests {
         // p95 is the fast part's top, p96 the slow part's.
         assert!(h.quantile_us(0.95) < 1700);
         assert!(h.quantile_us(0.96) >= 40_000);
-        assert_eq!(h.recorded(), 10_000);
+        assert_eq!(h.samples(), 10_000);
         assert!(h.cached().is_some());
     }
 
@@ -260,16 +260,16 @@ mod tests {
         assert_eq!(h.cached(), None);
     }
 
-    /// Concurrent recorders lose nothing: every sample is counted once.
+    /// Concurrent samplers lose nothing: every sample is counted once.
     #[test]
-    fn concurrent_records_are_all_counted() {
+    fn concurrent_samples_are_all_counted() {
         let h = std::sync::Arc::new(Histogram::new());
         let threads: Vec<_> = (0..4)
             .map(|t| {
                 let h = h.clone();
                 std::thread::spawn(move || {
                     for i in 0..2_000u64 {
-                        h.record(Duration::from_micros(t * 1000 + i % 7), 0.99);
+                        h.add_sample(Duration::from_micros(t * 1000 + i % 7), 0.99);
                     }
                 })
             })
@@ -277,7 +277,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert_eq!(h.recorded(), 8_000);
+        assert_eq!(h.samples(), 8_000);
         let counted: u64 = h.buckets.iter().map(|b| b.load(Relaxed)).sum();
         assert_eq!(counted, 8_000);
     }

@@ -111,7 +111,7 @@ impl Hedge {
         self
     }
 
-    /// Latencies a host must have recorded before its first hedge (learned delay only): at
+    /// Latencies a host must have had sampled before its first hedge (learned delay only): at
     /// least 1.
     ///
     /// Defaults to 100.
@@ -203,23 +203,23 @@ impl Hedger {
             return Some(fixed);
         }
         let h = self.table.as_ref()?.get(slot);
-        if h.recorded() < u64::from(self.setting.min_samples) {
+        if h.samples() < u64::from(self.setting.min_samples) {
             return None;
         }
         Some(h.cached()?.max(FLOOR))
     }
 
     /// Counts a latency of this slot's host (learned delay only).
-    pub(crate) fn record(&self, slot: usize, latency: Duration) {
+    pub(crate) fn add_sample(&self, slot: usize, latency: Duration) {
         if let Some(table) = &self.table {
-            table.get(slot).record(latency, self.quantile);
+            table.get(slot).add_sample(latency, self.quantile);
         }
     }
 
     /// Latencies counted for a slot (learned delay only).
     #[cfg(test)]
-    pub(crate) fn recorded(&self, slot: usize) -> u64 {
-        self.table.as_ref().map_or(0, |t| t.get(slot).recorded())
+    pub(crate) fn samples(&self, slot: usize) -> u64 {
+        self.table.as_ref().map_or(0, |t| t.get(slot).samples())
     }
 
     pub(crate) fn max_hedges(&self) -> u32 {

@@ -82,12 +82,12 @@ fn the_learned_delay_waits_for_samples_and_keeps_hosts_apart() {
     let fast = h.slot(|| Some(("fast.example", None)));
     assert_ne!(slow, fast);
     for i in 0..49u64 {
-        h.record(slow, Duration::from_millis(20 + i % 5));
-        h.record(fast, Duration::from_micros(100));
+        h.add_sample(slow, Duration::from_millis(20 + i % 5));
+        h.add_sample(fast, Duration::from_micros(100));
     }
     assert_eq!(h.delay(slow), None);
-    h.record(slow, Duration::from_millis(20));
-    h.record(fast, Duration::from_micros(100));
+    h.add_sample(slow, Duration::from_millis(20));
+    h.add_sample(fast, Duration::from_micros(100));
     let slow_delay = h.delay(slow).unwrap();
     assert!(slow_delay >= Duration::from_millis(24), "{slow_delay:?}");
     assert!(slow_delay <= Duration::from_millis(28), "{slow_delay:?}");

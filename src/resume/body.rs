@@ -91,7 +91,7 @@ impl<B> WholeBody<B> {
     /// The report of the request's attempts with the resumes of this body, once a cut has
     /// handed the retry layer's bookkeeping to it; `None` before (the response's
     /// [`RetryReport`] is then the whole story). Its
-    /// [`body_cut_after`](crate::AttemptRecord::body_cut_after) records say how many bytes had
+    /// [`body_cut_after`](crate::AttemptOutcome::body_cut_after) records say how many bytes had
     /// been delivered at each cut, and its stop reason why the resumes stopped.
     ///
     /// ```

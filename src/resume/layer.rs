@@ -16,7 +16,7 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// [`BodyCutError`](crate::resume::BodyCutError) that says so.
 ///
 /// Each re-read is an attempt in the [`RetryReport`](crate::RetryReport);
-/// [`AttemptRecord::body_cut_after`](crate::AttemptRecord::body_cut_after) gives the bytes
+/// [`AttemptOutcome::body_cut_after`](crate::AttemptOutcome::body_cut_after) gives the bytes
 /// that had arrived before the cut. The layer's per-attempt timeout bounds the wait for the
 /// head, then each wait for a frame of the body (the retry layer's timer leaves the body to
 /// this layer once the head is in): a body that stalls is cut and read again, and a slow body

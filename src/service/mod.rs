@@ -46,7 +46,9 @@ mod send;
 #[allow(clippy::module_inception)]
 mod service;
 
-pub use crate::attempts::{AttemptRecord, RetryReport};
+#[allow(deprecated)]
+pub use crate::attempts::AttemptRecord;
+pub use crate::attempts::{AttemptOutcome, RetryReport};
 pub use body::ReplayBody;
 pub use future::ResponseFuture;
 pub use replay::{NotReplayable, Recorded, ReplayBuffer, Replayable};

@@ -80,7 +80,7 @@ async fn idempotent_ambiguous_is_retried() {
         assert_eq!(calls, 2);
         let r = report(&out);
         assert_eq!(r.attempts(), 2);
-        let classes: Vec<_> = r.attempt_records().map(|a| a.class()).collect();
+        let classes: Vec<_> = r.attempt_outcomes().map(|a| a.class()).collect();
         assert_eq!(classes, [FailureClass::Ambiguous, FailureClass::Final]);
     }
 }
@@ -165,7 +165,7 @@ async fn backoff_doubles_without_jitter() {
     let script = Script::new([Refused, Refused, Refused, ok()]);
     let out = run(builder().max_retries(3), &script, get()).await;
     assert_eq!(script.call_times_ms(), [0, 500, 1500, 3500]);
-    let delays: Vec<_> = report(&out).attempt_records().map(|a| a.delay()).collect();
+    let delays: Vec<_> = report(&out).attempt_outcomes().map(|a| a.delay()).collect();
     let ms = |n| Some(Duration::from_millis(n));
     assert_eq!(delays, [ms(500), ms(1000), ms(2000), None]);
     assert_eq!(out.unwrap().status(), 200);
@@ -183,7 +183,7 @@ async fn retry_after_delays_are_exact() {
     // 7 s, then 1.5 s, then the third backoff step (2 s) because the hint was unreadable.
     assert_eq!(script.call_times_ms(), [0, 7000, 8500, 10500]);
     let r = report(&out);
-    let delays: Vec<_> = r.attempt_records().map(|a| a.delay()).collect();
+    let delays: Vec<_> = r.attempt_outcomes().map(|a| a.delay()).collect();
     assert_eq!(
         delays,
         [
@@ -194,7 +194,7 @@ async fn retry_after_delays_are_exact() {
         ]
     );
     let statuses: Vec<_> = r
-        .attempt_records()
+        .attempt_outcomes()
         .map(|a| a.status().map(|s| s.as_u16()))
         .collect();
     assert_eq!(statuses, [Some(503), Some(429), Some(503), Some(200)]);

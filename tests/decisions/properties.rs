@@ -120,7 +120,7 @@ proptest! {
             Err(e) => e.report().unwrap().clone(),
         };
         prop_assert_eq!(report.attempts() as usize, calls);
-        prop_assert_eq!(report.attempt_records().count(), calls);
+        prop_assert_eq!(report.attempt_outcomes().count(), calls);
 
         // A write that may have been applied is never sent again.
         let repeat_harmless = matches!(kind, Kind::Read | Kind::KeyedWrite | Kind::WriteRoutedAsRead);
@@ -133,7 +133,7 @@ proptest! {
             prop_assert_eq!(calls, 1);
         }
         // Each attempt's class matches what happened to it.
-        for (record, sent) in report.attempt_records().zip(&outcomes) {
+        for (record, sent) in report.attempt_outcomes().zip(&outcomes) {
             let expected = match sent {
                 Refused => FailureClass::NotSent,
                 Reset | Timeout => FailureClass::Ambiguous,

@@ -241,7 +241,7 @@ async fn chaos_soak() {
                 };
                 let report = report.expect("every outcome carries a report");
                 let not_sent = report
-                    .attempt_records()
+                    .attempt_outcomes()
                     .filter(|r| r.class() == FailureClass::NotSent)
                     .count() as u32;
                 {

@@ -157,7 +157,7 @@ async fn a_post_routed_as_idempotent_is_retried() {
         report.verdict().source(),
         tower_retry_safety::VerdictSource::Route
     );
-    let classes: Vec<_> = report.attempt_records().map(|r| r.class()).collect();
+    let classes: Vec<_> = report.attempt_outcomes().map(|r| r.class()).collect();
     assert_eq!(classes, [FailureClass::Ambiguous, FailureClass::Final]);
 }
 
@@ -263,7 +263,7 @@ async fn a_post_refused_on_its_first_attempt_is_retried_and_applied_once() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(server.applied("refused-post"), 1);
     let report = res.extensions().get::<RetryReport>().unwrap();
-    let classes: Vec<_> = report.attempt_records().map(|r| r.class()).collect();
+    let classes: Vec<_> = report.attempt_outcomes().map(|r| r.class()).collect();
     assert_eq!(classes, [FailureClass::NotSent, FailureClass::Final]);
     assert_eq!(report.verdict().idempotency(), Idempotency::NonIdempotent);
 }

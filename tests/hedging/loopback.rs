@@ -196,7 +196,7 @@ async fn keyed_writes_hedged_by_opt_in_are_applied_once() {
         if i.is_multiple_of(20) {
             // Slow: hedged; the hedge's 409 waited out; the first attempt answered.
             assert_eq!((report.hedges(), report.won_by()), (1, Some(1)), "op {i}");
-            let statuses: Vec<_> = report.attempt_records().map(|a| a.status()).collect();
+            let statuses: Vec<_> = report.attempt_outcomes().map(|a| a.status()).collect();
             assert_eq!(
                 statuses,
                 [Some(http::StatusCode::CONFLICT), Some(http::StatusCode::OK)],

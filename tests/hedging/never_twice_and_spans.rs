@@ -314,7 +314,7 @@ async fn a_keyed_hedge_409_then_a_first_attempt_lost_after_apply_is_applied_once
     assert!(r.is_stored_response(), "{r}");
     assert_eq!(server.applied("kb"), 1);
     assert_eq!(server.stats("kb").attempts, 3);
-    let statuses: Vec<_> = r.attempt_records().map(|a| a.status()).collect();
+    let statuses: Vec<_> = r.attempt_outcomes().map(|a| a.status()).collect();
     assert_eq!(statuses[0], Some(StatusCode::CONFLICT), "{r}");
     assert_eq!(r.hedges(), 1);
 }
@@ -1058,7 +1058,7 @@ async fn a_hedged_read_whose_body_is_cut_is_not_the_answer() {
         (1, Some(1), 1),
         "{r}"
     );
-    let cut = r.attempt_records().next().unwrap();
+    let cut = r.attempt_outcomes().next().unwrap();
     assert_eq!(cut.status(), Some(StatusCode::OK));
     assert_eq!(cut.class(), tower_retry_safety::FailureClass::Ambiguous);
 }

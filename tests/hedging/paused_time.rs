@@ -195,7 +195,7 @@ async fn a_retryable_failure_of_the_hedge_sends_the_next_at_once() {
         (calls, r.hedges(), r.won_by(), r.superseded()),
         (3, 1, Some(3), 1)
     );
-    let statuses: Vec<_> = r.attempt_records().map(|a| a.status()).collect();
+    let statuses: Vec<_> = r.attempt_outcomes().map(|a| a.status()).collect();
     assert_eq!(statuses[0], Some(StatusCode::SERVICE_UNAVAILABLE));
 }
 

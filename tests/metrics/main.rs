@@ -225,7 +225,7 @@ async fn fault_mix(policy: RetryPolicy, server: &FaultServer) -> Vec<RetryReport
 fn retries_by_class(reports: &[RetryReport]) -> BTreeMap<&'static str, u64> {
     let mut out = BTreeMap::new();
     for report in reports {
-        let records: Vec<_> = report.attempt_records().collect();
+        let records: Vec<_> = report.attempt_outcomes().collect();
         for record in &records[..records.len().saturating_sub(1)] {
             *out.entry(record.class().as_str()).or_default() += 1;
         }

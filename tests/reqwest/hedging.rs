@@ -94,7 +94,7 @@ async fn a_keyed_write_hedged_by_opt_in_is_applied_once() {
     assert_eq!(res.status(), StatusCode::OK);
     let r = RetryReport::of_reqwest(&res).unwrap();
     assert_eq!((r.hedges(), r.won_by()), (1, Some(1)));
-    let statuses: Vec<_> = r.attempt_records().map(|a| a.status()).collect();
+    let statuses: Vec<_> = r.attempt_outcomes().map(|a| a.status()).collect();
     assert_eq!(statuses, [Some(StatusCode::CONFLICT), Some(StatusCode::OK)]);
     assert_eq!(server.stats("charge").attempts, 2);
     assert_eq!(server.applied("charge"), 1);

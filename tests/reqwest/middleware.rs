@@ -273,7 +273,7 @@ async fn a_post_refused_on_its_first_attempt_is_retried_and_applied_once() {
         .extensions()
         .get::<RetryReport>()
         .unwrap()
-        .attempt_records()
+        .attempt_outcomes()
         .map(|r| r.class())
         .collect();
     assert_eq!(classes, [FailureClass::NotSent, FailureClass::Final]);

@@ -71,7 +71,7 @@ async fn a_small_body_cut_half_way_is_read_again() {
     let report = RetryReport::of_reqwest(&res).expect("report").clone();
     assert_eq!(report.attempts(), 2);
     assert_eq!(
-        report.attempt_records().next().unwrap().body_cut_after(),
+        report.attempt_outcomes().next().unwrap().body_cut_after(),
         Some(8 * 1024)
     );
     let (bytes, err) = read_all(res).await;

@@ -542,7 +542,7 @@ async fn a_slow_small_body_cut_mid_way_is_read_again_whole() {
     assert_eq!(server.requests(), 2);
     assert_eq!(server.range_requests(), 0);
     assert_eq!(report.attempts(), 2);
-    let first = report.attempt_records().next().expect("a record");
+    let first = report.attempt_outcomes().next().expect("a record");
     assert_eq!(first.body_cut_after(), Some(6 * 1024));
 }
 
@@ -762,7 +762,7 @@ async fn reqwest_resumes_are_counted_in_a_report_the_caller_can_read() {
         .get()
         .expect("the body was cut");
     assert_eq!(report.attempts(), 2, "the resume is not counted");
-    let first = report.attempt_records().next().expect("a record");
+    let first = report.attempt_outcomes().next().expect("a record");
     assert_eq!(first.body_cut_after(), Some(HALF as u64));
 }
 

@@ -49,7 +49,7 @@ async fn small_body_cut_right_after_the_head_is_read_again() {
     assert_eq!(server.requests(), 2);
     assert_eq!(server.body_bytes(), 16 * 1024);
     assert_eq!(report.attempts(), 2);
-    let first = report.attempt_records().next().unwrap();
+    let first = report.attempt_outcomes().next().unwrap();
     assert_eq!(first.class(), FailureClass::Ambiguous);
     assert_eq!(first.status(), Some(StatusCode::OK));
     assert_eq!(first.body_cut_after(), Some(0));
@@ -66,7 +66,7 @@ async fn small_body_cut_half_way_is_read_again() {
     assert_eq!(server.requests(), 2);
     assert_eq!(server.body_bytes(), 8 * 1024 + 16 * 1024);
     assert_eq!(report.attempts(), 2);
-    let first = report.attempt_records().next().unwrap();
+    let first = report.attempt_outcomes().next().unwrap();
     assert_eq!(first.body_cut_after(), Some(8 * 1024));
 }
 
@@ -89,7 +89,7 @@ async fn small_body_that_stalls_past_the_attempt_timeout_is_read_again() {
     assert_eq!(server.requests(), 2);
     assert_eq!(server.body_bytes(), 8 * 1024 + 16 * 1024);
     assert_eq!(report.attempts(), 2);
-    let first = report.attempt_records().next().unwrap();
+    let first = report.attempt_outcomes().next().unwrap();
     // The wait for a frame outlasted the per-attempt timeout: a body cut after the server
     // answered, which the error says was the attempt's clock.
     assert_eq!(first.class(), FailureClass::Ambiguous);
@@ -143,7 +143,7 @@ async fn a_keyed_post_whose_body_was_cut_is_replayed_with_the_same_key() {
     assert_eq!(report.attempts(), 2);
     assert_eq!(report.idempotency_key(), Some("key-1"));
     assert_eq!(
-        report.attempt_records().next().unwrap().body_cut_after(),
+        report.attempt_outcomes().next().unwrap().body_cut_after(),
         Some(8 * 1024)
     );
 }

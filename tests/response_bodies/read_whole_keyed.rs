@@ -73,7 +73,7 @@ async fn a_keyed_write_cut_past_the_limit_continues_with_the_servers_replay() {
     let report = handle.get().expect("the cut was decided on");
     assert_eq!(report.attempts(), 2);
     assert_eq!(report.idempotency_key(), Some("key-past-1"));
-    let first = report.attempt_records().next().expect("a record");
+    let first = report.attempt_outcomes().next().expect("a record");
     assert_eq!(first.body_cut_after(), Some(CUT as u64));
 }
 

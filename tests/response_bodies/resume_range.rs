@@ -62,11 +62,11 @@ async fn a_10_mib_body_cut_half_way_is_resumed_with_range() {
     assert_eq!(head_report.attempts(), 1);
     let report = whole.report().expect("a resumed body has a report");
     assert_eq!(report.attempts(), 2);
-    let cut_at = report.attempt_records().next().unwrap().body_cut_after();
+    let cut_at = report.attempt_outcomes().next().unwrap().body_cut_after();
     let cut_at = cut_at.expect("the first attempt was cut");
     assert!(cut_at <= 5 * MIB as u64);
     assert_eq!(
-        report.attempt_records().nth(1).unwrap().status(),
+        report.attempt_outcomes().nth(1).unwrap().status(),
         Some(StatusCode::PARTIAL_CONTENT)
     );
     // Bytes on the wire: what the first response sent, then the rest from where the caller's
@@ -260,7 +260,7 @@ async fn a_body_that_stalls_past_the_attempt_timeout_is_resumed() {
     let report = whole.report().unwrap();
     assert_eq!(report.attempts(), 2);
     assert_eq!(
-        report.attempt_records().next().unwrap().body_cut_after(),
+        report.attempt_outcomes().next().unwrap().body_cut_after(),
         Some(300 * 1024)
     );
 }

@@ -146,7 +146,7 @@ async fn concurrent_duplicates_get_409_and_a_retrying_client_gets_the_replay() {
     let report = b.extensions().get::<RetryReport>().unwrap();
     assert_eq!(report.attempts(), 2);
     assert_eq!(
-        report.attempt_records().next().unwrap().status(),
+        report.attempt_outcomes().next().unwrap().status(),
         Some(StatusCode::CONFLICT)
     );
     assert_eq!(server.applied("slow-write-2"), 1);

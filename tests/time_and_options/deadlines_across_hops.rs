@@ -34,11 +34,11 @@ fn get(url: &str, fault: Fault, delay_ms: u64) -> Request<Full<Bytes>> {
         .expect("request")
 }
 
+/// Each request's headers, by path.
+type SeenHeaders = Arc<Mutex<HashMap<String, Vec<HeaderMap>>>>;
+
 /// A server on loopback that answers 200 and keeps each request's headers by path.
-fn header_server() -> (
-    std::net::SocketAddr,
-    Arc<Mutex<HashMap<String, Vec<HeaderMap>>>>,
-) {
+fn header_server() -> (std::net::SocketAddr, SeenHeaders) {
     let (socket, addr) = listener();
     let seen = Arc::new(Mutex::new(HashMap::<String, Vec<HeaderMap>>::new()));
     let kept = seen.clone();

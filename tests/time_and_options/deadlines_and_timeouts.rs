@@ -100,7 +100,7 @@ async fn attempts_are_cut_by_their_timeout_and_the_last_by_the_deadline() {
     assert_eq!(err.stop_reason(), StopReason::Deadline);
     assert!(err.is_timeout());
     let report = err.report().unwrap();
-    let classes: Vec<_> = report.attempt_records().map(|a| a.class()).collect();
+    let classes: Vec<_> = report.attempt_outcomes().map(|a| a.class()).collect();
     assert_eq!(classes, [FailureClass::Ambiguous; 3]);
 }
 
