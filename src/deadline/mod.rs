@@ -52,7 +52,10 @@ use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
 pub(crate) use wire::timeout_value;
-pub use wire::{parse_attempt, parse_timeout_ms, BadDeadline, ATTEMPT_HEADER, TIMEOUT_HEADER};
+pub use wire::{
+    parse_attempt, parse_grpc_timeout, parse_timeout_ms, BadDeadline, ATTEMPT_HEADER,
+    TIMEOUT_HEADER,
+};
 
 tokio::task_local! {
     static INBOUND: Inbound;

@@ -64,6 +64,12 @@ pub fn parse_timeout_ms(value: &HeaderValue) -> Result<Duration, BadDeadline> {
     Ok(Duration::from_millis(ms))
 }
 
+/// A `grpc-timeout` value (gRPC over HTTP/2: at most 8 digits and a unit, `H` `M` `S` `m`
+/// `u` `n`).
+pub fn parse_grpc_timeout(value: &HeaderValue) -> Result<Duration, BadDeadline> {
+    crate::classify::grpc::parse_timeout(value).ok_or(BadDeadline::Malformed)
+}
+
 /// An [`ATTEMPT_HEADER`] value: a number from 1, or `None`.
 pub fn parse_attempt(value: &HeaderValue) -> Option<u32> {
     let text = value.to_str().ok()?;
@@ -110,6 +116,16 @@ mod tests {
         assert_eq!(v, "1999");
         assert_eq!(parse_timeout_ms(&v), Ok(Duration::from_millis(1999)));
         assert_eq!(timeout_value(Duration::MAX), "9999999999");
+    }
+
+    #[test]
+    fn grpc_timeouts_follow_the_spec() {
+        let parse = |v: &str| parse_grpc_timeout(&HeaderValue::from_str(v).expect("value"));
+        assert_eq!(parse("250m"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse("1S"), Ok(Duration::from_secs(1)));
+        for bad in ["", "250", "123456789S", "-1S", "1x", "m"] {
+            assert_eq!(parse(bad), Err(BadDeadline::Malformed), "{bad:?}");
+        }
     }
 
     #[test]
