@@ -306,7 +306,10 @@ impl fmt::Display for Error {
             (_, Symptom::ConnectionLost) => "lost its connection after it was sent",
             (_, Symptom::Other) => "failed after it may have been sent",
         };
-        let idempotent = report.verdict().idempotency() == Idempotency::Idempotent;
+        // A read applies nothing, so repeating it is harmless, whatever stopped the retries (a
+        // `NoRetry` read's verdict is non-idempotent, the cautious case, yet applies nothing).
+        let idempotent = report.verdict().idempotency() == Idempotency::Idempotent
+            || !report.verdict().can_apply();
         let untrusted_key =
             report.idempotency_key_untrusted() && !report.verdict().repeat_is_harmless();
         match report.stop_reason() {

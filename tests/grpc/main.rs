@@ -10,7 +10,9 @@ mod pg;
 mod support;
 
 mod client_calls;
+mod host_metadata;
 mod hosts;
 mod misbehaving_servers;
 mod server_layer;
 mod unknown_hosts_and_reads;
+mod unreachable_origins;

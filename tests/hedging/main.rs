@@ -6,6 +6,7 @@ mod support;
 
 mod h2_losers;
 mod hedge_properties;
+mod hedges_behind_a_concurrency_limit;
 mod loopback;
 #[cfg(feature = "reqwest-middleware")]
 mod never_twice_and_spans;

@@ -889,3 +889,6 @@ async fn atomic_mode_counts_commits_and_rollbacks() {
     assert_eq!(ended("rolled-back"), 1);
     assert_eq!(got.total("retry_safety.server.atomic.transactions"), 2);
 }
+
+/// What the instruments count beside what the server read (issue 41 items 7 and 8).
+mod counted_as_it_happened;

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod applied_whatever_stopped_the_retries;
 mod attempt_events;
 mod attempt_spans;
 mod no_secrets;

@@ -6,4 +6,5 @@ mod support;
 
 mod deadlines_across_hops;
 mod deadlines_and_timeouts;
+mod no_resend_after_the_deadline;
 mod resend_heads_and_deadlines;
