@@ -14,7 +14,7 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use super::outcome::BODY_OMITTED;
+use super::outcome::{BODY_OMITTED, CALLER_GONE};
 use super::ResponseBody;
 use crate::classify::grpc::{GRPC_STATUS, PUSHBACK};
 use crate::classify::retry_after::parse_retry_after;
@@ -30,6 +30,10 @@ pub(crate) fn answer<B>(res: Response<ResponseBody<B>>) -> Response<ResponseBody
         _ if omitted => (
             2,
             "the first call with this idempotency-key ran, and its answer was too large to keep for a replay; check its effect before calling again with a new key",
+        ),
+        504 if res.headers().contains_key(CALLER_GONE) => (
+            4,
+            "the caller's deadline had passed: nothing was run, and the idempotency-key is free",
         ),
         400 => (3, "missing or malformed idempotency-key metadata"),
         409 => (

@@ -205,6 +205,7 @@ mod axum;
 mod body;
 mod buffer;
 mod claim;
+pub mod deadline;
 mod derive;
 mod detach;
 #[cfg(feature = "axum")]

@@ -64,6 +64,23 @@ pub(crate) fn reply<B>(status: StatusCode, message: &'static str) -> Response<Re
     res
 }
 
+/// Marks the layer's answer to a keyed request whose caller's deadline had passed before its
+/// handler could be called (a gRPC call reads it as `DEADLINE_EXCEEDED`).
+pub(crate) const CALLER_GONE: http::HeaderName =
+    http::HeaderName::from_static("x-deadline-exceeded");
+
+/// The answer to a keyed request whose caller's deadline had passed before its handler could
+/// be called: 504; its key was freed.
+pub(crate) fn caller_gone<B>() -> Response<ResponseBody<B>> {
+    let mut res = reply(
+        StatusCode::GATEWAY_TIMEOUT,
+        "the caller's deadline had passed: nothing was run, and the key is free",
+    );
+    res.headers_mut()
+        .insert(CALLER_GONE, HeaderValue::from_static("nothing was run"));
+    res
+}
+
 pub(crate) fn retry_later<B>(
     status: StatusCode,
     message: &'static str,

@@ -25,6 +25,7 @@ use super::outcome;
 use super::renewal::Renewal;
 use super::store::{IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
+use crate::deadline::{self, Inbound};
 use crate::target::cap;
 use crate::BoxError;
 
@@ -48,7 +49,16 @@ where
     ResBody: Body<Data = Bytes> + Unpin + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    DetachOnDrop::new(run(inner, claimed, renewal, req))
+    // The caller's deadline goes with the call, also into the task that finishes it when
+    // the request goes away: the handler's nested calls still see it.
+    let inbound = req.extensions().get::<Inbound>().copied();
+    let run = run(inner, claimed, renewal, req);
+    DetachOnDrop::new(async move {
+        match inbound {
+            Some(inbound) => deadline::scope(inbound, run).await,
+            None => run.await,
+        }
+    })
 }
 
 /// The keyed call itself: an `async` block rather than an `async fn` (whose arguments would
@@ -93,6 +103,17 @@ where
         let mut pending = Pending {
             claimed: Some(claimed),
         };
+        // Nobody waits for the answer any more: the handler is not called, and its key is
+        // freed (it provably did not run).
+        if req
+            .extensions()
+            .get::<Inbound>()
+            .is_some_and(Inbound::has_passed)
+        {
+            renewal.stop();
+            pending.release().await;
+            return Ok(outcome::caller_gone());
+        }
         let called = renewal
             .during(async {
                 let (parts, body) = inner.call(req).await?.into_parts();
