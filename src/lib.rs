@@ -195,6 +195,7 @@ pub mod server;
 pub mod service;
 mod target;
 mod timed_out;
+pub mod wire;
 
 #[doc(inline)]
 pub use attempts::{Error, MayHaveBeenApplied};

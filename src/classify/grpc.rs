@@ -20,10 +20,14 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::{Classification, FailureClass, RequestVerdict};
 
-pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-pub(crate) const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
-pub(crate) const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
-pub(crate) const PREVIOUS_ATTEMPTS: HeaderName =
+/// The trailer (or, trailers-only, the header) with a call's status code.
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// A server's pushback: how long to wait before a retry, in milliseconds (gRFC A6).
+pub const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+/// The time the caller waits for the call: digits and a unit (gRPC over HTTP/2).
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+/// How many attempts of the call came before this one (gRFC A6).
+pub const PREVIOUS_ATTEMPTS: HeaderName =
     HeaderName::from_static("grpc-previous-rpc-attempts");
 
 /// The gRPC codes the classification names.
@@ -36,7 +40,7 @@ pub(crate) mod code {
 
 /// Whether `headers` are a gRPC message's (`content-type: application/grpc`, `+proto`…).
 #[inline]
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+pub fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
@@ -70,13 +74,13 @@ pub(crate) fn method_name(path: &str) -> Option<&str> {
 /// (The client's layer reads it in the same pass as its other headers, `attempts::plan`.)
 #[inline]
 #[cfg_attr(not(feature = "server"), allow(dead_code))]
-pub(crate) fn is_call(method: &http::Method, headers: &HeaderMap) -> bool {
+pub fn is_call(method: &http::Method, headers: &HeaderMap) -> bool {
     method == http::Method::POST && is_grpc(headers)
 }
 
 /// Whether `headers` end a gRPC call by themselves: a trailers-only response.
 #[inline]
-pub(crate) fn is_trailers_only(headers: &HeaderMap) -> bool {
+pub fn is_trailers_only(headers: &HeaderMap) -> bool {
     headers.contains_key(GRPC_STATUS) && is_grpc(headers)
 }
 
@@ -104,7 +108,7 @@ pub(crate) fn pushback(headers: &HeaderMap) -> Pushback {
 }
 
 /// The code in a `grpc-status` value: 1 to 3 ASCII digits, or `None` when malformed.
-pub(crate) fn status_code(value: &HeaderValue) -> Option<u32> {
+pub fn status_code(value: &HeaderValue) -> Option<u32> {
     let bytes = value.as_bytes();
     if bytes.is_empty() || bytes.len() > 3 || !bytes.iter().all(u8::is_ascii_digit) {
         return None;

@@ -12,7 +12,7 @@ pub(crate) const MAX_KEY_LEN: usize = 255;
 /// The draft defines the value as a Structured Field string (RFC 8941 §3.3.3): a quoted string
 /// of printable ASCII with `\"` and `\\` escapes. Many APIs (Stripe among them) send a bare token
 /// instead; a bare value of visible ASCII without quotes, backslashes or spaces is accepted too.
-pub(crate) fn parse(value: &HeaderValue) -> Option<&str> {
+pub fn parse(value: &HeaderValue) -> Option<&str> {
     let bytes = value.as_bytes();
     if bytes.is_empty() || bytes.len() > MAX_KEY_LEN {
         return None;

@@ -45,7 +45,7 @@ pub(crate) fn parse_millis(value: &HeaderValue) -> Option<Duration> {
 ///
 /// Delay-seconds that overflow saturate (they exceed any cap). An HTTP-date in the past is
 /// ignored, so the backoff applies rather than a burst of immediate retries.
-pub(crate) fn parse_retry_after(
+pub fn parse_retry_after(
     value: &HeaderValue,
     now: impl FnOnce() -> SystemTime,
 ) -> Option<Duration> {
