@@ -26,8 +26,8 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use retry_safety_lab::{Fault, Proxy, ProxyConfig};
 use tokio::net::TcpListener;
-use tower_retry_safety::lab::{Fault, Proxy, ProxyConfig};
 
 mod common;
 use common::print_ratio;

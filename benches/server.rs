@@ -44,12 +44,11 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::ServiceExt;
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 
 mod common;
 use common::{median, print_ratio};
 
-#[cfg(feature = "postgres")]
 #[path = "server_counts/proxy.rs"]
 mod proxy;
 
@@ -84,7 +83,7 @@ async fn handler<B: http_body::Body>(req: Request<B>) -> Response<Full<Bytes>> {
 }
 
 /// A server with the layer over `store` in front of the handler.
-async fn layered<St: tower_retry_safety::server::IdempotencyStore>(store: St) -> String {
+async fn layered<St: tower_idempotency_keys::IdempotencyStore>(store: St) -> String {
     let layer = IdempotencyLayer::new(store);
     serve(move |req: Request<Incoming>| {
         let svc = tower::Layer::layer(
@@ -116,11 +115,8 @@ async fn keyed_post(client: &Client<HttpConnector, Full<Bytes>>, url: &str) {
 async fn main() {
     let bare = serve(|req| async { Ok(handler(req).await) }).await;
     let memory = layered(MemoryStore::with_limits(1 << 20, 1 << 30)).await;
-    #[cfg(feature = "redis")]
     let redis = redis_variants().await;
-    #[cfg(feature = "redis")]
     let pair = redis_pair().await;
-    #[cfg(feature = "postgres")]
     let pg = pg::variants().await;
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -130,37 +126,26 @@ async fn main() {
         let url = match variant {
             "bare" => &bare,
             "memory" => &memory,
-            #[cfg(feature = "redis")]
             "floor" => &redis.0,
-            #[cfg(feature = "redis")]
             "redis" => &redis.1,
-            #[cfg(feature = "redis")]
             "redis_pair" => &pair.as_ref().expect("redis-server for the pair").wait0,
-            #[cfg(feature = "redis")]
             "redis_wait1" => &pair.as_ref().expect("redis-server for the pair").wait1,
-            #[cfg(feature = "postgres")]
             "pg_floor" => &pg.floor,
-            #[cfg(feature = "postgres")]
             "pg" => &pg.layered,
-            #[cfg(feature = "postgres")]
             "pg_floor_async" => &pg.floor_async,
-            #[cfg(feature = "postgres")]
             "pg_async" => &pg.layered_async,
             other => panic!("unknown variant {other}"),
         };
         for _ in 0..20 + n {
             keyed_post(&client, url).await;
         }
-        #[cfg(feature = "postgres")]
         pg.drop_schema().await;
-        #[cfg(feature = "redis")]
         redis.clean();
         return;
     }
     for _ in 0..500 {
         keyed_post(&client, &bare).await;
         keyed_post(&client, &memory).await;
-        #[cfg(feature = "redis")]
         {
             keyed_post(&client, &redis.0).await;
             keyed_post(&client, &redis.1).await;
@@ -169,7 +154,6 @@ async fn main() {
                 keyed_post(&client, &pair.wait1).await;
             }
         }
-        #[cfg(feature = "postgres")]
         {
             keyed_post(&client, &pg.floor).await;
             keyed_post(&client, &pg.layered).await;
@@ -195,7 +179,6 @@ async fn main() {
                 batch!(b, 100, keyed_post(&client, &memory).await);
             }
         }
-        #[cfg(feature = "redis")]
         for side in [first, second] {
             if side == 0 {
                 batch!(c, 100, keyed_post(&client, &redis.0).await);
@@ -203,7 +186,6 @@ async fn main() {
                 batch!(d, 100, keyed_post(&client, &redis.1).await);
             }
         }
-        #[cfg(feature = "redis")]
         if let Some(pair) = &pair {
             for side in [first, second] {
                 if side == 0 {
@@ -213,7 +195,6 @@ async fn main() {
                 }
             }
         }
-        #[cfg(feature = "postgres")]
         for side in [first, second] {
             if side == 0 {
                 batch!(e, 100, keyed_post(&client, &pg.floor).await);
@@ -221,7 +202,6 @@ async fn main() {
                 batch!(f, 100, keyed_post(&client, &pg.layered).await);
             }
         }
-        #[cfg(feature = "postgres")]
         for side in [first, second] {
             if side == 0 {
                 batch!(i, 100, keyed_post(&client, &pg.floor_async).await);
@@ -259,11 +239,9 @@ async fn main() {
             " (synchronous_commit off: no wait for the WAL flush)",
         );
     }
-    #[cfg(feature = "redis")]
     if let Some(pair) = &pair {
         print_redis_counts(&client, pair).await;
     }
-    #[cfg(feature = "postgres")]
     pg.print_counts(&client).await;
     for (name, samples) in [
         ("bare_server", &mut a),
@@ -281,14 +259,11 @@ async fn main() {
             println!("{name:<16} median {:>9.0} ns/request", median(samples));
         }
     }
-    #[cfg(feature = "postgres")]
     pg.drop_schema().await;
-    #[cfg(feature = "redis")]
     redis.clean();
 }
 
 /// The PostgreSQL floor and the layer in atomic mode, in a schema of the run's own.
-#[cfg(feature = "postgres")]
 mod pg {
     use std::convert::Infallible;
     use std::hint::black_box;
@@ -302,7 +277,7 @@ mod pg {
     use hyper_util::client::legacy::{connect::HttpConnector, Client};
     use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
     use tower::ServiceExt;
-    use tower_retry_safety::server::{IdempotencyLayer, KeyTransaction, PostgresStore};
+    use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore};
 
     use super::proxy;
 
@@ -493,10 +468,8 @@ mod pg {
 
 /// The Redis floor and the layer over `RedisStore` (their URLs), under a fresh key prefix,
 /// which `clean` deletes.
-#[cfg(feature = "redis")]
 struct RedisVariants(String, String, String);
 
-#[cfg(feature = "redis")]
 impl RedisVariants {
     /// Deletes the run's keys: the bench leaves nothing behind.
     fn clean(&self) {
@@ -513,9 +486,8 @@ impl RedisVariants {
     }
 }
 
-#[cfg(feature = "redis")]
 async fn redis_variants() -> RedisVariants {
-    use tower_retry_safety::server::RedisStore;
+    use tower_idempotency_keys::RedisStore;
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -530,7 +502,6 @@ async fn redis_variants() -> RedisVariants {
 }
 
 /// The Redis floor on the Redis at `url`, its keys under `prefix`: its URL.
-#[cfg(feature = "redis")]
 async fn redis_floor(url: &str, prefix: String) -> String {
     let client = redis::Client::open(url).expect("redis url");
     let manager = redis::aio::ConnectionManager::new(client)
@@ -575,7 +546,6 @@ async fn redis_floor(url: &str, prefix: String) -> String {
 /// commandstats` before and after a batch, on the bench's own primary where nothing else runs:
 /// the layer there is `idem_redis_pair`'s, the same store as `idem_redis`). A command that a
 /// script runs is counted as well as the script's own call.
-#[cfg(feature = "redis")]
 async fn print_redis_counts(client: &Client<HttpConnector, Full<Bytes>>, pair: &Pair) {
     use std::collections::BTreeMap;
     const N: u64 = 200;
@@ -625,7 +595,6 @@ async fn print_redis_counts(client: &Client<HttpConnector, Full<Bytes>>, pair: &
 /// A primary with one replica, of the bench's own, and the layer over `RedisStore` on it not
 /// waiting (`wait0`) and waiting for the replica (`wait1`). The processes are killed when it is
 /// dropped (their keys go with them). `None`, with a line saying why, without `redis-server`.
-#[cfg(feature = "redis")]
 struct Pair {
     children: Vec<std::process::Child>,
     ports: [u16; 2],
@@ -633,7 +602,6 @@ struct Pair {
     wait1: String,
 }
 
-#[cfg(feature = "redis")]
 impl Drop for Pair {
     fn drop(&mut self) {
         for child in &mut self.children {
@@ -648,10 +616,9 @@ impl Drop for Pair {
     }
 }
 
-#[cfg(feature = "redis")]
 async fn redis_pair() -> Option<Pair> {
     use std::process::{Command, Stdio};
-    use tower_retry_safety::server::RedisStore;
+    use tower_idempotency_keys::RedisStore;
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

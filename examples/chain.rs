@@ -35,7 +35,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::net::TcpListener;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     IdempotencyLayer, KeyTransaction, MemoryStore, PostgresStore, RequestKey,
 };
 use tower_retry_safety::{RetryPolicy, RetrySafety};

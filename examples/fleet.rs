@@ -14,10 +14,8 @@
 //! and wait for one replica (found at connect), with a 10 s lease (longer than the failover),
 //! and the primary is killed once 20 writes have been applied. Writes meanwhile get 503 and are retried; none is applied twice.
 
-#[path = "../tests/support/fleet.rs"]
-mod fleet;
-#[path = "../tests/support/redis.rs"]
-mod harness;
+use retry_safety_testing::fleet;
+use retry_safety_testing::redis as harness;
 
 use std::time::Duration;
 
@@ -29,7 +27,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::RedisStore;
+use tower_idempotency_keys::RedisStore;
 use tower_retry_safety::RetryPolicy;
 
 const OPS_PER_FAULT: usize = 10;

@@ -34,7 +34,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::retry::Policy;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{Hedge, RetryPolicy};
 
 const OPS_PER_FAULT: usize = 20;

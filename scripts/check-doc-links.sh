@@ -5,15 +5,18 @@
 # `[<code>tower::Layer</code>]`. rustdoc does not warn about these, even with
 # `-D rustdoc::broken_intra_doc_links`.
 #
-# Reads target/doc/tower_retry_safety (run `cargo doc --no-deps --all-features` first). Left
+# Reads each published crate's pages under target/doc (run `cargo doc --workspace --no-deps
+# --all-features` first). Left
 # out: code blocks and signatures (where `[u8]` is Rust), attributes (`#[non_exhaustive]`),
 # HTML comments, scripts and the sidebar (lists of names), and the docs of other crates that
 # rustdoc copies into our pages (blanket and auto-trait implementations, methods through Deref).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=target/doc/tower_retry_safety
-[ -d "$dir" ] || { echo "no $dir: run cargo doc --no-deps --all-features first" >&2; exit 2; }
-found=$(find "$dir" -name '*.html' -print0 | xargs -0 perl -0777 -ne '
+dirs=(target/doc/tower_retry_safety target/doc/tower_idempotency_keys target/doc/retry_safety_lab)
+for dir in "${dirs[@]}"; do
+    [ -d "$dir" ] || { echo "no $dir: run cargo doc --workspace --no-deps --all-features first" >&2; exit 2; }
+done
+found=$(find "${dirs[@]}" -name '*.html' -print0 | xargs -0 perl -0777 -ne '
     s/<!--.*?-->//gs;
     s/<script\b.*?<\/script>//gs;
     s/<nav\b.*?<\/nav>//gs;
@@ -36,4 +39,4 @@ if [ -n "$found" ]; then
     echo "$found" | sort -u >&2
     exit 1
 fi
-echo "no unresolved intra-doc links in $dir"
+echo "no unresolved intra-doc links in ${dirs[*]}"

@@ -72,13 +72,14 @@
 //!   (reqwest: `ReadWholeMiddleware`): a body within a limit is read inside the attempt and
 //!   read again after a cut; a longer `GET` resumes with `Range` on a strong validator, a keyed
 //!   write with the server's replay; a write without a trusted key is never sent twice for it (see [the `resume` module](resume)).
-//! - **A server that honours idempotency keys (axum, hyper).** [`server::IdempotencyLayer`]
-//!   over [`server::MemoryStore`] stores the first response per key and replays it; with the
-//!   `axum` feature, [`for_axum`](crate::server::IdempotencyLayer::for_axum) wraps a whole axum `Router` for
-//!   `axum::serve` (see [the `server` module](server#with-axum)).
-//! - **A fleet of servers on Redis.** With the `redis` feature,
-//!   [`server::RedisStore`] shares keys
-//!   across instances, so a retry that lands on another instance is replayed, not run again.
+//! - **Deadlines that cross hops.** A request sent from inside a handler inherits the
+//!   deadline the handler's request arrived with, and hands its own on (see [the `deadline`
+//!   module](deadline)).
+//!
+//! The server half — a tower layer that honours idempotency keys, over memory, Redis or
+//! PostgreSQL — is the `tower-idempotency-keys` crate; the fault lab that proves a client in
+//! any language never applies a write twice is `retry-safety-lab`. Both read the wire with
+//! this crate's rules ([the `wire` module](wire)).
 //!
 //! ```
 //! use std::time::Duration;
@@ -147,21 +148,9 @@
 //!   proto's `idempotency_level`, this crate's error as a `tonic::Status`. gRPC's wire rules
 //!   need no feature: a POST with `content-type: application/grpc…` is read as a gRPC call
 //!   (its failure class from `grpc-status`, its deadline from `grpc-timeout`) in every build,
-//!   and the server layer answers a gRPC call's conflicts as gRPC statuses.
-//! - `server`: the server half, `server::IdempotencyLayer` over `server::MemoryStore`. A
-//!   client-only build compiles none of it (nor SHA-256).
-//! - `redis` (implies `server`): `server::RedisStore`, idempotency keys shared by a fleet
-//!   through Redis: one Redis, a primary whose replicas it waits for, through Sentinel, or a
-//!   Redis Cluster.
-//! - `postgres` (implies `server`): `server::PostgresStore` in lease mode, and atomic mode
-//!   (the key committed in the handler's own transaction), over sqlx 0.8.
-//! - `axum`: axum's `Body` as a [`ReplayBody`]; with `server`, `server::AxumIdempotencyLayer`
-//!   (`IdempotencyLayer::for_axum`) to wrap a whole axum 0.8 `Router` for `axum::serve`, and
-//!   extractors for the request's key.
-//! - `lab` (implies `server`): the fault lab ([the `lab` module](lab)) and its
-//!   `retry-safety-lab` binary: a fault-injecting reverse proxy that counts the writes an
-//!   upstream applied twice, for clients in any language, and a conformance check for servers
-//!   that honour idempotency keys.
+//! - `axum`: axum's `Body` as a [`ReplayBody`].
+//! - `opentelemetry`: the client's metrics through a `Meter` you hand over ([the `metrics`
+//!   module](metrics)).
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -178,9 +167,6 @@ pub mod deadline;
 // gRPC's front end: its feature gate is inside the module.
 pub mod grpc;
 mod hedge;
-#[cfg(feature = "lab")]
-#[cfg_attr(docsrs, doc(cfg(feature = "lab")))]
-pub mod lab;
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub mod metrics;
@@ -189,9 +175,6 @@ pub mod policy;
 #[cfg(feature = "reqwest-middleware")]
 mod reqwest;
 pub mod resume;
-#[cfg(feature = "server")]
-#[cfg_attr(docsrs, doc(cfg(feature = "server")))]
-pub mod server;
 pub mod service;
 mod target;
 mod timed_out;

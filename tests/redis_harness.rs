@@ -1,14 +1,13 @@
 //! The Redis tests' harness (tests/support/redis.rs) keeps the README's promise: a test's keys
 //! are gone when it ends, and where no Redis can be found the failure is one line that says
 //! what to install. A binary of its own: it sets `REDIS_URL`, which the other Redis tests read.
-#![cfg(feature = "redis")]
 
 mod support;
 
 use std::time::Duration;
 
 use support::redis::{count_keys, TestRedis};
-use tower_retry_safety::server::{Begin, Fingerprint, IdempotencyStore, RedisStore};
+use tower_idempotency_keys::{Begin, Fingerprint, IdempotencyStore, RedisStore};
 
 #[tokio::test]
 async fn keys_are_deleted_when_a_test_ends_and_no_redis_fails_in_one_line() {

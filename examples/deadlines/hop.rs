@@ -18,8 +18,8 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::deadline::DeadlineLayer;
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::deadline::DeadlineLayer;
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::RetrySafety;
 
 use crate::chain::Row;

@@ -27,8 +27,7 @@ pub const PUSHBACK: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms
 /// The time the caller waits for the call: digits and a unit (gRPC over HTTP/2).
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 /// How many attempts of the call came before this one (gRFC A6).
-pub const PREVIOUS_ATTEMPTS: HeaderName =
-    HeaderName::from_static("grpc-previous-rpc-attempts");
+pub const PREVIOUS_ATTEMPTS: HeaderName = HeaderName::from_static("grpc-previous-rpc-attempts");
 
 /// The gRPC codes the classification names.
 pub(crate) mod code {
@@ -73,7 +72,6 @@ pub(crate) fn method_name(path: &str) -> Option<&str> {
 /// gRPC content type. The client's layer and the server's read a request alike through it.
 /// (The client's layer reads it in the same pass as its other headers, `attempts::plan`.)
 #[inline]
-#[cfg_attr(not(feature = "server"), allow(dead_code))]
 pub fn is_call(method: &http::Method, headers: &HeaderMap) -> bool {
     method == http::Method::POST && is_grpc(headers)
 }

@@ -79,7 +79,7 @@
 //!   server answered carries [`ATTEMPTS_KEY`] and [`MAY_HAVE_BEEN_APPLIED_KEY`] in its
 //!   metadata too. [`MayHaveBeenApplied`](crate::MayHaveBeenApplied) answers for a
 //!   `tonic::Status`, as for this crate's error.
-//! - **Server**: [`IdempotencyLayer`](crate::server::IdempotencyLayer) in front of a tonic
+//! - **Server**: `tower_idempotency_keys::IdempotencyLayer` in front of a tonic
 //!   server reads the key from the `idempotency-key` metadata, replays a stored response with
 //!   its trailers (its `grpc-status`), and answers a gRPC call's conflicts as gRPC statuses
 //!   (a key in flight: `ABORTED` with `grpc-retry-pushback-ms`; a key reused with another

@@ -13,9 +13,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::{service_fn, BoxError, ServiceBuilder};
+use tower_idempotency_keys::deadline::{DeadlineLayer, DEADLINE_NOTE};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::deadline::Inbound;
-use tower_retry_safety::server::deadline::{DeadlineLayer, DEADLINE_NOTE};
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
 
 use crate::support::runtime_server::{accept, listener};
 

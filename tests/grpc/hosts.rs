@@ -16,7 +16,7 @@ use crate::grpc_lab::lab::Entry;
 use crate::grpc_lab::{channel, request, serve, serve_keyed, Fault};
 use http::Method;
 use tower::ServiceBuilder;
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy, RetryPolicyBuilder};
 
 fn builder() -> RetryPolicyBuilder {

@@ -3,9 +3,7 @@
 
 #[path = "../support/grpc/mod.rs"]
 mod grpc_lab;
-#[cfg(feature = "postgres")]
-#[path = "../pg/mod.rs"]
-mod pg;
+use retry_safety_testing::pg;
 #[path = "../support/mod.rs"]
 mod support;
 

@@ -28,8 +28,8 @@ use prost::Message;
 use tonic::body::Body;
 use tonic::Code;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::grpc::{ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{Idempotency, NoRetry, RetryPolicy, RetryPolicyBuilder};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -928,10 +928,9 @@ async fn malformed_key_metadata_is_refused_as_invalid_argument() {
 /// trailers, as a server before this change wrote it) is read as a response without them.
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
-#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_keeps_trailers_and_reads_the_older_record_kind() {
-    use tower_retry_safety::server::{
+    use tower_idempotency_keys::{
         Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
     };
     let redis = crate::support::redis::TestRedis::start("grpc-trailers");
@@ -1279,10 +1278,9 @@ async fn a_write_cut_by_goaway_after_apply_is_sent_once() {
 /// PostgreSQL (non-atomic `PostgresStore`), as through Redis.
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
-#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_keeps_trailers() {
-    use tower_retry_safety::server::{
+    use tower_idempotency_keys::{
         Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore, PostgresStore, StoredResponse,
     };
     let db = crate::pg::TestDb::new().await;

@@ -10,7 +10,7 @@ use crate::grpc_lab::lab::Entry;
 use crate::grpc_lab::{channel, request, serve_keyed, Fault};
 use tonic::Code;
 use tower::ServiceBuilder;
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{NoRetry, RetryPolicy, RetryPolicyBuilder};
 
 fn builder() -> RetryPolicyBuilder {
@@ -186,10 +186,9 @@ async fn our_client_waits_out_an_in_flight_key_and_gets_the_replay() {
 /// Atomic mode (PostgreSQL): the same replay with its trailers (the record of kind `T` in
 /// the database), and the layer's answers as gRPC statuses.
 
-#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn atomic_mode_replays_a_keyed_call_with_its_trailers() {
-    use tower_retry_safety::server::PostgresStore;
+    use tower_idempotency_keys::PostgresStore;
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(4).await);
     store.migrate().await.unwrap();

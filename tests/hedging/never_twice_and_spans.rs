@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{
     attempt_number, Hedge, Idempotency, NoRetry, RequestOptions, RetryPolicy, RetryReport,
 };

@@ -18,7 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Layer;
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
     StoredResponse,
 };
@@ -466,11 +466,10 @@ fn a_released_key_reclaimed_while_neighbours_renew_runs_once_more() {
     assert_eq!(store.renew_refused.load(Ordering::SeqCst), 0);
 }
 
-#[cfg(feature = "redis")]
 mod redis_renewal {
     use super::*;
     use crate::support::redis::TestRedis;
-    use tower_retry_safety::server::RedisStore;
+    use tower_idempotency_keys::RedisStore;
 
     /// This test's time unit. Redis keeps a lease in its own real time, so no paused clock can
     /// stand in for it: each renewal must reach Redis within a lease of the one before. On the

@@ -2,7 +2,6 @@
 //! handlers waiting on I/O, slowly streamed bodies, detached calls, and the two ping-pong
 //! cases tokio's current-thread scheduler cannot keep (`#[ignore = "known limit, …"]`, run
 //! them with `--ignored`). From the review, round 2, of lease renewal (08a8b2f).
-#![cfg(all(feature = "postgres", feature = "redis"))]
 
 use crate::support::runtime_server::{accept, listener, runtime, Flavour, Server};
 use crate::SERIAL;
@@ -22,7 +21,7 @@ use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{service_fn, Layer};
-use tower_retry_safety::server::{IdempotencyLayer, IdempotencyStore, MemoryStore, RedisStore};
+use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore, MemoryStore, RedisStore};
 
 // ---------------------------------------------------------------------------------------------
 // Lease renewal

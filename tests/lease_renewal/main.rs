@@ -10,9 +10,7 @@ static SERIAL: Mutex<()> = Mutex::new(());
 #[path = "../support/mod.rs"]
 mod support;
 
-#[cfg(feature = "postgres")]
-#[path = "../pg/mod.rs"]
-mod pg;
+use retry_safety_testing::pg;
 
 mod busy_neighbours;
 mod busy_runtimes;

@@ -14,7 +14,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
     StoredResponse,
 };

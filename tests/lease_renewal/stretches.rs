@@ -24,7 +24,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Layer;
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
     StoredResponse,
 };
@@ -267,11 +267,10 @@ fn a_slow_reply_to_begin_eats_none_of_the_margin() {
     }
 }
 
-#[cfg(feature = "redis")]
 mod redis_store {
     use super::*;
     use crate::support::redis::TestRedis;
-    use tower_retry_safety::server::RedisStore;
+    use tower_idempotency_keys::RedisStore;
 
     pub(super) fn case(flavour: Flavour, fraction: f64) -> Outcome {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -2,9 +2,7 @@
 //! `RetryReport`s of the same requests, and the server layer's against the answers it gave,
 //! read back through the SDK's in-memory exporter. Every count is exact.
 
-#[cfg(feature = "postgres")]
-#[path = "../pg/mod.rs"]
-mod pg;
+use retry_safety_testing::pg;
 #[path = "../support/mod.rs"]
 mod support;
 
@@ -26,7 +24,7 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use support::fault_server::{Fault, FaultServer};
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{FailureClass, Idempotency, RetryPolicy, RetryReport, StopReason};
 
 // Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
@@ -829,12 +827,11 @@ async fn a_request_through_two_layers_is_recorded_once() {
 /// Atomic mode over PostgreSQL (feature `postgres`): the keyed answers are counted as in lease
 /// mode, and each keyed transaction once by how it ended — committed with the handler's
 /// response, or rolled back when the handler failed.
-#[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn atomic_mode_counts_commits_and_rollbacks() {
     use http_body_util::Either;
     use tower::BoxError;
-    use tower_retry_safety::server::PostgresStore;
+    use tower_idempotency_keys::PostgresStore;
 
     let meters = Meters::new();
     let db = pg::TestDb::new().await;

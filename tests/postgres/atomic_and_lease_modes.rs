@@ -3,7 +3,6 @@
 //! pool, renewals starved by handlers holding the pool. Handlers count their side effects;
 //! counts are exact. From the review, round 2, of the PostgreSQL store's atomic/lease modes
 //! (ac4e316).
-#![cfg(all(feature = "postgres", feature = "redis"))]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -16,7 +15,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_retry_safety::server::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
+use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
 
 // ---------------------------------------------------------------------------------------------
 // PostgreSQL, atomic mode

@@ -1,7 +1,6 @@
 //! Atomic mode on real PostgreSQL and real sockets: the handler's rows and the key commit in
 //! one transaction. Each test works in a schema of its own (dropped at its end); counts are
 //! exact.
-#![cfg(feature = "postgres")]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_retry_safety::server::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
+use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
 
 type Req = Request<Either<Full<Bytes>, Incoming>>;
 

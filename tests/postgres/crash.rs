@@ -9,7 +9,6 @@
 //! response lost with the process; after the commit and before the response is written.
 //! Each time: one order row, one charge applied, and the client ends with a success (the
 //! replay, or the clean re-run).
-#![cfg(feature = "postgres")]
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -25,7 +24,7 @@ use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use tokio::sync::mpsc;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     IdempotencyLayer, KeyTransaction, MemoryStore, PostgresStore, RequestKey,
 };
 use tower_retry_safety::RetryPolicy;

@@ -1,7 +1,6 @@
 //! Adversarial review of the PostgreSQL store (issue 21): real PostgreSQL, real sockets, handlers
 //! that count their side effects. Each test is a defect the review found, each applied a write
 //! twice or held a key for good before its fix.
-#![cfg(feature = "postgres")]
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_retry_safety::server::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
+use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
 
 type Req = Request<Either<Full<Bytes>, Incoming>>;
 

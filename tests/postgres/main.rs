@@ -1,9 +1,7 @@
 //! `PostgresStore` and atomic mode on real PostgreSQL: atomic and lease modes, transactions a
 //! handler ends by hand, a crash of the server process, and PostgreSQL restarted mid-request.
 
-#[cfg(feature = "postgres")]
-#[path = "../pg/mod.rs"]
-mod pg;
+use retry_safety_testing::pg;
 
 mod atomic_and_lease_modes;
 mod atomic_mode;

@@ -3,7 +3,6 @@
 //! when run as root), stops it (immediate shutdown) while a keyed handler is in its
 //! transaction, and starts it again. The request gets 503 and nothing was applied; the
 //! service comes back on its own, and the same key then runs once.
-#![cfg(feature = "postgres")]
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -17,7 +16,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_retry_safety::server::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
+use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
 
 /// A PostgreSQL of the test's own; stopped and its directory removed when dropped.
 struct OwnPostgres {

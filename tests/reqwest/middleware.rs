@@ -378,7 +378,7 @@ async fn reqwest_timeout_after_connecting_is_ambiguous_and_refused_is_not_sent()
 
 #[tokio::test]
 async fn minted_keys_make_lost_writes_succeed_exactly_once() {
-    use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+    use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
     let client = ours(policy().mint_idempotency_keys(true).build().unwrap());
     for fault in [

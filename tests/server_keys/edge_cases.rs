@@ -15,7 +15,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Either, Full, StreamBody};
 use tower::{service_fn, BoxError, Layer, ServiceExt};
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
     StoredResponse,
 };

@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{RetryPolicy, RetryReport};
 
 /// The client gives up on an attempt after this...

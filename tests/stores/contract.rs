@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     Begin, Claim, Entry, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
 };
 
@@ -187,10 +187,9 @@ async fn memory_store_keeps_the_contract() {
     contract(MemoryStore::new(), "").await;
 }
 
-#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_store_keeps_the_contract() {
-    use tower_retry_safety::server::RedisStore;
+    use tower_idempotency_keys::RedisStore;
     // REDIS_URL, else 127.0.0.1:6379, else a redis-server of its own; its keys are deleted
     // when it ends.
     let redis = crate::support::redis::TestRedis::start("contract");
@@ -203,10 +202,9 @@ async fn redis_store_keeps_the_contract() {
 
 /// On a schema of its own (dropped at the end), on the PostgreSQL at `DATABASE_URL` or
 /// 127.0.0.1:5432.
-#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_store_keeps_the_contract() {
-    use tower_retry_safety::server::PostgresStore;
+    use tower_idempotency_keys::PostgresStore;
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(16).await);
     store.migrate().await.unwrap();

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     Begin, Claim, Entry, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
 };
 
@@ -97,10 +97,9 @@ async fn memory_store_refuses_late_renewals() {
 }
 
 /// Found by the review of 2026-12-04.
-#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_store_refuses_late_renewals() {
-    use tower_retry_safety::server::RedisStore;
+    use tower_idempotency_keys::RedisStore;
     // Deletes every key under the test's prefix when it ends, also when it fails.
     let redis = crate::support::redis::TestRedis::start("late-renewals");
     let store = RedisStore::connect(redis.url())
@@ -111,10 +110,9 @@ async fn redis_store_refuses_late_renewals() {
 }
 
 /// Found by the review of 2026-12-04.
-#[cfg(feature = "postgres")]
 #[tokio::test]
 async fn postgres_store_refuses_late_renewals() {
-    use tower_retry_safety::server::PostgresStore;
+    use tower_idempotency_keys::PostgresStore;
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(4).await);
     store.migrate().await.unwrap();

@@ -2,9 +2,7 @@
 //! sharing one Redis, and fleets beyond one Redis (replicas waited for, failovers through
 //! Sentinel, a Redis Cluster), each on topologies the tests start on free loopback ports.
 
-#[cfg(feature = "postgres")]
-#[path = "../pg/mod.rs"]
-mod pg;
+use retry_safety_testing::pg;
 #[path = "../support/mod.rs"]
 mod support;
 

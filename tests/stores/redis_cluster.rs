@@ -4,7 +4,6 @@
 //! failover of a shard (`CLUSTER FAILOVER`) is followed by the client (`MOVED`, slot refresh),
 //! and so is a key's hash slot migrated to another primary while its handler runs (`ASK`, then
 //! `MOVED`).
-#![cfg(feature = "redis")]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,7 +15,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_retry_safety::server::RedisStore;
+use tower_idempotency_keys::RedisStore;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const KEYS: usize = 24;

@@ -4,7 +4,6 @@
 //! (`redis-server` primaries, replicas, a pausable proxy that holds the replication stream back,
 //! a Sentinel) on free loopback ports, killed by pid when the test ends; each has a control that
 //! shows the scenario really loses the key without the guarantee under test.
-#![cfg(feature = "redis")]
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -16,7 +15,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use tower_retry_safety::server::{
+use tower_idempotency_keys::{
     Begin, Entry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
 };
 
@@ -116,7 +115,7 @@ fn promoted(sentinel: &Node, old: u16) -> u16 {
 async fn fenced<F, Fut>(mut call: F)
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), tower_retry_safety::server::StoreError>>,
+    Fut: std::future::Future<Output = Result<(), tower_idempotency_keys::StoreError>>,
 {
     for _ in 0..5 {
         let err = call().await.expect_err("a stale owner wrote");

@@ -1,7 +1,6 @@
 //! Exactly once across a fleet: two server instances share one Redis through `RedisStore`,
 //! behind a forwarder that sends an operation's consecutive attempts to different instances.
 //! The client mints keys and times attempts out; side effects are counted across the fleet.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_retry_safety::server::{Entry, IdempotencyStore, RedisStore};
+use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore};
 use tower_retry_safety::{RetryPolicy, RetryReport};
 
 const PER_ATTEMPT: Duration = Duration::from_millis(400);
@@ -229,7 +228,7 @@ async fn redis_stopped_answers_503_and_runs_nothing_until_it_is_back() {
 async fn a_handler_busy_past_its_lease_without_yielding_runs_once() {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
-    use tower_retry_safety::server::IdempotencyLayer;
+    use tower_idempotency_keys::IdempotencyLayer;
 
     let redis = TestRedis::start("busy");
     let store = RedisStore::connect(redis.url())

@@ -3,12 +3,11 @@
 //! no replica to wait for. Each scenario runs on `redis-server` processes of its own (a
 //! primary, a replica, a Sentinel) on free loopback ports, killed by pid when the test ends,
 //! also when it fails; handlers count their runs.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 
 use http::StatusCode;
-use tower_retry_safety::server::{Entry, IdempotencyStore, RedisStore, StoreError};
+use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore, StoreError};
 
 use super::redis_failover::{
     replicated, send, sentinel_field, sentinel_primary, sentinel_sees, Answer, LIMIT, MASTER,

@@ -3,13 +3,12 @@
 //! flushed, a replica that stalls under many claims. Each scenario runs on `redis-server`
 //! processes of its own on free loopback ports, killed by pid when the test ends, also when it
 //! fails; handlers count their runs.
-#![cfg(feature = "redis")]
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use http::StatusCode;
-use tower_retry_safety::server::{Entry, IdempotencyStore, RedisStore};
+use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore};
 
 use super::redis_failover::{replicated, send, Answer, LIMIT};
 use crate::support::fleet::{Counts, Fault, Instance};

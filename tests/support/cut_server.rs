@@ -30,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 use tower::ServiceExt;
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 
 /// What happens to one response's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

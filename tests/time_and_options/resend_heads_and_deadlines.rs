@@ -20,7 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
-use tower_retry_safety::server::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{Hedge, Idempotency, RequestOptions, RetryPolicy, RetryPolicyBuilder};
 
 // =======================================================================================

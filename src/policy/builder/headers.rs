@@ -23,7 +23,7 @@ impl RetryPolicyBuilder {
 
     /// The header with which a server that honours idempotency keys marks a replay: its stored
     /// response to an earlier request with the same key, sent again (this crate's
-    /// [`IdempotencyLayer`](crate::server::IdempotencyLayer) sets `idempotent-replayed: true`).
+    /// `tower_idempotency_keys::IdempotencyLayer` sets `idempotent-replayed: true`).
     /// A response whose header says `true` is final, whatever its status: every repeat of the
     /// key would get the same answer. The report says so
     /// ([`StopReason::StoredResponse`](crate::StopReason::StoredResponse)): the server had already run the

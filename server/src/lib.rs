@@ -1,0 +1,259 @@
+//! Idempotency keys on the server: replay the stored result of a request repeated with the
+//! same `Idempotency-Key`, so a client may retry a write safely.
+//!
+//! [`IdempotencyLayer`] is a tower layer for servers (hyper, axum). For a request with a key:
+//!
+//! - the first one runs; its response (any status) is buffered up to a limit, stored with a
+//!   TTL and returned;
+//! - a repeat while the first is in flight gets **409** with `Retry-After`;
+//! - a repeat after it completed gets the stored response, byte for byte, with an
+//!   `idempotent-replayed: true` header;
+//! - the same key with a different request gets **422**: requests are compared by a SHA-256
+//!   [`Fingerprint`] of the method, the path with its query, and the body;
+//! - a malformed key gets **400** and never reaches the store. Keys are what common clients
+//!   send: a Structured Field string (`"8e03978e-…"`, the IETF draft's form) or a bare token of
+//!   visible ASCII without quotes or backslashes (`8e03978e-…`, Stripe's form); non-empty, at
+//!   most 255 bytes. Both spell the same key: `"k-1"` and `k-1` are one key.
+//!
+//! # A key is freed only if its handler did not run
+//!
+//! A key is claimed before the handler is called; a request refused before that (a malformed
+//! key, a body over [the limit](IdempotencyLayer::max_request_bytes) or unreadable, a store
+//! that failed: **503**, nothing run) claims nothing. Once the handler has been called, the key
+//! is never freed, whatever happens:
+//!
+//! - **The client goes away** (its timeout, a disconnect; hyper then drops the request): the
+//!   rest of the call is detached onto the tokio runtime and runs until the handler answers;
+//!   its response is stored for the replay. Repeats meanwhile get 409.
+//! - **The handler fails** (the inner service returns an error — a server-side timeout, a
+//!   lost backend — or panics): it may have applied its effect before failing, so the outcome
+//!   is *unknown*, and a stand-in record says so: **500**, `x-should-retry: false` and a text
+//!   body. Every repeat gets it; the error itself reaches hyper as before. (Keeping the key in
+//!   flight instead would answer 409 until the lease ends and then run the handler again.)
+//! - **The response cannot be stored whole** (over
+//!   [`max_response_bytes`](IdempotencyLayer::max_response_bytes), or its body fails while
+//!   being read): the first client gets the whole response, streamed; repeats get
+//!   its status and headers with an empty body and `idempotent-replay-body: omitted`.
+//! - **The store refuses the record** (full, or failing): the key is held in flight (its lease
+//!   renewed) while the record is tried again in the background, until it is stored or the
+//!   key's TTL has passed. Repeats meanwhile get 409.
+//!
+//! The inner service and its future must be `Send + 'static` (a call may be detached). Outside
+//! a tokio runtime nothing can be detached: a dropped call ends there, its key in flight.
+//!
+//! # Leases and fencing
+//!
+//! A claim is a [lease](IdempotencyLayer::lease) (60 s by default) with a fencing token
+//! ([`Claim`]): the layer renews it while the handler runs, so a handler may outlast it, and a
+//! server that dies mid-handler holds its keys only until the lease ends.
+//!
+//! **Renewal guarantee.** While a handler runs, its claim is renewed every quarter of the
+//! lease (at most a third apart; a renewal that fails is sent again every 1/48 of the lease
+//! until the next is due) by a task of the layer's own on the handler's runtime, on its
+//! own timer, and also from the task of any of the layer's handlers on that runtime, each time
+//! one is polled or claims a key after the claim has gone a quarter lease unrenewed. On a
+//! multi-thread runtime a handler keeps its claim, even one that never yields, while another
+//! worker is free. On a current-thread runtime one thread runs everything, and it reads its
+//! timers and sockets only when no task is ready to run, or else once every `event_interval`
+//! task polls (61 by default); a task that yields (`tokio::task::yield_now`) is run again only
+//! after that read.
+//! So the claim is kept as long as the thread **reads its timers or comes back to one of the
+//! layer's handlers** at least once per half lease of clock time with [`MemoryStore`], and
+//! once per quarter lease with `RedisStore` (a renewal there also takes a turn of redis-rs's
+//! connection task). That time is a handler's own work between two `.await`s **plus that of
+//! every other task busy on the thread meanwhile**: three handlers at once, each working 0.4
+//! lease between awaits, come back to each one only every 1.2 leases, but each renews the
+//! others' claims, which are kept; two tasks that wake each other directly (a channel, a
+//! `Notify`), 8 ms of work a turn, keep the queue from emptying and push the timer read to
+//! every 61 polls, about 490 ms, and a claim of a 400 ms lease whose handler waits on I/O
+//! lapses (`tests/lease_renewal/stretches.rs` and `tests/lease_renewal/busy_runtimes.rs` keep these cases;
+//! `event_interval(4)` holds the last). Outside a tokio runtime nothing is renewed. Serve keyed
+//! handlers from a multi-thread runtime, or build a current-thread one with a low
+//! `event_interval`; the layer logs a warning that says so, once per runtime, when it first
+//! claims a key on a current-thread one.
+//!
+//! The lease bounds the windows in which "never twice" cannot hold, and they are these:
+//!
+//! - a server died mid-handler (or before its outcome was stored) and its lease ended: a
+//!   repeat runs the handler again;
+//! - the store was unreachable while a handler ran or while its outcome was being stored, until
+//!   after the lease that the last renewal before the outage set had ended: the claim lapses,
+//!   and another request may take the key. Failed renewals are sent again every 1/48 of the
+//!   lease, so any outage shorter than two thirds of the lease is survived wherever it falls
+//!   (renewals are at most a third of a lease apart), one of nearly a whole lease if it begins
+//!   just after a renewal, and none longer than the lease;
+//! - the store lost the key: with Redis, a failover to a replica that had not received it (or
+//!   that `RedisStore` did not wait for), a restart without persistence, or an eviction (run it
+//!   with `maxmemory-policy noeviction`: every entry has an expiry, so the `volatile-*` policies
+//!   evict them too).
+//!
+//! **What each topology guarantees.** What a crash or a failover can do to a key whose handler
+//! ran (the lease's own window, a server dead mid-handler, comes on top in lease mode):
+//!
+//! | store and topology | a store crash (restart) | a failover |
+//! |---|---|---|
+//! | one Redis, no persistence | every key lost: repeats run again | — |
+//! | one Redis, AOF `appendfsync everysec` | up to a second of claims and records lost | — |
+//! | one Redis, AOF `appendfsync always` | nothing acknowledged is lost | — |
+//! | Redis primary + replicas, not waiting (`wait_for_replicas(0)`) | as the primary's persistence | a write the promoted replica lacked is lost: the key runs again |
+//! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice); while fewer than *n* replicas are connected, new keys get 503 at once and run nothing, and keys in flight keep their claims (renewals wait for no replica) and have their outcomes stored on the primary, sent again until replicas confirm them |
+//! | the same through Sentinel (`RedisStore::sentinel`), or an address that follows the promotion | as above | as above, and a claim's owner renews and stores its outcome on the new primary, also when the new one has no replica yet, and when the old one is cut off from Sentinel but not from the owner (a primary found short of replicas is resolved again); on an address held to the old node, its outcome is lost and the key runs again once its lease ends |
+//! | a partitioned old primary still taking writes (split brain) | — | waiting, it cannot confirm (its replicas follow the new primary): 503, nothing run; not waiting, its writes are discarded when it rejoins |
+//! | Redis Cluster (`RedisStore::cluster`), waiting for *n* replicas of the key's primary (default: 1 when every primary has one) | as each primary's persistence | per shard, as a primary with replicas waited for: the cluster promotes a replica of the failed primary and the client follows (`MOVED`); not waiting, a write the promoted replica lacked is lost |
+//! | PostgreSQL, lease mode | nothing committed is lost (`synchronous_commit` on) | asynchronous standby: the last commits can be lost, like a replica not waited for; synchronous standby: nothing committed is lost |
+//! | PostgreSQL, atomic mode | a crash before commit rolls back the key and the handler's writes together: nothing runs twice, no lease window | asynchronous standby: a lost commit loses the key *and* the effects in the same transaction (consistent, but an effect outside the database — an email — can repeat); synchronous standby: nothing committed is lost |
+//!
+//! `WAIT` makes a write reach the replicas' memory, not their disks: a failover together with
+//! a crash of the confirming replica can still lose it (Redis 7.2's `WAITAOF` covers disks; this
+//! store does not send it).
+//!
+//! Set the lease longer than clients keep retrying, and check the resource's state when a key
+//! stays in flight.
+//!
+//! # Whose key
+//!
+//! Keys live in one space unless [scoped](IdempotencyLayer::scope_keys_by) by sender (an
+//! authenticated tenant, an API key id): scope them whenever several clients share a server,
+//! so that no client is ever replayed another's response by presenting its key.
+//!
+//! # What is stored
+//!
+//! Responses of every status are stored, errors included: a 500 may come after the write was
+//! partly applied, and a client that repeats the key must learn the same outcome rather than
+//! run the write a second time ([`store_server_errors(false)`](IdempotencyLayer::store_server_errors)
+//! frees the key on a 5xx instead, for handlers whose 5xx proves nothing was applied).
+//! A gRPC call (a POST with a gRPC content type, with or without the `tonic` feature) gets
+//! the layer's own answers as gRPC statuses: a key in flight is `ABORTED` with
+//! `grpc-retry-pushback-ms`, a key reused with another call or malformed `INVALID_ARGUMENT`,
+//! nothing applied `UNAVAILABLE`, an unknown outcome `UNKNOWN`.
+//! Requests without a key pass through untouched, unless their method
+//! [requires one](IdempotencyLayer::require_key_for).
+//!
+//! # Stores
+//!
+//! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
+//! shares keys across a fleet, on one Redis, a primary with replicas it waits for, through
+//! Sentinel, or on a Redis Cluster. `PostgresStore` (feature `postgres`) does too, and has an
+//! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's record commits in the
+//! handler's own database transaction: a crash before the commit rolls back the key and the
+//! handler's writes together, so the windows of the lease below do not exist for effects in
+//! that transaction. [`IdempotencyStore`] is implementable over any store with an atomic
+//! insert-if-absent with expiry and a compare-and-set.
+//!
+//! # The handler's own outbound calls
+//!
+//! Every keyed request reaches its handler with a [`RequestKey`] in its extensions. A handler
+//! that calls a provider puts [`RequestKey::derive`]`("label")` on the outbound request's
+//! `Idempotency-Key` (sent through this crate's client layer, with keys trusted for the
+//! provider's host): a re-run of the handler — after a crash, or after its lease ended — sends
+//! the same key, and a provider that honours keys replays instead of applying twice.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http_body_util::{Either, Full};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service(service_fn(|_req: http::Request<Either<Full<Bytes>, Full<Bytes>>>| async {
+//!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("sent"))))
+//!     }));
+//! let send = || {
+//!     http::Request::post("/v1/messages")
+//!         .header("idempotency-key", "\"k-1\"")
+//!         .body(Full::new(Bytes::from("hi")))
+//! };
+//! let first = svc.clone().oneshot(send()?).await?;
+//! let again = svc.oneshot(send()?).await?;
+//! assert!(first.headers().get("idempotent-replayed").is_none());
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+//! ```
+//!
+//! # With axum
+//!
+//! `Router::layer` takes the layer as it is (it wraps each route). To wrap a whole `Router`
+//! for `axum::serve`, which takes only services that answer with axum's body type, use
+//! [`for_axum`](IdempotencyLayer::for_axum) (feature `axum`, axum 0.8):
+//!
+//! ```
+//! # #[cfg(feature = "axum")]
+//! # async fn demo() -> std::io::Result<()> {
+//! use axum::{routing::post, Router};
+//! use tower::Layer;
+//! use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+//!
+//! let router = Router::new().route("/v1/messages", post(|| async { "sent" }));
+//! let app = IdempotencyLayer::new(MemoryStore::new()).for_axum().layer(router);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! # let serving =
+//! axum::serve(listener, tower::make::Shared::new(app));
+//! # drop(serving);
+//! # Ok(()) }
+//! ```
+//!
+//! `examples/axum.rs` in the repository runs one, with a client that retries its writes
+//! through it (`cargo run --example axum --features axum`).
+#![doc = include_str!("../docs/server.md")]
+#![forbid(unsafe_code)]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "axum")]
+mod axum;
+mod body;
+mod buffer;
+mod claim;
+pub mod deadline;
+mod derive;
+mod detach;
+#[cfg(feature = "axum")]
+mod extract;
+mod future;
+mod grpc;
+mod keyed;
+mod layer;
+mod memory;
+mod observe;
+mod outcome;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod record;
+#[cfg(feature = "redis")]
+mod redis;
+mod renewal;
+mod run;
+mod service;
+mod store;
+mod text;
+
+#[cfg(feature = "axum")]
+pub use self::axum::{
+    AxumIdempotencyLayer, AxumIdempotencyService, ResponseFuture as AxumResponseFuture,
+};
+pub use body::ResponseBody;
+pub use derive::{DerivedKey, RequestKey};
+#[cfg(feature = "axum")]
+pub use extract::NotKeyed;
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
+pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, PostgresStore,
+    TransactionError, SCHEMA,
+};
+#[cfg(feature = "redis")]
+pub use redis::{RedisStore, RedisStoreBuilder};
+pub use service::IdempotencyService;
+/// A store error's cause, for logs: `StoreError`'s own `Display` says only which kind.
+pub(crate) fn cause(err: &StoreError) -> Option<String> {
+    std::error::Error::source(err).map(ToString::to_string)
+}
+
+pub use store::{Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};

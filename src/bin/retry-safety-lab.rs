@@ -1,7 +1,0 @@
-//! `retry-safety-lab`: the fault lab's command line (see the crate's `lab` module).
-
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
-    tower_retry_safety::lab::main_with_args(std::env::args_os().skip(1))
-}
