@@ -70,6 +70,7 @@ impl Attempts {
             last_stop: stop,
             grpc: self.grpc,
             caller_deadline: self.caller_deadline,
+            never_sent: self.never_sent,
             sends_deadline: self.sends_deadline,
             stack: self.stack,
             hedge: None,

@@ -6,7 +6,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::*;
-use crate::classify::FailureClass;
 
 impl Attempts {
     /// When the request's deadline passes, if it has one.
@@ -74,16 +73,10 @@ impl Attempts {
     }
 
     /// The outcome of a request not sent at all because its caller's deadline had passed
-    /// ([`caller_gone`](Self::caller_gone)): one attempt, not sent, stopped on the caller's
-    /// deadline.
+    /// ([`caller_gone`](Self::caller_gone)): no attempt, stopped on the caller's deadline.
     #[cold]
     pub(crate) fn refuse_at_caller_deadline<R>(&mut self) -> (Result<R, BoxError>, StopReason) {
-        self.outcomes.push(AttemptOutcome {
-            class: FailureClass::NotSent,
-            status: None,
-            delay: None,
-            body_cut: None,
-        });
+        self.never_sent = true;
         tracing::debug!(
             http.request.method = %self.target.method,
             url.path = self.target.path(),

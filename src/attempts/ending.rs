@@ -44,11 +44,13 @@ impl Attempts {
             Ok(inner) => inner.into_source().unwrap_or_else(|inner| Box::new(inner)),
             Err(other) => other,
         };
-        let class = self
-            .outcomes
-            .iter()
-            .last()
-            .map_or(FailureClass::Ambiguous, |r| r.class);
+        // No attempt at all: nothing was sent (the caller's deadline had passed).
+        let unknown = if self.never_sent {
+            FailureClass::NotSent
+        } else {
+            FailureClass::Ambiguous
+        };
+        let class = self.outcomes.iter().last().map_or(unknown, |r| r.class);
         let symptom = Symptom::of(&*source, self.stack);
         let target = self.target.clone();
         let report = self.take_report(stop);
@@ -77,14 +79,16 @@ impl Attempts {
                 name: stop.as_str(),
             },
             suppressed: stop == StopReason::SuppressedNotIdempotent,
-            refused: matches!(
-                stop,
-                StopReason::Budget
-                    | StopReason::Deadline
-                    | StopReason::CallerDeadline
-                    | StopReason::BodyNotReplayable
-                    | StopReason::RetryAfterTooLong
-            ),
+            // A request never sent had no retry to refuse.
+            refused: !self.never_sent
+                && matches!(
+                    stop,
+                    StopReason::Budget
+                        | StopReason::Deadline
+                        | StopReason::CallerDeadline
+                        | StopReason::BodyNotReplayable
+                        | StopReason::RetryAfterTooLong
+                ),
             stored_response: stop == StopReason::StoredResponse,
             last_class: self.outcomes.iter().last().map(|r| r.class),
             hedges: hedging.hedges,

@@ -313,6 +313,10 @@ impl fmt::Display for Error {
         let untrusted_key =
             report.idempotency_key_untrusted() && !report.verdict().repeat_is_harmless();
         match report.stop_reason() {
+            StopReason::CallerDeadline if attempts == 0 => write!(
+                f,
+                "{target} was not sent: its caller's deadline had passed, so nothing was applied"
+            )?,
             StopReason::SuppressedNotIdempotent => write!(
                 f,
                 "{target} was not retried: it is not idempotent and the attempt {what}, \

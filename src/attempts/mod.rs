@@ -139,6 +139,8 @@ pub(crate) struct Attempts {
     /// The deadline is the caller's (inherited from the inbound request, less the margin),
     /// not this request's own: a stop on it is [`StopReason::CallerDeadline`].
     caller_deadline: bool,
+    /// Not even the first attempt was sent: the caller's deadline had passed.
+    never_sent: bool,
     /// Each attempt carries the time left and its number (an HTTP host that asked).
     sends_deadline: bool,
     /// What the client stack's own errors say (the front end's hook).
@@ -224,6 +226,7 @@ impl Attempts {
             last_stop: StopReason::Final,
             grpc: grpc.is_some() && !outer_layer,
             caller_deadline,
+            never_sent: false,
             sends_deadline: sends_deadline && !outer_layer,
             stack,
             hedge: None,

@@ -171,6 +171,10 @@ pub struct StackErrors {
     pub(crate) timed_out: fn(&(dyn StdError + 'static)) -> bool,
     /// Whether the stack names any error of its own (`false` only for [`StackErrors::NONE`]).
     pub(crate) reads: bool,
+    /// The client below the layer sends every request to its own endpoint, whatever the
+    /// request's URI names (tonic's `Channel` replaces the scheme and authority): the URI
+    /// does not say where a request goes.
+    pub(crate) rewrites_authority: bool,
 }
 
 impl StackErrors {
@@ -179,6 +183,7 @@ impl StackErrors {
         class: |_| None,
         timed_out: |_| false,
         reads: false,
+        rewrites_authority: false,
     };
 
     /// Whether the stack names errors of its own: a body type that wraps two others

@@ -7,12 +7,21 @@
 use std::borrow::Cow;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+/// The longest host read: a DNS name is at most 253 bytes, a bracketed IPv6 address with a
+/// zone far less.
+const MAX_HOST_LEN: usize = 255;
+
 /// `host` (as a URI spells it: IPv6 in brackets) in canonical form: lowercase, percent-decoded,
 /// trailing dots removed, an IP literal written as `Display` writes it (an IPv4-mapped IPv6
 /// address as IPv4). Borrowed when it is already canonical (the common case: no allocation).
 pub(crate) fn canonical(host: &str) -> Cow<'_, str> {
     if is_plain_name(host) {
         return Cow::Borrowed(host);
+    }
+    // Longer than any host: not decoded (each round of nested escapes is a pass over it, so a
+    // long one would cost its length squared); it matches no scope, which are all shorter.
+    if host.len() > MAX_HOST_LEN {
+        return Cow::Owned(host.to_ascii_lowercase());
     }
     let mut name = String::with_capacity(host.len());
     if !percent_decode_into(host, &mut name) {
@@ -284,6 +293,10 @@ pub(crate) fn unless_disagreeing<'a>(
 /// A `Host` header's host and port; `None` if it is empty or not visible ASCII (HTTP parsers
 /// trim the spaces around a field value, so this does too).
 pub(crate) fn host_header(value: &http::HeaderValue) -> Option<(&str, Option<u16>)> {
+    if value.len() > MAX_HOST_LEN + ":65535".len() {
+        // Longer than any host and port: not a host the request could go to (fail closed).
+        return None;
+    }
     let value = value.to_str().ok()?.trim();
     let (host, port) = match value.rfind(':') {
         // A colon inside brackets is IPv6, not a port.

@@ -124,3 +124,22 @@ proptest::proptest! {
         proptest::prop_assert_eq!(canonical(&once), once.as_str());
     }
 }
+
+/// A `Host` header of nested escapes decoding to a scoped host, longer than any host, is not
+/// decoded round after round (its length squared, per request: 64 KB took a second) and is no
+/// host the request could go to: unknown, so the rules fail closed. Found by the adversarial
+/// review of issue 41.
+#[test]
+fn an_overlong_host_header_is_no_host_and_is_not_decoded() {
+    let nested = format!("%{}61pi.example.com", "25".repeat(32_000));
+    let value = http::HeaderValue::from_str(&nested).expect("value");
+    assert_eq!(host_header(&value), None);
+    assert!(canonical(&nested).contains('%'), "not decoded");
+    let uri: http::Uri = "/v1/send".parse().expect("uri");
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::HOST, value);
+    assert_eq!(
+        of_request(&uri, &headers, http::Version::HTTP_11),
+        HostSeen::Conflict
+    );
+}

@@ -7,6 +7,7 @@ use crate::classify::{FailureClass, StackErrors};
 
 /// tonic's `Channel`: its connector failed, so no connection carried the call (not sent); or
 /// the call's `grpc-timeout` ran out, whether or not the server had it (a timeout, ambiguous).
+/// And it sends every call to its endpoint, whatever authority the call's URI names.
 pub(crate) const TONIC: StackErrors = StackErrors {
     class: |err| {
         if err.is::<tonic::ConnectError>() {
@@ -19,6 +20,9 @@ pub(crate) const TONIC: StackErrors = StackErrors {
     },
     timed_out: |err| err.is::<tonic::TimeoutExpired>(),
     reads: true,
+    // The `Channel` sends each call to its endpoint: a generated client's `with_origin`
+    // authority in the URI decides nothing.
+    rewrites_authority: true,
 };
 
 /// [`classify_error`](crate::classify_error), reading tonic's own errors too: a

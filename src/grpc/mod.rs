@@ -32,10 +32,11 @@
 //!
 //! A generated client sends a path alone (`/pkg.Service/Method`): the `Channel` adds its
 //! endpoint's authority below the layer. [`RetryPolicy::for_origin`](crate::RetryPolicy::for_origin)
-//! gives the layer that endpoint, so host-scoped rules and key trust apply (building the client
-//! `with_origin` does too). Without it the layer fails closed: a host-scoped rule that calls the
-//! call a write holds whatever the host, host-scoped `Idempotent` rules and key trust do not
-//! apply, [`RequestVerdict::host_unknown`](crate::RequestVerdict::host_unknown) says so, and a
+//! gives the layer that endpoint, so host-scoped rules and key trust apply. Building the client
+//! `with_origin` does not: the `Channel` replaces the authority it puts in each call's URI, so
+//! the layer reads no host from a tonic call's URI. Without an origin the layer fails closed:
+//! a host-scoped rule that calls the call a write holds whatever the host, host-scoped
+//! `Idempotent` rules and key trust do not apply, [`RequestVerdict::host_unknown`](crate::RequestVerdict::host_unknown) says so, and a
 //! warning is logged once.
 //!
 //! What changes for gRPC:

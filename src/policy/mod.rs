@@ -224,8 +224,10 @@ impl RetryPolicy {
     /// its endpoint's authority below the layer. Without an origin such a call is classified
     /// failing closed (see [`RequestVerdict::host_unknown`]): a host-scoped rule that calls
     /// the path a write holds for every host, host-scoped `Idempotent` rules and key trust do
-    /// not apply, and a warning is logged once. Give the layer the `Channel`'s endpoint (or
-    /// build the client with `with_origin`, which puts the origin in every call's URI).
+    /// not apply, and a warning is logged once. Give the layer the `Channel`'s endpoint. A
+    /// generated client built `with_origin` puts an authority in every call's URI, but the
+    /// `Channel` replaces it with its endpoint's: on a `Channel` (a tonic body below the
+    /// layer) the URI's authority decides nothing, only this origin does.
     ///
     /// The result shares this policy's settings and retry budget. An `origin` that is not a
     /// host, an authority or a base URL is refused with an error that names it, and so is one

@@ -89,10 +89,18 @@ where
     /// Sends the first attempt through `service`, which must be ready.
     pub(crate) fn start(service: &mut S, policy: &RetryPolicy, req: Request<B>) -> Self {
         let (mut parts, body) = req.into_parts();
+        // Below a client that sends every request to its own endpoint (tonic's `Channel`),
+        // the request names no host: only the policy's origin says where it goes.
+        let authority_decides = !B::stack_errors().rewrites_authority;
         let mut plan = Plan::new(
             policy,
             &parts.method,
-            || crate::classify::host::of_request(&parts.uri, &parts.headers, parts.version),
+            || match authority_decides {
+                true => {
+                    crate::classify::host::of_request(&parts.uri, &parts.headers, parts.version)
+                }
+                false => crate::classify::host::HostSeen::Nothing,
+            },
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,

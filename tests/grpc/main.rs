@@ -14,3 +14,4 @@ mod misbehaving_servers;
 mod server_layer;
 mod unknown_hosts_and_reads;
 mod unreachable_origins;
+mod with_origin;
