@@ -11,7 +11,7 @@ use tower_retry_safety::BoxError;
 
 pin_project! {
     /// The response body of [`IdempotencyService`](super::IdempotencyService): a buffered body
-    /// (stored, replayed, or an answer of the layer's own) or the inner service's body,
+    /// (stored, sent again, or an answer of the layer's own) or the inner service's body,
     /// possibly after a prefix the layer already read while trying to buffer it.
     pub struct ResponseBody<B> {
         #[pin]

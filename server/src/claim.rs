@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use super::layer::Config;
-use super::store::{Claim, Fingerprint};
+use super::store::{FencingToken, Fingerprint};
 
 /// A key this request claimed, whose handler is about to run.
 pub(crate) struct Claimed<St> {
@@ -13,7 +13,7 @@ pub(crate) struct Claimed<St> {
     pub(crate) key: Arc<str>,
     /// The key as the client sent it: what logs show (a scope may be a secret).
     pub(crate) shown: Arc<str>,
-    pub(crate) claim: Claim,
+    pub(crate) claim: FencingToken,
     /// The request's fingerprint: a completion that outlived the claim's lease writes it anew.
     pub(crate) fingerprint: Fingerprint,
 }

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 /// A handler that calls a provider (send an email, charge a card) cannot roll that call back
 /// with its own transaction. After a crash, the client repeats its key and the handler runs
 /// again: it must send the provider **the same key it sent the first time**, so that the
-/// provider replays instead of repeating. [`derive`](Self::derive) gives that key: stable
+/// provider answers with its stored response instead of repeating. [`derive`](Self::derive) gives that key: stable
 /// across runs, processes and versions, one per label, and distinct between scopes.
 ///
 /// ```

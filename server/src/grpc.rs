@@ -8,8 +8,8 @@
 //! | 400, a missing or malformed key | `INVALID_ARGUMENT` | |
 //! | 413, a body over the layer's limit | `RESOURCE_EXHAUSTED` | what gRPC answers a message over its size limit |
 //! | 503, the store cannot track the key (nothing ran) | `UNAVAILABLE`, with pushback | |
-//! | 500, the stored "outcome unknown" record | `UNKNOWN` | the handler may have applied; a client must not repeat it |
-//! | a replay whose answer was too large to keep (`idempotent-replay-body`) | `UNKNOWN` | the handler ran; its message and status are gone |
+//! | 500, the stored "outcome unknown" entry | `UNKNOWN` | the handler may have applied; a client must not repeat it |
+//! | a stored response whose body was too large to keep (`idempotent-replay-body`) | `UNKNOWN` | the handler ran; its message and status are gone |
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
@@ -21,7 +21,7 @@ use tower_retry_safety::wire::parse_retry_after;
 
 /// `res` for a gRPC call: unchanged if it is one already (a success, or a `grpc-status`).
 pub(crate) fn answer<B>(res: Response<ResponseBody<B>>) -> Response<ResponseBody<B>> {
-    // A replay whose answer was not kept whole has no message and no status left to give.
+    // A stored response not kept whole has no message and no status left to give.
     let omitted = res.headers().contains_key(BODY_OMITTED);
     if res.headers().contains_key(GRPC_STATUS) || (res.status().is_success() && !omitted) {
         return res;
@@ -29,7 +29,7 @@ pub(crate) fn answer<B>(res: Response<ResponseBody<B>>) -> Response<ResponseBody
     let (code, message): (u16, &str) = match res.status().as_u16() {
         _ if omitted => (
             2,
-            "the first call with this idempotency-key ran, and its answer was too large to keep for a replay; check its effect before calling again with a new key",
+            "the first call with this idempotency-key ran, and its answer was too large to keep whole; check its effect before calling again with a new key",
         ),
         504 if res.headers().contains_key(CALLER_GONE) => (
             4,

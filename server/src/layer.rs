@@ -19,7 +19,7 @@ pub(crate) struct Config {
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) required: Vec<Method>,
-    /// The instruments keyed requests record in, if the layer was given a meter.
+    /// The instruments keyed requests entry in, if the layer was given a meter.
     pub(crate) observe: Observe,
 }
 
@@ -38,7 +38,7 @@ impl std::fmt::Debug for Scope {
 }
 
 /// A server-side tower layer that honours `Idempotency-Key`: the first request with a key runs,
-/// its response is stored and replayed to every repeat with the same key.
+/// its response is stored and sent again to every repeat with the same key.
 ///
 /// See the [module docs](super) for the protocol. Setters consume and return the layer; each
 /// documents its default.
@@ -88,7 +88,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
         }
     }
 
-    /// Records how the layer answers keyed requests, and its claims' lease renewals, in
+    /// Entries how the layer answers keyed requests, and its claims' lease renewals, in
     /// OpenTelemetry instruments made once from `meter`: keys claimed, repeats answered from
     /// the stored response, 409s while in flight, 422 reuses, 400s for malformed or missing
     /// keys, store errors (503). The crate docs' Metrics section lists each instrument
@@ -126,7 +126,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
         self.config(|c| c.key_header = name)
     }
 
-    /// The header set to `true` on a replayed response.
+    /// The header set to `true` on a stored response sent again.
     ///
     /// Defaults to `idempotent-replayed`.
     pub fn stored_response_header(self, name: HeaderName) -> Self {
@@ -157,7 +157,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
         layer
     }
 
-    /// Whether a response with a 5xx status is stored for replay. Stored, a repeat learns the
+    /// Whether a response with a 5xx status is stored (and sent again to repeats). Stored, a repeat learns the
     /// same outcome (a 500 may come after a write was partly applied); not stored, the key is
     /// freed and a repeat runs the handler again. Turn it off only for handlers that answer
     /// 5xx solely when they applied nothing (a transaction rolled back, a dependency refused
@@ -174,7 +174,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// Scope keys by who sent them: `scope` reads the sender's identity from the request —
     /// an authenticated tenant that an auth layer outside this one put in the request's
     /// extensions, say — and keys live in one space per scope, so one client can never be
-    /// replayed another client's stored response by presenting its key. A keyed request for
+    /// sent another client's stored response for presenting its key. A keyed request for
     /// which `scope` returns `None` is refused with 400 and runs nothing.
     ///
     /// Scope keys whenever several clients reach one server and keys are not unguessable

@@ -1,4 +1,4 @@
-//! Idempotency keys on the server: replay the stored result of a request repeated with the
+//! Idempotency keys on the server: answer a request repeated with the same `Idempotency-Key`
 //! same `Idempotency-Key`, so a client may retry a write safely.
 //!
 //! [`IdempotencyLayer`] is a tower layer for servers (hyper, axum). For a request with a key:
@@ -24,18 +24,18 @@
 //!
 //! - **The client goes away** (its timeout, a disconnect; hyper then drops the request): the
 //!   rest of the call is detached onto the tokio runtime and runs until the handler answers;
-//!   its response is stored for the replay. Repeats meanwhile get 409.
+//!   its response is stored for the repeats. Repeats meanwhile get 409.
 //! - **The handler fails** (the inner service returns an error — a server-side timeout, a
 //!   lost backend — or panics): it may have applied its effect before failing, so the outcome
-//!   is *unknown*, and a stand-in record says so: **500**, `x-should-retry: false` and a text
+//!   is *unknown*, and a stand-in entry says so: **500**, `x-should-retry: false` and a text
 //!   body. Every repeat gets it; the error itself reaches hyper as before. (Keeping the key in
 //!   flight instead would answer 409 until the lease ends and then run the handler again.)
 //! - **The response cannot be stored whole** (over
 //!   [`max_response_bytes`](IdempotencyLayer::max_response_bytes), or its body fails while
 //!   being read): the first client gets the whole response, streamed; repeats get
 //!   its status and headers with an empty body and `idempotent-replay-body: omitted`.
-//! - **The store refuses the record** (full, or failing): the key is held in flight (its lease
-//!   renewed) while the record is tried again in the background, until it is stored or the
+//! - **The store refuses the entry** (full, or failing): the key is held in flight (its lease
+//!   renewed) while the entry is tried again in the background, until it is stored or the
 //!   key's TTL has passed. Repeats meanwhile get 409.
 //!
 //! The inner service and its future must be `Send + 'static` (a call may be detached). Outside
@@ -44,7 +44,7 @@
 //! # Leases and fencing
 //!
 //! A claim is a [lease](IdempotencyLayer::lease) (60 s by default) with a fencing token
-//! ([`Claim`]): the layer renews it while the handler runs, so a handler may outlast it, and a
+//! ([`FencingToken`]): the layer renews it while the handler runs, so a handler may outlast it, and a
 //! server that dies mid-handler holds its keys only until the lease ends.
 //!
 //! **Renewal guarantee.** While a handler runs, its claim is renewed every quarter of the
@@ -93,7 +93,7 @@
 //! | store and topology | a store crash (restart) | a failover |
 //! |---|---|---|
 //! | one Redis, no persistence | every key lost: repeats run again | — |
-//! | one Redis, AOF `appendfsync everysec` | up to a second of claims and records lost | — |
+//! | one Redis, AOF `appendfsync everysec` | up to a second of claims and entries lost | — |
 //! | one Redis, AOF `appendfsync always` | nothing acknowledged is lost | — |
 //! | Redis primary + replicas, not waiting (`wait_for_replicas(0)`) | as the primary's persistence | a write the promoted replica lacked is lost: the key runs again |
 //! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice); while fewer than *n* replicas are connected, new keys get 503 at once and run nothing, and keys in flight keep their claims (renewals wait for no replica) and have their outcomes stored on the primary, sent again until replicas confirm them |
@@ -114,7 +114,7 @@
 //!
 //! Keys live in one space unless [scoped](IdempotencyLayer::scope_keys_by) by sender (an
 //! authenticated tenant, an API key id): scope them whenever several clients share a server,
-//! so that no client is ever replayed another's response by presenting its key.
+//! so that no client is ever sent another's response for presenting its key.
 //!
 //! # What is stored
 //!
@@ -134,7 +134,7 @@
 //! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
 //! shares keys across a fleet, on one Redis, a primary with replicas it waits for, through
 //! Sentinel, or on a Redis Cluster. `PostgresStore` (feature `postgres`) does too, and has an
-//! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's record commits in the
+//! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's entry commits in the
 //! handler's own database transaction: a crash before the commit rolls back the key and the
 //! handler's writes together, so the windows of the lease below do not exist for effects in
 //! that transaction. [`IdempotencyStore`] is implementable over any store with an atomic
@@ -146,7 +146,7 @@
 //! that calls a provider puts [`RequestKey::derive`]`("label")` on the outbound request's
 //! `Idempotency-Key` (sent through this crate's client layer, with keys trusted for the
 //! provider's host): a re-run of the handler — after a crash, or after its lease ended — sends
-//! the same key, and a provider that honours keys replays instead of applying twice.
+//! the same key, and a provider that honours keys answers with its stored response instead of applying twice.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -223,7 +223,7 @@ mod outcome;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(any(feature = "redis", feature = "postgres"))]
-mod record;
+mod encoding;
 #[cfg(feature = "redis")]
 mod redis;
 mod renewal;
@@ -256,4 +256,8 @@ pub(crate) fn cause(err: &StoreError) -> Option<String> {
     std::error::Error::source(err).map(ToString::to_string)
 }
 
-pub use store::{Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse};
+#[allow(deprecated)]
+pub use store::Claim;
+pub use store::{
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
+};

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::store::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
 
 /// The embedded [`IdempotencyStore`]: a map behind a mutex, bounded in entries and in bytes,
@@ -50,7 +50,7 @@ struct Slot {
 #[derive(Debug)]
 enum Holds {
     /// In flight under this claim.
-    Claim(Claim),
+    Claimed(FencingToken),
     Completed(StoredResponse),
 }
 
@@ -58,7 +58,7 @@ impl Slot {
     fn entry(&self) -> Entry {
         let fingerprint = self.fingerprint;
         match &self.holds {
-            Holds::Claim(_) => Entry::InFlight { fingerprint },
+            Holds::Claimed(_) => Entry::InFlight { fingerprint },
             Holds::Completed(response) => Entry::Completed {
                 fingerprint,
                 response: StoredResponse::clone(response),
@@ -146,7 +146,12 @@ impl State {
     }
 
     /// The in-flight slot that `claim` holds, or `fenced`.
-    fn held(&mut self, key: &str, claim: Claim, now: Instant) -> Result<&mut Slot, StoreError> {
+    fn held(
+        &mut self,
+        key: &str,
+        claim: FencingToken,
+        now: Instant,
+    ) -> Result<&mut Slot, StoreError> {
         held(&mut self.entries, key, claim, now)
     }
 }
@@ -160,26 +165,26 @@ fn live<'a>(entries: &'a mut Entries, key: &str, now: Instant) -> Option<&'a mut
 fn held<'a>(
     entries: &'a mut Entries,
     key: &str,
-    claim: Claim,
+    claim: FencingToken,
     now: Instant,
 ) -> Result<&'a mut Slot, StoreError> {
     match live(entries, key, now) {
-        Some(slot) if matches!(slot.holds, Holds::Claim(c) if c == claim) => Ok(slot),
+        Some(slot) if matches!(slot.holds, Holds::Claimed(c) if c == claim) => Ok(slot),
         _ => Err(StoreError::fenced()),
     }
 }
 
 /// Whether `claim` may complete `key`: the key holds the claim (its lease may have run out), or
 /// nothing live (the lease ran out and no other claim took the key since: the handler ran, and
-/// its outcome is kept rather than lost). `Some(size)` of the slot the record replaces.
+/// its outcome is kept rather than lost). `Some(size)` of the slot the entry replaces.
 fn completable(
     entries: &Entries,
     key: &str,
-    claim: Claim,
+    claim: FencingToken,
     now: Instant,
 ) -> Result<Option<usize>, StoreError> {
     match entries.get(key) {
-        Some(slot) if matches!(slot.holds, Holds::Claim(c) if c == claim) => Ok(Some(slot.size)),
+        Some(slot) if matches!(slot.holds, Holds::Claimed(c) if c == claim) => Ok(Some(slot.size)),
         Some(slot) if slot.expires > now => Err(StoreError::fenced()),
         Some(slot) => Ok(Some(slot.size)),
         None => Ok(None),
@@ -209,10 +214,10 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let size = key_size(key);
-        let claim = Claim::new();
+        let claim = FencingToken::new();
         let slot = Slot {
             fingerprint,
-            holds: Holds::Claim(claim),
+            holds: Holds::Claimed(claim),
             expires: later(now, lease),
             size,
         };
@@ -248,7 +253,7 @@ impl MemoryStore {
         Ok(Begin::Started(claim))
     }
 
-    fn renew_now(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
+    fn renew_now(&self, key: &str, claim: FencingToken, lease: Duration) -> Result<(), StoreError> {
         let now = Instant::now();
         self.lock().held(key, claim, now)?.expires = later(now, lease);
         Ok(())
@@ -257,7 +262,7 @@ impl MemoryStore {
     fn complete_now(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -268,7 +273,7 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
-        // The record takes the key only if it fits: a record that does not fit leaves the key
+        // The entry takes the key only if it fits: an entry that does not fit leaves the key
         // as it is (in flight until its lease ends), never free early.
         let fits = |state: &State, replaced: Option<usize>| {
             state.bytes - replaced.unwrap_or(0) + size <= self.max_bytes
@@ -304,7 +309,7 @@ impl MemoryStore {
         Ok(self.lock().live(key, now).map(|s| s.entry()))
     }
 
-    fn release_now(&self, key: &str, claim: Claim) -> Result<(), StoreError> {
+    fn release_now(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
         state.held(key, claim, now)?;
@@ -326,7 +331,7 @@ impl IdempotencyStore for MemoryStore {
     fn renew(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         ready(self.renew_now(key, claim, lease))
@@ -335,7 +340,7 @@ impl IdempotencyStore for MemoryStore {
     fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -350,7 +355,7 @@ impl IdempotencyStore for MemoryStore {
     fn release(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         ready(self.release_now(key, claim))
     }
@@ -376,7 +381,7 @@ mod tests {
         )
     }
 
-    async fn claim(s: &MemoryStore, key: &str, lease: Duration) -> Claim {
+    async fn claim(s: &MemoryStore, key: &str, lease: Duration) -> FencingToken {
         match s.begin(key, fp(1), lease).await.unwrap() {
             Begin::Started(claim) => claim,
             other => panic!("expected a claim, got {other:?}"),

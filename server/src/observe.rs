@@ -1,4 +1,4 @@
-//! What the layer records in its OpenTelemetry instruments, when it was given a meter
+//! What the layer entries in its OpenTelemetry instruments, when it was given a meter
 //! (feature `opentelemetry`). Without the feature, `Observe` has no field and its methods
 //! nothing to do; with it and no meter, each costs one check of an `Option`.
 
@@ -42,7 +42,7 @@ pub(crate) enum RenewalResult {
 #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum TransactionResult {
-    /// The handler's writes and the key's record committed together.
+    /// The handler's writes and the key's entry committed together.
     Committed,
     /// The commit was not acknowledged: 503.
     CommitUnconfirmed,

@@ -1,5 +1,5 @@
-//! The records the layer keeps when it cannot keep a handler's response whole. Once a handler
-//! has been called its key is never freed, so every ending has a record to replay.
+//! The entries the layer keeps when it cannot keep a handler's response whole. Once a handler
+//! has been called its key is never freed, so every ending has a stored response to send.
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -12,8 +12,8 @@ use super::ResponseBody;
 /// being read): the status and headers are the handler's, the body is empty.
 pub(crate) const BODY_OMITTED: HeaderName = HeaderName::from_static("idempotent-replay-body");
 
-/// The hint our client (and Stainless-style SDKs) read: repeating this key only replays the
-/// same record, so there is nothing to gain from retrying it.
+/// The hint our client (and Stainless-style SDKs) read: repeating this key only gets the
+/// same entry, so there is nothing to gain from retrying it.
 pub(crate) const SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 const UNKNOWN: &str = "the first request with this Idempotency-Key was handed to its handler, \
@@ -40,7 +40,7 @@ pub(crate) fn unknown() -> StoredResponse {
 /// and say that the body is missing.
 pub(crate) fn head_only(status: StatusCode, headers: &HeaderMap) -> StoredResponse {
     let mut headers = headers.clone();
-    // They described the body that is not replayed.
+    // They described the body that is not sent again.
     for name in [
         header::CONTENT_LENGTH,
         header::TRANSFER_ENCODING,
@@ -91,7 +91,7 @@ pub(crate) fn retry_later<B>(
     res
 }
 
-/// A stored record as a response.
+/// A stored entry as a response.
 pub(crate) fn stored_response<B>(stored: &StoredResponse) -> Response<ResponseBody<B>> {
     let mut res = Response::new(ResponseBody::full_with_trailers(
         stored.body().clone(),
@@ -123,7 +123,7 @@ pub(crate) fn is_server_error(status: StatusCode, headers: &HeaderMap) -> bool {
     false
 }
 
-pub(crate) fn replay<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
+pub(crate) fn send_stored<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
     let mut res = stored_response(&stored);
     let server_error = is_server_error(res.status(), res.headers());
     let headers = res.headers_mut();
@@ -131,7 +131,7 @@ pub(crate) fn replay<B>(stored: StoredResponse, config: &Config) -> Response<Res
         config.stored_response_header.clone(),
         HeaderValue::from_static("true"),
     );
-    // A stored 5xx is replayed to every repeat of the key: a client that retries on 5xx
+    // A stored 5xx is sent again to every repeat of the key: a client that retries on 5xx
     // would spend its retries on the same answer. The handler ran; say there is nothing to
     // gain (any hint the handler gave is replaced).
     if server_error {

@@ -125,7 +125,7 @@ where
         let (parts, buffered) = match called {
             Ok(answered) => answered,
             Err(err) => {
-                // Called, then no response: it may have applied. Keep a record that says so
+                // Called, then no response: it may have applied. Keep an entry that says so
                 // rather than free the key for a second run.
                 pending
                     .keep(outcome::unknown, Some("the handler failed"))
@@ -183,7 +183,7 @@ where
     }
 }
 
-/// The record of a response read whole, with its trailers.
+/// The entry of a response read whole, with its trailers.
 pub(crate) fn whole(
     parts: &http::response::Parts,
     bytes: &Bytes,
@@ -197,17 +197,17 @@ pub(crate) fn whole(
 }
 
 /// The claim until its outcome is stored. Dropped while still holding it — the handler
-/// panicked, or the runtime is shutting down — it settles the "unknown" record from a task of
+/// panicked, or the runtime is shutting down — it settles the "unknown" entry from a task of
 /// its own; the key is never freed.
 struct Pending<St: IdempotencyStore> {
     claimed: Option<Claimed<St>>,
 }
 
 impl<St: IdempotencyStore> Pending<St> {
-    /// Stores the record `record` makes (`why` says why it stands in for the response, if it
+    /// Stores the entry `record` makes (`why` says why it stands in for the response, if it
     /// does). A store that is full gets the response's head instead; one that fails, or is
     /// full even for that, is tried again in the background while the key is held: never
-    /// freed. The record is made again only on a refusal, so a stored one costs one copy.
+    /// freed. The entry is made again only on a refusal, so a stored one costs one copy.
     async fn keep(&mut self, record: impl Fn() -> StoredResponse, why: Option<&'static str>) {
         let Some(c) = self.claimed.take() else {
             return;
@@ -305,9 +305,9 @@ pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredRespons
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "idempotency outcome not stored yet; the key is held in flight");
-                    // A refused renewal does not end the loop: a store that wrote the record
+                    // A refused renewal does not end the loop: a store that wrote the entry
                     // but could not confirm it (`RedisStore` waiting for replicas) holds the
-                    // completed record, which is no claim to renew. The next `complete` says
+                    // completed entry, which is no claim to renew. The next `complete` says
                     // whether another claim took the key.
                     let _ = c.store.renew(&c.key, c.claim, lease).await;
                 }

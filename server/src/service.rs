@@ -17,7 +17,7 @@ use super::future::ResponseFuture;
 use super::keyed::{key_of, prepare, Keyed};
 use super::layer::Config;
 use super::observe::KeyedOutcome;
-use super::outcome::{replay, reply, retry_later};
+use super::outcome::{reply, retry_later, send_stored};
 use super::renewal::Renewals;
 use super::run;
 use super::store::{Begin, Entry, IdempotencyStore};
@@ -182,7 +182,7 @@ where
                 response,
             })) if first == fingerprint => {
                 observe(KeyedOutcome::StoredResponse);
-                return Ok(replay(response, &config));
+                return Ok(send_stored(response, &config));
             }
             Ok(Begin::Existing(_)) => {
                 observe(KeyedOutcome::Mismatch);

@@ -52,15 +52,19 @@ impl fmt::Debug for Fingerprint {
     }
 }
 
-/// A claim on a key: its fencing token. Only the holder of the claim that currently holds the
-/// key may renew, complete or release it; a claim that was taken over (its lease ended and
-/// another request claimed the key) is refused, so a stale server never overwrites a newer
-/// outcome.
+/// The fencing token of a claim on a key: only the holder of the claim that currently holds
+/// the key may renew, complete or release it; a claim that was taken over (its lease ended
+/// and another request claimed the key) is refused, so a stale server never overwrites a
+/// newer outcome.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Claim(u64);
+pub struct FencingToken(u64);
 
-impl Claim {
-    /// A fresh claim. Tokens never repeat within a process (a counter through a bijective
+/// The earlier name of [`FencingToken`] (a *claim* is the hold on a key; this is its token).
+#[deprecated(since = "0.1.0", note = "renamed `FencingToken`")]
+pub type Claim = FencingToken;
+
+impl FencingToken {
+    /// A fresh token. Tokens never repeat within a process (a counter through a bijective
     /// mix) and differ across processes (a random seed drawn once), without a system call per
     /// claim.
     pub fn new() -> Self {
@@ -70,7 +74,7 @@ impl Claim {
             let (high, low) = uuid::Uuid::new_v4().as_u64_pair();
             high ^ low
         });
-        Claim(mix(seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))))
+        FencingToken(mix(seed.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))))
     }
 
     /// The token, to store it.
@@ -80,7 +84,7 @@ impl Claim {
 
     /// A claim read back from a store.
     pub fn from_token(token: u64) -> Self {
-        Claim(token)
+        FencingToken(token)
     }
 }
 
@@ -91,19 +95,19 @@ fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-impl Default for Claim {
+impl Default for FencingToken {
     fn default() -> Self {
         Self::new()
     }
 }
 
-/// A response kept for replay: status, headers and the whole body.
+/// A stored response: status, headers and the whole body, kept for the key's repeats.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredResponse {
     status: StatusCode,
     headers: HeaderMap,
     body: Bytes,
-    /// Boxed: most responses have none, and the record stays small in the stores' maps.
+    /// Boxed: most responses have none, and the entry stays small in the stores' maps.
     trailers: Option<Box<HeaderMap>>,
 }
 
@@ -119,7 +123,7 @@ impl StoredResponse {
     }
 
     /// The response with the trailers its body ended with (a gRPC response's `grpc-status`),
-    /// replayed after the body.
+    /// sent again after the body.
     pub fn with_trailers(mut self, trailers: HeaderMap) -> Self {
         self.trailers = Some(Box::new(trailers));
         self
@@ -145,7 +149,7 @@ impl StoredResponse {
         &self.body
     }
 
-    /// The record with a body and header values of its own. A body the layer did not copy (one
+    /// The entry with a body and header values of its own. A body the layer did not copy (one
     /// chunk, as the handler gave it) may be a slice of a larger buffer, and hyper's parser
     /// makes each header value a slice of the connection's read buffer (a proxied upstream's
     /// response): a store that bounds its memory by their lengths copies them before keeping
@@ -163,7 +167,7 @@ impl StoredResponse {
         self
     }
 
-    /// Roughly how much memory the record holds, for stores that bound it.
+    /// Roughly how much memory the entry holds, for stores that bound it.
     pub fn size(&self) -> usize {
         let headers: usize = self
             .headers
@@ -200,7 +204,7 @@ pub enum Begin {
     /// The key was free (absent, or its last claim's lease had ended); it is now in flight
     /// under this claim, whose holder must renew it while it runs and then `complete` it (or
     /// `release` it if its handler never ran).
-    Started(Claim),
+    Started(FencingToken),
     /// The key is taken.
     Existing(Entry),
 }
@@ -221,7 +225,7 @@ pub struct StoreError {
 }
 
 impl StoreError {
-    /// A failure of the store's backend (a lost connection, a timeout, a record it cannot
+    /// A failure of the store's backend (a lost connection, a timeout, an entry it cannot
     /// read).
     pub fn new(source: impl Into<BoxError>) -> Self {
         StoreError {
@@ -282,7 +286,7 @@ impl std::error::Error for StoreError {
 /// key, over any store with an atomic insert-if-absent with expiry and a compare-and-set.
 ///
 /// - `begin` claims a free key (insert-if-absent, expiring after the **lease**) under a fresh
-///   [`Claim`] (its fencing token), or returns what the key holds. A key whose lease ended
+///   [`FencingToken`] (its fencing token), or returns what the key holds. A key whose lease ended
 ///   without a completion is free again: a server that crashed mid-handler holds its keys
 ///   no longer than its lease.
 /// - `renew` and `release` are compare-and-set on the claim: they act only if the key is
@@ -312,15 +316,15 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     fn renew(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Record the response of the request that claimed `key` under `claim` (with
+    /// Entry the response of the request that claimed `key` under `claim` (with
     /// `fingerprint`), kept for `ttl`, if the claim still holds the key or nothing does (its
     /// lease ran out and no other claim took the key since: the outcome is kept, not lost).
-    /// If another claim, or a record another claim completed, holds the key, fail with
-    /// [`StoreError::fenced`] and change nothing. The record this very claim completed may be
+    /// If another claim, or an entry another claim completed, holds the key, fail with
+    /// [`StoreError::fenced`] and change nothing. The entry this very claim completed may be
     /// written again or refused as fenced: a store that confirms its writes apart from them
     /// (`RedisStore` waiting for replicas) writes it again, so that a completion it could not
     /// confirm is sent again — on a new primary after a failover, where the key may still
@@ -328,7 +332,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -342,6 +346,6 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     fn release(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -10,7 +10,7 @@ mod host_and_path_rule_escapes;
 mod key_trust;
 mod lenient_spellings;
 mod properties;
-mod replayed_response;
+mod stored_response;
 mod request_verdict;
 mod response_class;
 mod response_hook;

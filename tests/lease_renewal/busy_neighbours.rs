@@ -19,8 +19,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Layer;
 use tower_idempotency_keys::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
-    StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
+    StoreError, StoredResponse,
 };
 
 // =======================================================================================
@@ -74,7 +74,7 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
     fn renew(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let counting = self.0.clone();
@@ -92,7 +92,7 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
     fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -110,7 +110,7 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
     fn release(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.0.released.fetch_add(1, Ordering::SeqCst);
         self.0.inner.release(key, claim)

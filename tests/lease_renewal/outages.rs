@@ -15,8 +15,8 @@ use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_idempotency_keys::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
-    StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
+    StoreError, StoredResponse,
 };
 
 const LEASE: Duration = Duration::from_secs(60);
@@ -51,7 +51,12 @@ impl IdempotencyStore for Outage {
         self.inner.begin(key, fingerprint, lease).await
     }
 
-    async fn renew(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
+    async fn renew(
+        &self,
+        key: &str,
+        claim: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
         self.check()?;
         self.inner.renew(key, claim, lease).await?;
         let mut until = self.until.lock().unwrap();
@@ -64,7 +69,7 @@ impl IdempotencyStore for Outage {
     async fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -80,7 +85,7 @@ impl IdempotencyStore for Outage {
         self.inner.get(key).await
     }
 
-    async fn release(&self, key: &str, claim: Claim) -> Result<(), StoreError> {
+    async fn release(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
         self.check()?;
         self.inner.release(key, claim).await
     }

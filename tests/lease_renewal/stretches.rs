@@ -25,8 +25,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Layer;
 use tower_idempotency_keys::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
-    StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
+    StoreError, StoredResponse,
 };
 
 const LEASE: Duration = Duration::from_millis(400);
@@ -222,7 +222,7 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn renew(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.renew(key, claim, lease)
@@ -230,7 +230,7 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -243,7 +243,7 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn release(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.release(key, claim)
     }

@@ -17,8 +17,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
 use tower_idempotency_keys::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
-    StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
+    StoreError, StoredResponse,
 };
 
 use crate::support::runtime_server::{serve_on, Flavour, Server};
@@ -157,7 +157,7 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn renew(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.renew(key, claim, lease)
@@ -165,7 +165,7 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -178,7 +178,7 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn release(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.release(key, claim)
     }

@@ -16,8 +16,8 @@ use http_body::Frame;
 use http_body_util::{BodyExt, Either, Full, StreamBody};
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 use tower_idempotency_keys::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore, StoreError,
-    StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
+    StoreError, StoredResponse,
 };
 
 type In = Request<Either<Full<Bytes>, Full<Bytes>>>;
@@ -214,7 +214,7 @@ impl IdempotencyStore for SlowComplete {
     fn renew(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.renew(key, claim, lease)
@@ -222,7 +222,7 @@ impl IdempotencyStore for SlowComplete {
     fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -242,7 +242,7 @@ impl IdempotencyStore for SlowComplete {
     fn release(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.inner.release(key, claim)
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tower_idempotency_keys::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
 };
 
 const LONG: Duration = Duration::from_secs(60);
@@ -31,7 +31,7 @@ fn response() -> StoredResponse {
     StoredResponse::new(StatusCode::CREATED, headers, body)
 }
 
-async fn claim<S: IdempotencyStore>(store: &S, key: &str, lease: Duration) -> Claim {
+async fn claim<S: IdempotencyStore>(store: &S, key: &str, lease: Duration) -> FencingToken {
     match store.begin(key, fp("x"), lease).await.unwrap() {
         Begin::Started(claim) => claim,
         other => panic!("{key}: expected a claim, got {other:?}"),
@@ -43,7 +43,7 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
     let store = Arc::new(store);
     let key = |name: &str| format!("{ns}{name}");
 
-    // Claim is exclusive under 64 concurrent callers.
+    // FencingToken is exclusive under 64 concurrent callers.
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
         let (store, k) = (store.clone(), key("race"));
@@ -143,7 +143,13 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
     );
     // But not over another claim's completed record.
     assert!(store
-        .complete(&key("lapsed"), Claim::new(), fp("x"), response(), LONG)
+        .complete(
+            &key("lapsed"),
+            FencingToken::new(),
+            fp("x"),
+            response(),
+            LONG
+        )
         .await
         .unwrap_err()
         .is_fenced());

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 use tower_idempotency_keys::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -20,7 +20,7 @@ fn fp() -> Fingerprint {
     Fingerprint::of(&Method::POST, "/v1/writes", b"{}")
 }
 
-async fn claim_of<S: IdempotencyStore>(store: &S, key: &str, lease: Duration) -> Claim {
+async fn claim_of<S: IdempotencyStore>(store: &S, key: &str, lease: Duration) -> FencingToken {
     match store.begin(key, fp(), lease).await.unwrap() {
         Begin::Started(c) => c,
         other => panic!("{key}: expected a claim, got {other:?}"),

@@ -11,15 +11,15 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::super::record;
+use super::super::encoding;
 use super::super::store::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
 use super::{lock_id, secs, token, PostgresStore};
 
-/// A row's `(completed, record)` as an entry; the record is decoded, never trusted blindly.
+/// A row's `(completed, entry)` as an entry; the entry is decoded, never trusted blindly.
 pub(super) fn entry(record: &[u8]) -> Result<Entry, StoreError> {
-    record::decode(record).map_err(StoreError::new)
+    encoding::decode(record).map_err(StoreError::new)
 }
 
 impl IdempotencyStore for PostgresStore {
@@ -31,8 +31,8 @@ impl IdempotencyStore for PostgresStore {
     ) -> Result<Begin, StoreError> {
         self.count_claim();
         let sql = self.sql().await?;
-        let claim = Claim::new();
-        let in_flight = record::encode_in_flight(claim, fingerprint);
+        let claim = FencingToken::new();
+        let in_flight = encoding::encode_in_flight(claim, fingerprint);
         // A key that expires between the two statements is claimed on the next round.
         for _ in 0..3 {
             let row = sqlx::query(&sql.lease_begin)
@@ -62,7 +62,12 @@ impl IdempotencyStore for PostgresStore {
         ))
     }
 
-    async fn renew(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
+    async fn renew(
+        &self,
+        key: &str,
+        claim: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
         let done = sqlx::query(&self.sql().await?.lease_renew)
             .bind(key)
             .bind(token(claim))
@@ -80,13 +85,13 @@ impl IdempotencyStore for PostgresStore {
     async fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let completed =
-            record::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
+            encoding::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
         let done = sqlx::query(&self.sql().await?.lease_complete)
             .bind(key)
             .bind(token(claim))
@@ -113,7 +118,7 @@ impl IdempotencyStore for PostgresStore {
         entry(&record).map(Some)
     }
 
-    async fn release(&self, key: &str, claim: Claim) -> Result<(), StoreError> {
+    async fn release(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
         let done = sqlx::query(&self.sql().await?.lease_release)
             .bind(key)
             .bind(token(claim))

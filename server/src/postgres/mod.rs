@@ -15,7 +15,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Executor;
 use tokio::sync::OnceCell;
 
-use super::store::{Claim, StoreError};
+use super::store::{FencingToken, StoreError};
 use sql::Sql;
 
 pub use atomic::{
@@ -57,7 +57,7 @@ const SWEEP_BATCH: i64 = 256;
 /// guess (each request gets 503, and the log says why). Apply it with your
 /// migration tool or with [`migrate`](Self::migrate). Every statement names the table by its
 /// schema, so a `search_path` changed on a pooled connection (by an atomic-mode handler, or
-/// anyone sharing the pool) never sends a record to another schema's table. The
+/// anyone sharing the pool) never sends an entry to another schema's table. The
 /// database's clock decides leases and expiry, so the servers of a fleet need no synchronised
 /// clocks. Expired rows are deleted in batches of up to 256 in the background, one batch every
 /// 128 claims (so they never pile up), and by [`purge_expired`](Self::purge_expired).
@@ -247,7 +247,7 @@ pub(crate) fn lock_id(key: &str) -> i64 {
 }
 
 /// A claim's token as PostgreSQL's `bigint`: the same 64 bits.
-pub(crate) fn token(claim: Claim) -> i64 {
+pub(crate) fn token(claim: FencingToken) -> i64 {
     i64::from_ne_bytes(claim.token().to_ne_bytes())
 }
 

@@ -1,6 +1,6 @@
 //! The store's statements, with the table named by its schema: a handler in atomic mode, or
 //! anyone sharing the pool, may change `search_path` on a connection the store then uses, and
-//! an unqualified name would follow it to another schema's table (a record written where no
+//! an unqualified name would follow it to another schema's table (an entry written where no
 //! repeat looks for it, and the request run again).
 
 /// The statements of one store, for its table `"schema".idempotency_keys`.
@@ -27,7 +27,7 @@ pub(crate) const STILL_LOCKED: &str =
     "SELECT current_setting('tower_retry_safety.key_locked', true) = 'true'";
 
 /// The transaction-local setting that says this transaction took the key's advisory lock.
-/// Set by the statement that takes the lock, read by the one that writes the record: it is gone
+/// Set by the statement that takes the lock, read by the one that writes the entry: it is gone
 /// once the transaction ends, which is how a handler that ended the transaction itself is
 /// caught.
 pub(crate) const LOCKED: &str = "tower_retry_safety.key_locked";
@@ -42,7 +42,7 @@ impl Sql {
         let schema = quote_ident(schema);
         let t = format!("{schema}.idempotency_keys");
         Sql {
-            // Claims a free key (absent, or its row expired: a lease that ended, a record past
+            // Claims a free key (absent, or its row expired: a lease that ended, an entry past
             // its TTL) if no atomic-mode transaction holds the key's advisory lock: an atomic
             // claim's row is not visible until it commits, and an insert of the same key would
             // wait for that commit. Returns whether the lock was free, and the claim if taken.
@@ -62,7 +62,7 @@ impl Sql {
             lease_get: format!(
                 "SELECT record FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
             ),
-            // Writes the completed record if the key is in flight under this claim (its lease
+            // Writes the completed entry if the key is in flight under this claim (its lease
             // may have run out), or nothing holds it (absent or expired).
             lease_complete: format!(
                 "INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
@@ -82,7 +82,7 @@ impl Sql {
                 "DELETE FROM {t}
                 WHERE key = $1 AND claim = $2 AND NOT completed AND expires_at > clock_timestamp()"
             ),
-            // Writes the completed record over the claim's in-flight row, in the handler's
+            // Writes the completed entry over the claim's in-flight row, in the handler's
             // transaction, only if that transaction is still the one that took the lock (no
             // row otherwise).
             atomic_complete: format!(
@@ -94,9 +94,9 @@ impl Sql {
                         expires_at = excluded.expires_at
                 RETURNING claim"
             ),
-            // After a handler ended the transaction itself: keep a record that says the outcome
+            // After a handler ended the transaction itself: keep an entry that says the outcome
             // is unknown, over the claim's own in-flight row (committed with the handler's
-            // COMMIT) or a dead one, never over another's live record.
+            // COMMIT) or a dead one, never over another's live entry.
             atomic_keep_unknown: format!(
                 "INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
                 VALUES ($1, $2, true, $3, clock_timestamp() + make_interval(secs => $4))

@@ -13,17 +13,17 @@ use redis::{Script, Value};
 pub use builder::RedisStoreBuilder;
 use link::Link;
 
-use super::record;
+use super::encoding;
 use super::store::{
-    Begin, Claim, Entry, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
 
 /// Compare-and-set on the claim, then act: every script reads and writes one key only, so it
-/// runs unchanged on Redis Cluster and Valkey. `ARGV[1]` is the claim's in-flight record prefix
+/// runs unchanged on Redis Cluster and Valkey. `ARGV[1]` is the claim's in-flight entry prefix
 /// (version, kind, token: `record::HOLDER_LEN` bytes), compared at its own length, so the
-/// scripts hold no copy of the record format.
+/// scripts hold no copy of the entry format.
 ///
-/// `COMPLETE` writes the completed record (`ARGV[2]`) if the key holds the claim, or the record
+/// `COMPLETE` writes the completed entry (`ARGV[2]`) if the key holds the claim, or the entry
 /// this claim completed already (a completion sent again after its replicas did not confirm
 /// it: on a new primary after a failover the key may hold the claim again), or nothing (the
 /// claim's lease ran out and no one claimed the key since: the outcome is kept, not lost).
@@ -52,13 +52,13 @@ return 1";
 /// a load balancer: a retry that lands on another instance, or on a restarted one, finds the
 /// key where the first attempt left it.
 ///
-/// - A claim is `SET key record NX PX lease GET`: one atomic command that claims a free key
+/// - A claim is `SET key entry NX PX lease GET`: one atomic command that claims a free key
 ///   and returns what a taken one holds. The claim's lease is its expiry, renewed while the
 ///   handler runs; a crashed server's claim ends with its lease.
-/// - `complete`, `renew` and `release` are Lua scripts that compare the record's claim token
+/// - `complete`, `renew` and `release` are Lua scripts that compare the entry's claim token
 ///   (fencing) before they write, so a server whose claim was taken over changes nothing. Each
 ///   script touches one key: it runs unchanged on Redis Cluster.
-/// - Records use a compact, versioned binary encoding (see the crate's `server` docs). A record
+/// - Entries use a compact, versioned binary encoding (see the crate's `server` docs). An entry
 ///   of a version this server does not read is an error: the layer answers 503 and logs it,
 ///   never misreads it.
 /// - **Replicas.** Redis replicates asynchronously: a write its primary acknowledged can be
@@ -90,11 +90,11 @@ return 1";
 ///   itself never demoted): every connection is then made afresh (at most once a second) and
 ///   resolved again, so renewals and stored responses follow Sentinel to the new primary. A
 ///   claim's owner renews and completes it on the new primary, and fencing holds there: a stale
-///   owner never overwrites a newer record. Reading the role needs `ROLE` (checked at connect);
+///   owner never overwrites a newer entry. Reading the role needs `ROLE` (checked at connect);
 ///   a user denied it gets renewals without it, and only a `WAIT` not confirmed finds a primary
 ///   short of replicas.
 /// - **Cluster.** [`RedisStore::cluster`] runs the same calls on a Redis Cluster: a key is one
-///   Redis key, so its claim, record and fencing live in one hash slot. Renewals go on a
+///   Redis key, so its claim, entry and fencing live in one hash slot. Renewals go on a
 ///   cluster connection apart from the one `WAIT`s block; the role is not read (each shard has
 ///   its own primary), so a shard short of replicas is found by its `WAIT`s alone.
 /// - Keys are only as durable as Redis keeps them: run it with `maxmemory-policy noeviction`
@@ -172,7 +172,7 @@ impl RedisStore {
     }
 
     /// A store on the Redis Cluster whose nodes (some of them: the rest are discovered) are at
-    /// `nodes` (`redis://host:port`). Each key is one Redis key, so its claim, record and
+    /// `nodes` (`redis://host:port`). Each key is one Redis key, so its claim, entry and
     /// fencing live in one hash slot, and every script touches only it; redis-rs's cluster
     /// connection routes each call to the slot's primary, follows `MOVED` and `ASK`, and
     /// refreshes its slot map after a failover. Waiting for replicas counts the replicas of the
@@ -223,7 +223,7 @@ impl RedisStore {
         &self,
         script: &Script,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         arg: &[&[u8]],
         wait: bool,
     ) -> Result<(), StoreError> {
@@ -232,7 +232,7 @@ impl RedisStore {
             .arg(script.get_hash())
             .arg(1)
             .arg(self.key(key))
-            .arg(&record::in_flight_holder(claim)[..]);
+            .arg(&encoding::in_flight_holder(claim)[..]);
         for a in arg {
             pipe.arg(*a);
         }
@@ -333,11 +333,11 @@ impl IdempotencyStore for RedisStore {
             // Nothing written: the handler does not run, and the request gets 503.
             return Err(self.short_of_replicas("claim"));
         }
-        let claim = Claim::new();
+        let claim = FencingToken::new();
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(self.key(key))
-            .arg(record::encode_in_flight(claim, fingerprint))
+            .arg(encoding::encode_in_flight(claim, fingerprint))
             .arg("NX")
             .arg("PX")
             .arg(&*millis(lease))
@@ -359,7 +359,7 @@ impl IdempotencyStore for RedisStore {
                 let _ = self.held(&self.release, key, claim, &[], false).await;
                 Err(self.not_confirmed("claim"))
             }
-            Some(Value::BulkString(bytes)) => record::decode(bytes)
+            Some(Value::BulkString(bytes)) => encoding::decode(bytes)
                 .map(Begin::Existing)
                 .map_err(StoreError::new),
             Some(other) => Err(unexpected("SET NX GET", other)),
@@ -373,13 +373,18 @@ impl IdempotencyStore for RedisStore {
     /// either way); the primary's role read beside it tells the store when the node has lost
     /// its replicas. It may then be an old primary cut off from the fleet, whose replica was
     /// promoted: the renewal is sent once more, to the primary named now.
-    async fn renew(&self, key: &str, claim: Claim, lease: Duration) -> Result<(), StoreError> {
+    async fn renew(
+        &self,
+        key: &str,
+        claim: FencingToken,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
         pipe.cmd("EVAL")
             .arg(RENEW)
             .arg(1)
             .arg(self.key(key))
-            .arg(&record::in_flight_holder(claim)[..])
+            .arg(&encoding::in_flight_holder(claim)[..])
             .arg(&*millis(lease));
         if self.role {
             pipe.cmd("ROLE");
@@ -401,14 +406,14 @@ impl IdempotencyStore for RedisStore {
     async fn complete(
         &self,
         key: &str,
-        claim: Claim,
+        claim: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let completed =
-            record::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
-        // Short of replicas, the record is written without waiting (repeats find it on this
+            encoding::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
+        // Short of replicas, the entry is written without waiting (repeats find it on this
         // primary) and reported not confirmed: the layer keeps sending it until it is.
         let wait = self.enough_replicas().await?;
         let args: [&[u8]; 2] = [&completed, &millis(ttl)];
@@ -430,14 +435,14 @@ impl IdempotencyStore for RedisStore {
         match replies.first() {
             Some(Value::Nil) => Ok(None),
             Some(Value::BulkString(bytes)) => {
-                record::decode(bytes).map(Some).map_err(StoreError::new)
+                encoding::decode(bytes).map(Some).map_err(StoreError::new)
             }
             Some(other) => Err(unexpected("GET", other)),
             None => Err(StoreError::new("no reply to GET")),
         }
     }
 
-    async fn release(&self, key: &str, claim: Claim) -> Result<(), StoreError> {
+    async fn release(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
         // Not waited for: a release lost in a failover leaves the claim to its lease (repeats
         // get 409 meanwhile), never a second run.
         self.held(&self.release, key, claim, &[], false).await

@@ -47,12 +47,12 @@ mod send;
 mod ticker;
 
 use super::observe::Observe;
-use super::store::{Claim, IdempotencyStore};
+use super::store::{FencingToken, IdempotencyStore};
 use send::{renew, send_renewal};
 use ticker::Ticker;
 
 /// A claim to renew: its key, the key as logs show it, and the claim.
-type DueClaim = (Arc<str>, Arc<str>, Claim);
+type DueClaim = (Arc<str>, Arc<str>, FencingToken);
 
 /// The ticker wakes this many times per lease.
 const TICKS: u32 = 12;
@@ -91,7 +91,7 @@ struct Held {
 struct Slot {
     key: Arc<str>,
     shown: Arc<str>,
-    claim: Claim,
+    claim: FencingToken,
     serial: u64,
     /// When the claim was asked of the store, or its last renewal sent (by the ticker or from
     /// the handler's task).
@@ -164,7 +164,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         self: &Arc<Self>,
         key: &Arc<str>,
         shown: &Arc<str>,
-        claim: Claim,
+        claim: FencingToken,
         sent: Instant,
     ) -> Result<Renewal<St>, NoTimer> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -310,7 +310,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         &self,
         slot: &mut Slot,
         now: Instant,
-    ) -> Result<(Arc<str>, Arc<str>, Claim), Instant> {
+    ) -> Result<(Arc<str>, Arc<str>, FencingToken), Instant> {
         let next = slot.renewed + self.lease / EVERY;
         if next > now {
             return Err(next);

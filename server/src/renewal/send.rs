@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use super::{DueClaim, Renewals, EVERY, RETRY, TICKS};
 use crate::observe::{Observe, RenewalResult};
-use crate::store::{Claim, IdempotencyStore};
+use crate::store::{FencingToken, IdempotencyStore};
 use crate::text::cap;
 
 /// Sends one renewal. It is polled here once, so that a store that answers at once (the memory
@@ -43,7 +43,7 @@ pub(super) fn send_renewal<St: IdempotencyStore>(
     observe: &Observe,
     key: Arc<str>,
     shown: Arc<str>,
-    claim: Claim,
+    claim: FencingToken,
     cx: &mut Context<'_>,
 ) {
     let store = store.clone();

@@ -17,18 +17,18 @@ use crate::detach::DetachOnDrop;
 use crate::keyed::{prepare, Keyed};
 use crate::layer::Config;
 use crate::observe::KeyedOutcome;
-use crate::outcome::{replay, reply, retry_later};
+use crate::outcome::{reply, retry_later, send_stored};
 use crate::postgres::sql::{Sql, LOCKED};
 use crate::postgres::{lock_id, secs, token, PostgresStore};
-use crate::record;
+use crate::encoding;
 use crate::store::{self, Entry, Fingerprint, IdempotencyStore};
 use crate::ResponseBody;
 use tower_retry_safety::BoxError;
 
 /// The statement that begins a keyed request's transaction, in one round trip: whether a live
-/// record holds the key (before the lock: a repeat of a completed key never takes it), the
+/// entry holds the key (before the lock: a repeat of a completed key never takes it), the
 /// key's advisory lock, the same check again (a statement of its own, so its snapshot is taken
-/// after the lock was granted and sees the record of any holder that committed in between),
+/// after the lock was granted and sees the entry of any holder that committed in between),
 /// the claim's in-flight row, then `BEGIN`. The first four run in the implicit transaction
 /// that `BEGIN` turns into the request's, so the lock, the [`LOCKED`] setting and the row carry
 /// over. A busy or taken key fails the statement with a marked error: the implicit transaction
@@ -37,16 +37,16 @@ use tower_retry_safety::BoxError;
 /// Why check before the lock too: PostgreSQL sends an error to the client before it releases
 /// the failed transaction's locks, so a repeat refused *after* taking the lock holds it a
 /// moment past its answer, and the client's next repeat could meet it and get a needless 409
-/// (seen once in 25 runs of the tests, a repeat 4 ms after a replay).
+/// (seen once in 25 runs of the tests, a repeat 4 ms after a stored response was sent).
 ///
 /// Why an in-flight row that only this transaction sees: it commits with the handler's writes
 /// in any case, so a handler that ends the transaction itself (`COMMIT`) leaves the key in
-/// flight, never free, while the layer records that its outcome is unknown; and a rollback
+/// flight, never free, while the layer entries that its outcome is unknown; and a rollback
 /// (an error, a crash) takes it away with the handler's writes. It lives for the TTL: a key
 /// whose handler committed by hand and whose server then died stays in flight, not free.
 ///
 /// Only numbers and hex are written into the text: the lock id, the claim, the TTL, the key
-/// and the in-flight record. The decoded key takes the column's collation: `convert_from`'s
+/// and the in-flight entry. The decoded key takes the column's collation: `convert_from`'s
 /// result would otherwise take the `C` collation of its `name` argument, and the comparison
 /// could not use the primary key's index (a scan of the whole table per request: 10 ms at
 /// 30,000 rows).
@@ -93,7 +93,7 @@ const TAKEN: &str = "tower-retry-safety: key taken";
 enum Refusal {
     /// Another transaction holds the key's lock.
     Busy,
-    /// A live record holds the key.
+    /// A live entry holds the key.
     Taken,
 }
 
@@ -119,7 +119,7 @@ fn in_progress<B>() -> Response<ResponseBody<B>> {
     )
 }
 
-/// A key that a live record holds: its replay, 409 or 422, read outside any transaction.
+/// A key that a live entry holds: its stored response, 409 or 422, read outside any transaction.
 async fn answer_from_record<B>(
     store: &PostgresStore,
     key: &str,
@@ -134,7 +134,7 @@ async fn answer_from_record<B>(
             response,
         })) if first == fingerprint => {
             observe(KeyedOutcome::StoredResponse);
-            replay(response, config)
+            send_stored(response, config)
         }
         Ok(Some(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
             observe(KeyedOutcome::InFlight);
@@ -196,7 +196,7 @@ where
     // detached onto the runtime then): a claim dropped mid-statement could leave its
     // connection in a transaction that sqlx does not know of (its `BEGIN` was sent, its answer
     // not read), and a handler once called runs to its commit.
-    let claim = Claim {
+    let claim = FencingToken {
         store,
         config,
         key,
@@ -207,7 +207,7 @@ where
 }
 
 /// A keyed request about to claim its key.
-struct Claim {
+struct FencingToken {
     store: PostgresStore,
     config: Arc<Config>,
     key: Arc<str>,
@@ -215,7 +215,7 @@ struct Claim {
     fingerprint: Fingerprint,
 }
 
-impl Claim {
+impl FencingToken {
     async fn run<S, B, ResBody>(
         self,
         inner: S,
@@ -227,7 +227,7 @@ impl Claim {
         ResBody: Body<Data = Bytes> + Unpin,
         ResBody::Error: Into<BoxError>,
     {
-        let Claim {
+        let FencingToken {
             store,
             config,
             key,
@@ -247,8 +247,8 @@ impl Claim {
                 ));
             }
         };
-        let claim = store::Claim::new();
-        let in_flight = record::encode_in_flight(claim, fingerprint);
+        let claim = store::FencingToken::new();
+        let in_flight = encoding::encode_in_flight(claim, fingerprint);
         let begin = claim_statement(&sql, &key, token(claim), &in_flight, secs(config.ttl));
         let tx = match store.pool.begin_with(begin).await {
             Ok(tx) => tx,

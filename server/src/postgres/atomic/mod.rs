@@ -51,8 +51,8 @@ impl IdempotencyLayer<PostgresStore> {
 /// 1. takes the key's **advisory transaction lock** with `pg_try_advisory_xact_lock`, which
 ///    never waits: a repeat while the first runs (on this server or another) gets **409** at
 ///    once;
-/// 2. checks, under the lock, that no live record holds the key, and begins the transaction
-///    (steps 1 and 2 are one round trip); a completed record is replayed (422 if the request
+/// 2. checks, under the lock, that no live entry holds the key, and begins the transaction
+///    (steps 1 and 2 are one round trip); a completed entry is answered with its stored response (422 if the request
 ///    differs), and nothing runs;
 /// 3. hands the transaction to the handler as a [`KeyTransaction`] in the request's
 ///    extensions; the handler does its writes there;
@@ -63,10 +63,10 @@ impl IdempotencyLayer<PostgresStore> {
 /// - the handler returns an error or panics, or its process dies (a crash, `SIGKILL`, a lost
 ///   connection): the transaction rolls back; nothing was committed, the key is free, and a
 ///   repeat runs on a clean slate;
-/// - the commit is acknowledged: a repeat gets the replay;
-/// - the database fails at any point (the key cannot be read, the record cannot be written,
+/// - the commit is acknowledged: a repeat gets the stored response;
+/// - the database fails at any point (the key cannot be read, the entry cannot be written,
 ///   the commit is not acknowledged): **503** with `Retry-After`. Repeating the same key is
-///   safe whatever happened: a commit that went through is replayed, one that did not runs
+///   safe whatever happened: a commit that went through answers with its stored response, one that did not runs
 ///   again.
 ///
 /// The advisory lock rather than `SELECT … FOR UPDATE NOWAIT`: a row lock needs a row, and a
@@ -84,7 +84,7 @@ impl IdempotencyLayer<PostgresStore> {
 /// Effects outside the transaction — an email sent, a card charged — are not rolled back. A
 /// handler re-run after a crash repeats them unless the provider honours keys and the handler
 /// sends the key [derived](super::super::RequestKey::derive) from the request's: then the
-/// provider replays. A handler whose process died keeps nothing, so this is the window the
+/// provider answers with its stored response. A handler whose process died keeps nothing, so this is the window the
 /// derived keys close.
 ///
 /// # A handler must leave the transaction to the layer
@@ -92,8 +92,8 @@ impl IdempotencyLayer<PostgresStore> {
 /// A handler gets the connection, not the transaction: it cannot commit or drop it through
 /// the API. If it ends it by hand (`COMMIT` or `ROLLBACK` in SQL), or still holds the
 /// connection when its response is returned, the layer cannot tell what was kept: it answers
-/// 500, keeps a record that says the outcome is unknown (every repeat gets it: the writes may
-/// have committed), and logs an error. Until that record is written the key stays in flight
+/// 500, keeps an entry that says the outcome is unknown (every repeat gets it: the writes may
+/// have committed), and logs an error. Until that entry is written the key stays in flight
 /// (409): the claim's in-flight row commits with a hand-made `COMMIT`, and a transaction still
 /// held keeps its lock. (A `ROLLBACK` by hand followed by writes outside any transaction is the
 /// one misuse this cannot see until the handler answers.) A second
@@ -104,8 +104,8 @@ impl IdempotencyLayer<PostgresStore> {
 ///
 /// # In PostgreSQL's log
 ///
-/// A repeat that is refused (409 while the first runs) or answered from the record (the
-/// replay, 422) ends its claim statement with an error of its own making, `invalid input
+/// A repeat that is refused (409 while the first runs) or answered from the entry (the
+/// stored response, 422) ends its claim statement with an error of its own making, `invalid input
 /// syntax for type integer: "tower-retry-safety: key busy"` (or `key taken`): that is how the
 /// lock, the check and `BEGIN` fit in one round trip without leaving a transaction open. With
 /// PostgreSQL's default `log_min_error_statement`, each such repeat writes that error and the

@@ -1,5 +1,5 @@
 //! The handler's run in the request's transaction, and the commit of its response with the
-//! key; or, when the handler ended the transaction itself, the record of an unknown outcome.
+//! key; or, when the handler ended the transaction itself, the entry of an unknown outcome.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,7 +20,7 @@ use crate::outcome;
 use crate::outcome::retry_later;
 use crate::postgres::sql::{Sql, STILL_LOCKED};
 use crate::postgres::{secs, token, PostgresStore};
-use crate::record;
+use crate::encoding;
 use crate::store::{self, Fingerprint};
 use crate::ResponseBody;
 use tower_retry_safety::BoxError;
@@ -37,8 +37,8 @@ pub(super) struct Run {
     pub(super) key: Arc<str>,
     pub(super) shown: Arc<str>,
     pub(super) fingerprint: Fingerprint,
-    /// The claim of the key's in-flight row, and of the record written over it.
-    pub(super) claim: store::Claim,
+    /// The claim of the key's in-flight row, and of the entry written over it.
+    pub(super) claim: store::FencingToken,
     pub(super) slot: Slot,
 }
 
@@ -112,14 +112,14 @@ impl Run {
             return Ok(res);
         }
         let claim = self.claim;
-        let record = match record::encode_completed(claim, self.fingerprint, &stored) {
+        let record = match encoding::encode_completed(claim, self.fingerprint, &stored) {
             Ok(record) => record,
             Err(why) => {
-                // A response no record can hold (over 65,535 headers, a 4 GiB header): keep
+                // A response no entry can hold (over 65,535 headers, a 4 GiB header): keep
                 // what can be said.
                 tracing::warn!(key = %self.shown, why, "idempotency (atomic): the response cannot be recorded; keeping its status only");
                 let head = outcome::head_only(stored.status(), &http::HeaderMap::new());
-                match record::encode_completed(claim, self.fingerprint, &head) {
+                match encoding::encode_completed(claim, self.fingerprint, &head) {
                     Ok(record) => record,
                     Err(_) => {
                         if self.abandon(tx).await {
@@ -160,10 +160,10 @@ impl Run {
             self.config
                 .observe
                 .transaction(TransactionResult::CommitUnconfirmed);
-            tracing::warn!(error = %err, key = %self.shown, "idempotency (atomic): the commit was not acknowledged; answering 503 (a repeat with this key is replayed if it committed, runs again if not)");
+            tracing::warn!(error = %err, key = %self.shown, "idempotency (atomic): the commit was not acknowledged; answering 503 (a repeat with this key gets the stored response if it committed, runs again if not)");
             return Ok(retry_later(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "the server could not confirm that this request was saved; send it again with the same Idempotency-Key: it is replayed if it was, and runs if it was not",
+                "the server could not confirm that this request was saved; send it again with the same Idempotency-Key: you get the stored response if it was, and it runs if it was not",
             ));
         }
         self.config
@@ -173,7 +173,7 @@ impl Run {
     }
 
     /// The handler ended the transaction itself (`tx`, back from it), or still holds it
-    /// (`None`): what committed is unknown. Keep a record that says so, so no repeat runs it
+    /// (`None`): what committed is unknown. Keep an entry that says so, so no repeat runs it
     /// again. Until it is written the key stays in flight: its row committed with a hand-made
     /// `COMMIT`, or the transaction still open holds its lock.
     async fn handler_kept_the_transaction<B>(
@@ -291,7 +291,7 @@ impl Run {
     /// Writes the unknown outcome over the claim's row, or where none is left.
     async fn write_unknown(&self) -> Result<(), sqlx::Error> {
         let unknown = outcome::unknown();
-        let Ok(record) = record::encode_completed(self.claim, self.fingerprint, &unknown) else {
+        let Ok(record) = encoding::encode_completed(self.claim, self.fingerprint, &unknown) else {
             return Ok(());
         };
         sqlx::query(&self.sql.atomic_keep_unknown)

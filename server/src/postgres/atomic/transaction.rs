@@ -13,7 +13,7 @@ use tokio::sync::{Mutex, OwnedMappedMutexGuard, OwnedMutexGuard};
 pub(super) type Slot = Arc<Mutex<Option<Transaction<'static, Postgres>>>>;
 
 /// The transaction of a keyed request in atomic mode, in the request's extensions: the
-/// handler's writes go there, and commit with the key's record.
+/// handler's writes go there, and commit with the key's entry.
 ///
 /// ```no_run
 /// # use tower_idempotency_keys::KeyTransaction;
@@ -68,7 +68,7 @@ impl KeyTransaction {
 }
 
 /// The connection of a [`KeyTransaction`], held: use `&mut *guard` as a sqlx executor. Do not
-/// run `COMMIT` or `ROLLBACK` on it: the layer commits once, with the key's record.
+/// run `COMMIT` or `ROLLBACK` on it: the layer commits once, with the key's entry.
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub struct KeyTransactionGuard(
     OwnedMappedMutexGuard<Option<Transaction<'static, Postgres>>, Transaction<'static, Postgres>>,

@@ -14,27 +14,27 @@
 //! ```
 //!
 //! The first ten bytes (version, kind, token) are what the compare-and-set scripts compare: a
-//! record of another version never matches, so a server never acts on a record it cannot read.
-//! A record whose version this server does not know is an error (the layer answers 503 and
+//! entry of another version never matches, so a server never acts on an entry it cannot read.
+//! An entry whose version this server does not know is an error (the layer answers 503 and
 //! logs), never misread.
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::store::{Claim, Entry, Fingerprint, StoredResponse};
+use super::store::{Entry, FencingToken, Fingerprint, StoredResponse};
 
 /// The version this server writes and reads.
 pub(crate) const VERSION: u8 = 1;
 const IN_FLIGHT: u8 = b'F';
 const COMPLETED: u8 = b'C';
-/// A kind of its own, so a server that does not read trailers refuses the record rather
-/// than replay it without them, and a record cut after its body is never read as whole.
+/// A kind of its own, so a server that does not read trailers refuses the entry rather
+/// than send it without them, and an entry cut after its body is never read as whole.
 const COMPLETED_WITH_TRAILERS: u8 = b'T';
 /// Version, kind and claim token: what a compare-and-set compares.
 pub(crate) const HOLDER_LEN: usize = 10;
 
-/// The ten bytes that an in-flight record held by `claim` starts with.
-pub(crate) fn in_flight_holder(claim: Claim) -> [u8; HOLDER_LEN] {
+/// The ten bytes that an in-flight entry held by `claim` starts with.
+pub(crate) fn in_flight_holder(claim: FencingToken) -> [u8; HOLDER_LEN] {
     let mut out = [0; HOLDER_LEN];
     out[0] = VERSION;
     out[1] = IN_FLIGHT;
@@ -42,16 +42,16 @@ pub(crate) fn in_flight_holder(claim: Claim) -> [u8; HOLDER_LEN] {
     out
 }
 
-pub(crate) fn encode_in_flight(claim: Claim, fingerprint: Fingerprint) -> Vec<u8> {
+pub(crate) fn encode_in_flight(claim: FencingToken, fingerprint: Fingerprint) -> Vec<u8> {
     let mut out = Vec::with_capacity(HOLDER_LEN + 32);
     out.extend_from_slice(&in_flight_holder(claim));
     out.extend_from_slice(fingerprint.as_bytes());
     out
 }
 
-/// A completed record: the claim that completed it, the request's fingerprint, the response.
+/// A completed entry: the claim that completed it, the request's fingerprint, the response.
 pub(crate) fn encode_completed(
-    claim: Claim,
+    claim: FencingToken,
     fingerprint: Fingerprint,
     response: &StoredResponse,
 ) -> Result<Vec<u8>, &'static str> {
@@ -68,14 +68,14 @@ pub(crate) fn encode_completed(
     Ok(out)
 }
 
-/// A completed record's response part: status, headers, body, appended to `out`.
+/// A completed entry's response part: status, headers, body, appended to `out`.
 fn encode_response(response: &StoredResponse, out: &mut Vec<u8>) -> Result<(), &'static str> {
     out.extend_from_slice(&response.status().as_u16().to_be_bytes());
     encode_fields(response.headers(), out)?;
     let body_len = u32::try_from(response.body().len()).map_err(|_| "the body is too long")?;
     out.extend_from_slice(&body_len.to_be_bytes());
     out.extend_from_slice(response.body());
-    // Trailers follow the body only when there are some (kind `T`), so a record without
+    // Trailers follow the body only when there are some (kind `T`), so an entry without
     // them is the same bytes an older server writes and reads.
     if let Some(trailers) = response.trailers() {
         encode_fields(trailers, out)?;
@@ -98,7 +98,7 @@ fn encode_fields(fields: &HeaderMap, out: &mut Vec<u8>) -> Result<(), &'static s
     Ok(())
 }
 
-/// Why a record could not be read.
+/// Why an entry could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum DecodeError {
     /// Written by a server of another version.
@@ -199,7 +199,7 @@ mod tests {
     #[test]
     fn records_round_trip_byte_for_byte() {
         let fp = Fingerprint::of(&http::Method::POST, "/v1/send?to=a", b"hi");
-        let claim = Claim::from_token(0x0102_0304_0506_0708);
+        let claim = FencingToken::from_token(0x0102_0304_0506_0708);
         let bytes = encode_in_flight(claim, fp);
         assert_eq!(bytes[..HOLDER_LEN], in_flight_holder(claim));
         assert_eq!(decode(&bytes), Ok(Entry::InFlight { fingerprint: fp }));
@@ -231,7 +231,7 @@ mod tests {
         trailers.insert("grpc-message", HeaderValue::from_static("ok"));
         let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from("m"))
             .with_trailers(trailers);
-        let bytes = encode_completed(Claim::from_token(9), fp, &response).unwrap();
+        let bytes = encode_completed(FencingToken::from_token(9), fp, &response).unwrap();
         assert_eq!(bytes[1], COMPLETED_WITH_TRAILERS);
         assert_eq!(
             decode(&bytes),
@@ -248,11 +248,11 @@ mod tests {
     #[test]
     fn another_version_or_a_cut_record_is_an_error_never_a_misread() {
         let fp = Fingerprint::from_bytes([7; 32]);
-        let mut bytes = encode_in_flight(Claim::from_token(1), fp);
+        let mut bytes = encode_in_flight(FencingToken::from_token(1), fp);
         bytes[0] = 2;
         assert_eq!(decode(&bytes), Err(DecodeError::UnknownVersion(2)));
         let response = StoredResponse::new(StatusCode::OK, HeaderMap::new(), Bytes::from("x"));
-        let bytes = encode_completed(Claim::from_token(1), fp, &response).unwrap();
+        let bytes = encode_completed(FencingToken::from_token(1), fp, &response).unwrap();
         for cut in 0..bytes.len() {
             assert!(decode(&bytes[..cut]).is_err(), "cut at {cut}");
         }
