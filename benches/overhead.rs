@@ -251,6 +251,9 @@ async fn main() {
         if variant == "layer_metrics" || variant == "otel_floor" {
             return metrics_only(variant, n).await;
         }
+        if variant.starts_with("deadline_") {
+            return deadline_only(variant, n).await;
+        }
         for _ in 0..n {
             match variant {
                 "bare" => one(&mut bare, Kind::Get).await,
@@ -513,6 +516,35 @@ async fn metrics_overhead() {
     );
     println!("allocs layer_get_metrics {}", v[1].allocs - v[0].allocs);
     drop(provider);
+}
+
+/// `OVERHEAD_ONLY=deadline_<kind>:<n>`: `n` GETs with a deadline of the policy's own
+/// (`deadline_own`), the same inside a handler's inbound deadline and handing it on to the
+/// host (`deadline_carried`: the inbound deadline read, the time left and the attempt's
+/// number written), and a policy that inherits nothing outside any scope
+/// (`deadline_off`, against the default's `layer`: what reading the task-local costs).
+async fn deadline_only(variant: &str, n: u64) {
+    use tower_retry_safety::deadline::{self, Inbound};
+    let own = || RetryPolicy::builder().deadline(Duration::from_secs(30));
+    let policy = match variant {
+        "deadline_own" => own().build(),
+        "deadline_carried" => own().send_deadline_to("api.example.com").build(),
+        "deadline_off" => RetryPolicy::builder().inherit_deadline(None).build(),
+        other => panic!("unknown variant {other}"),
+    }
+    .expect("policy");
+    let mut layer = tower::Layer::layer(&policy, Instant200);
+    let calls = async move {
+        for _ in 0..n {
+            one(&mut layer, Kind::Get).await;
+        }
+    };
+    if variant == "deadline_carried" {
+        // One scope for the whole run, as a server sets one per handler.
+        deadline::scope(Inbound::within(Duration::from_secs(60)), calls).await;
+    } else {
+        calls.await;
+    }
 }
 
 /// `OVERHEAD_ONLY=layer_metrics:<n>`: `n` GETs through a layer recording in an SDK meter.

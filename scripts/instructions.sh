@@ -29,6 +29,18 @@ ratio bare_stream_put bare_full_put
 # The recording's own cost: a stream over `Full` through the layer, over the same without it.
 python3 -c "print('instr recording_overhead %.3f' % ((${per[stream_put]} / ${per[full_put]}) / (${per[bare_stream_put]} / ${per[bare_full_put]})))"
 
+# Deadlines across hops: a GET that reads an inbound deadline and hands its own on, against the
+# same GET with a deadline of its own only (goal: at most 1 % more); and the default policy
+# (which reads the task-local) against one that inherits nothing.
+for variant in deadline_own deadline_carried deadline_off; do
+    zero=$(count "$variant" 0)
+    many=$(count "$variant" "$n")
+    per[$variant]=$(((many - zero) / n))
+    echo "instr $variant ${per[$variant]}"
+done
+ratio deadline_carried deadline_own
+ratio layer deadline_off
+
 # The metrics' own cost (feature opentelemetry): a GET through a layer recording in an SDK
 # meter, the same without a meter, and the SDK's own histogram record with the same
 # attributes built once (`otel_floor`). This crate's share is what the meter adds beyond the

@@ -211,6 +211,8 @@ mod claim;
 pub mod deadline;
 mod derive;
 mod detach;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod encoding;
 #[cfg(feature = "axum")]
 mod extract;
 mod future;
@@ -222,8 +224,6 @@ mod observe;
 mod outcome;
 #[cfg(feature = "postgres")]
 mod postgres;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod encoding;
 #[cfg(feature = "redis")]
 mod redis;
 mod renewal;

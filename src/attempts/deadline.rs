@@ -101,7 +101,18 @@ impl Attempts {
         if let Some(left) = self.time_left() {
             headers.insert(TIMEOUT_HEADER, crate::deadline::timeout_value(left));
         }
-        headers.insert(ATTEMPT_HEADER, HeaderValue::from(number));
+        // The first attempts' numbers without an allocation each.
+        const SMALL: [HeaderValue; 4] = [
+            HeaderValue::from_static("1"),
+            HeaderValue::from_static("2"),
+            HeaderValue::from_static("3"),
+            HeaderValue::from_static("4"),
+        ];
+        let value = match SMALL.get(number.wrapping_sub(1) as usize) {
+            Some(value) => value.clone(),
+            None => HeaderValue::from(number),
+        };
+        headers.insert(ATTEMPT_HEADER, value);
     }
 }
 

@@ -14,13 +14,13 @@ use tower_service::Service;
 
 use super::transaction::Slot;
 use crate::buffer::{buffer, Buffered};
+use crate::encoding;
 use crate::layer::Config;
 use crate::observe::TransactionResult;
 use crate::outcome;
 use crate::outcome::retry_later;
 use crate::postgres::sql::{Sql, STILL_LOCKED};
 use crate::postgres::{secs, token, PostgresStore};
-use crate::encoding;
 use crate::store::{self, Fingerprint};
 use crate::ResponseBody;
 use tower_retry_safety::BoxError;
