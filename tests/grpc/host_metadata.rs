@@ -6,39 +6,17 @@
 #![cfg(feature = "tonic")]
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
 use crate::grpc_lab::lab::Entry;
-use crate::grpc_lab::{channel, request, serve, Fault, Lab};
+use crate::grpc_lab::{request, serve, Fault, Lab};
 use http::Method;
-use tower::ServiceBuilder;
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy, RetryPolicyBuilder};
 
 fn builder() -> RetryPolicyBuilder {
-    RetryPolicy::builder()
-        .no_budget()
-        .jitter(false)
-        .backoff(Duration::from_millis(1), Duration::from_millis(5))
-        .max_retries(2)
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+    super::hosts::builder().no_budget()
 }
 
-type Client = LedgerClient<
-    tower::util::MapErr<
-        tower_retry_safety::RetrySafety<tonic::transport::Channel>,
-        fn(tower_retry_safety::Error) -> tonic::Status,
-    >,
->;
-
-/// The README's gRPC stack: the layer between the generated client and a `Channel`.
-async fn client(addr: SocketAddr, policy: RetryPolicy) -> Client {
-    let svc = ServiceBuilder::new()
-        .map_err(tonic::Status::from as fn(_) -> _)
-        .layer(policy)
-        .service(channel(addr).await);
-    LedgerClient::new(svc)
-}
+use super::hosts::client;
 
 /// Call `id`, applied by the server and then answered UNAVAILABLE (a retry applies it
 /// again), carrying `host: <host>` in its metadata.

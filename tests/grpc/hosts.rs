@@ -19,7 +19,8 @@ use tower::ServiceBuilder;
 use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy, RetryPolicyBuilder};
 
-fn builder() -> RetryPolicyBuilder {
+/// The gRPC tests' policy: the lab's proto, fast retries.
+pub(super) fn builder() -> RetryPolicyBuilder {
     RetryPolicy::builder()
         .jitter(false)
         .backoff(Duration::from_millis(1), Duration::from_millis(5))
@@ -27,20 +28,25 @@ fn builder() -> RetryPolicyBuilder {
         .grpc_descriptors(&crate::grpc_lab::descriptor_set())
 }
 
-type Client = LedgerClient<
-    tower::util::MapErr<
-        tower_retry_safety::RetrySafety<tonic::transport::Channel>,
-        fn(tower_retry_safety::Error) -> tonic::Status,
-    >,
+/// The layer on a `Channel`, its errors as `tonic::Status`.
+pub(super) type Layered = tower::util::MapErr<
+    tower_retry_safety::RetrySafety<tonic::transport::Channel>,
+    fn(tower_retry_safety::Error) -> tonic::Status,
 >;
 
-/// The README's gRPC stack: the layer between the generated client and a `Channel`.
-async fn client(addr: SocketAddr, policy: RetryPolicy) -> Client {
-    let svc = ServiceBuilder::new()
+pub(super) type Client = LedgerClient<Layered>;
+
+/// The layer between a generated client and a `Channel` to `addr`.
+pub(super) async fn layered(addr: SocketAddr, policy: RetryPolicy) -> Layered {
+    ServiceBuilder::new()
         .map_err(tonic::Status::from as fn(_) -> _)
         .layer(policy)
-        .service(channel(addr).await);
-    LedgerClient::new(svc)
+        .service(channel(addr).await)
+}
+
+/// The README's gRPC stack: the layer between the generated client and a `Channel`.
+pub(super) async fn client(addr: SocketAddr, policy: RetryPolicy) -> Client {
+    LedgerClient::new(layered(addr, policy).await)
 }
 
 fn entry(id: &str) -> Entry {

@@ -4,38 +4,25 @@
 //! ignores keys and counts what it applies. Before: each call applied twice, the caller told Ok.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use crate::grpc_lab::lab::ledger_client::LedgerClient;
 use crate::grpc_lab::lab::Entry;
-use crate::grpc_lab::{channel, request, serve, Fault};
+use crate::grpc_lab::{request, serve, Fault};
 use http::Method;
-use tower::ServiceBuilder;
 use tower_retry_safety::{Idempotency, RetryPolicy, RetryPolicyBuilder};
 
 fn builder() -> RetryPolicyBuilder {
-    RetryPolicy::builder()
-        .no_budget()
-        .jitter(false)
-        .backoff(Duration::from_millis(1), Duration::from_millis(5))
-        .max_retries(2)
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+    super::hosts::builder().no_budget()
 }
-
-type Client = LedgerClient<
-    tower::util::MapErr<
-        tower_retry_safety::RetrySafety<tonic::transport::Channel>,
-        fn(tower_retry_safety::Error) -> tonic::Status,
-    >,
->;
 
 /// The layer between the generated client and a `Channel` to `addr`, the client built with
 /// `with_origin(origin)`.
-async fn client(addr: SocketAddr, policy: RetryPolicy, origin: &str) -> Client {
-    let svc = ServiceBuilder::new()
-        .map_err(tonic::Status::from as fn(_) -> _)
-        .layer(policy)
-        .service(channel(addr).await);
+async fn client(
+    addr: SocketAddr,
+    policy: RetryPolicy,
+    origin: &str,
+) -> LedgerClient<super::hosts::Layered> {
+    let svc = super::hosts::layered(addr, policy).await;
     LedgerClient::with_origin(svc, origin.parse().expect("origin"))
 }
 

@@ -124,11 +124,68 @@ async fn one_host_spelled_seven_ways_is_one_server_address() {
         .sum();
     assert_eq!(reached, 7, "each spelling reached the server");
     let got = meters.read();
-    let hosts: BTreeSet<String> = got
-        .u64_histogram_points("retry_safety.client.attempts")
-        .iter()
-        .map(|(a, _)| a["server.address"].clone())
-        .collect();
-    assert_eq!(hosts, BTreeSet::from(["127.0.0.1".to_owned()]));
+    assert_eq!(addresses(&got), BTreeSet::from(["127.0.0.1".to_owned()]));
     assert_eq!(got.u64_histogram("retry_safety.client.attempts"), (7, 7));
+}
+
+/// More spellings of one host than the kept sets (16), then another host: one value per
+/// host, however many spellings came first (the adversarial review of issue 41).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spellings_past_the_kept_sets_stay_one_server_address() {
+    let server = FaultServer::start().await;
+    let port = server.addr().port();
+    let meters = Meters::new();
+    let policy = RetryPolicy::builder()
+        .meter(meters.meter())
+        .no_budget()
+        .build()
+        .expect("policy");
+    let svc = policy.layer(client());
+    let spellings = [
+        "127.0.0.1",
+        "127.1",
+        "0x7f.0.0.1",
+        "2130706433",
+        "0177.0.0.1",
+        "127.0.0.01",
+        "127.000.000.001",
+        "0x7F.1",
+        "127.0.0.1.",
+        "0x7f000001",
+        "017700000001",
+        "127.0.1",
+        "0x7f.0x0.0x0.0x1",
+        "127.0x0.0.1",
+        "0x7f.1.",
+        "127.00.0.1",
+        "127.0.00.1",
+        "127.0.0.001",
+        "0x07f.1",
+        "0x0000007f.1",
+        "localhost",
+    ];
+    for (i, host) in spellings.iter().enumerate() {
+        let url = format!("http://{host}:{port}/ops/spelling-{i}");
+        // A spelling the resolver refuses ends not sent; it is counted all the same.
+        if let Ok(res) = svc
+            .clone()
+            .oneshot(request(Method::GET, &url, Fault::None))
+            .await
+        {
+            let _ = res.into_body().collect().await;
+        }
+    }
+    let got = meters.read();
+    assert_eq!(
+        addresses(&got),
+        BTreeSet::from(["127.0.0.1".to_owned(), "localhost".to_owned()])
+    );
+}
+
+/// The `server.address` values the attempts histogram was recorded with.
+fn addresses(got: &super::Recorded) -> BTreeSet<String> {
+    got.u64_histogram_points("retry_safety.client.attempts")
+        .iter()
+        .map(|(a, _)| a.get("server.address").cloned().unwrap_or_default())
+        .collect()
 }

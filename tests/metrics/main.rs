@@ -7,7 +7,7 @@ use retry_safety_testing::pg;
 mod support;
 
 mod bounded_attributes;
-mod never_sent_and_spellings;
+mod never_sent;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
