@@ -168,36 +168,11 @@ where
         // from here, so a slow reply to `begin` eats none of the margin.
         let sent = renewals.now();
         let store = renewals.store().clone();
-        let claim = match store.begin(&key, fingerprint, config.lease).await {
-            Ok(Begin::Started(claim)) => claim,
-            Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
-                observe(KeyedOutcome::InFlight);
-                return Ok(retry_later(
-                    StatusCode::CONFLICT,
-                    "a request with this Idempotency-Key is still in progress; retry later",
-                ));
-            }
-            Ok(Begin::Existing(Entry::Completed {
-                fingerprint: first,
-                response,
-            })) if first == fingerprint => {
-                observe(KeyedOutcome::StoredResponse);
-                return Ok(send_stored(response, &config));
-            }
-            Ok(Begin::Existing(_)) => {
-                observe(KeyedOutcome::Mismatch);
-                return Ok(reply(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "this Idempotency-Key was already used with a different request",
-                ));
-            }
-            Err(err) => {
-                observe(KeyedOutcome::StoreError);
-                tracing::warn!(error = %err, cause = super::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
-                return Ok(retry_later(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-                ));
+        let claim = match begin(&*store, &key, fingerprint, &config).await {
+            Ok(claim) => claim,
+            Err((outcome, answer)) => {
+                observe(outcome);
+                return Ok(answer);
             }
         };
 
@@ -215,17 +190,7 @@ where
             fingerprint,
         };
         let Ok(renewal) = renewals.hold(&claimed.key, &claimed.shown, claimed.claim, sent) else {
-            // Nothing ran: the claim may be freed.
-            claimed
-                .config
-                .observe
-                .keyed(&parts.method, KeyedOutcome::Unavailable);
-            tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
-            let _ = claimed.store.release(&claimed.key, claimed.claim).await;
-            return Ok(retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-            ));
+            return Ok(no_timer(claimed, &parts.method).await);
         };
         claimed
             .config
@@ -239,4 +204,67 @@ where
         )
         .await
     }
+}
+
+/// Claims `key`, or the answer to a request that may not run: 409 while the first runs, the
+/// stored response, 422 for another request under the key, 503 when the store fails.
+async fn begin<St: IdempotencyStore, B>(
+    store: &St,
+    key: &str,
+    fingerprint: super::store::Fingerprint,
+    config: &Config,
+) -> Result<super::store::FencingToken, (KeyedOutcome, Response<ResponseBody<B>>)> {
+    match store.begin(key, fingerprint, config.lease).await {
+        Ok(Begin::Started(claim)) => Ok(claim),
+        Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
+            Err((
+                KeyedOutcome::InFlight,
+                retry_later(
+                    StatusCode::CONFLICT,
+                    "a request with this Idempotency-Key is still in progress; retry later",
+                ),
+            ))
+        }
+        Ok(Begin::Existing(Entry::Completed {
+            fingerprint: first,
+            response,
+        })) if first == fingerprint => {
+            Err((KeyedOutcome::StoredResponse, send_stored(response, config)))
+        }
+        Ok(Begin::Existing(_)) => Err((
+            KeyedOutcome::Mismatch,
+            reply(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "this Idempotency-Key was already used with a different request",
+            ),
+        )),
+        Err(err) => {
+            tracing::warn!(error = %err, cause = super::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
+            Err((
+                KeyedOutcome::StoreError,
+                retry_later(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+                ),
+            ))
+        }
+    }
+}
+
+/// A claim taken on a runtime without a timer (its lease could not be renewed): nothing ran,
+/// so the claim is freed, and the answer is 503.
+async fn no_timer<St: IdempotencyStore, B>(
+    claimed: Claimed<St>,
+    method: &http::Method,
+) -> Response<ResponseBody<B>> {
+    claimed
+        .config
+        .observe
+        .keyed(method, KeyedOutcome::Unavailable);
+    tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
+    let _ = claimed.store.release(&claimed.key, claimed.claim).await;
+    retry_later(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+    )
 }

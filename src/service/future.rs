@@ -89,18 +89,10 @@ where
     /// Sends the first attempt through `service`, which must be ready.
     pub(crate) fn start(service: &mut S, policy: &RetryPolicy, req: Request<B>) -> Self {
         let (mut parts, body) = req.into_parts();
-        // Below a client that sends every request to its own endpoint (tonic's `Channel`),
-        // the request names no host: only the policy's origin says where it goes.
-        let authority_decides = !B::stack_errors().rewrites_authority;
         let mut plan = Plan::new(
             policy,
             &parts.method,
-            || match authority_decides {
-                true => {
-                    crate::classify::host::of_request(&parts.uri, &parts.headers, parts.version)
-                }
-                false => crate::classify::host::HostSeen::Nothing,
-            },
+            || host_seen::<B>(&parts),
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,
@@ -251,6 +243,16 @@ where
             return Poll::Ready(stop(this.state, this.retry, this.attempts, result, reason));
         }
     }
+}
+
+/// What the request says of its host. Below a client that sends every request to its own
+/// endpoint (tonic's `Channel`) it names none: only the policy's origin says where it goes.
+#[inline]
+fn host_seen<B: ReplayBody>(parts: &http::request::Parts) -> crate::classify::host::HostSeen<'_> {
+    if B::stack_errors().rewrites_authority {
+        return crate::classify::host::HostSeen::Nothing;
+    }
+    crate::classify::host::of_request(&parts.uri, &parts.headers, parts.version)
 }
 
 /// The one way a request ends: done, the copy or recording and the retry's service dropped,

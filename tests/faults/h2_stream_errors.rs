@@ -1,6 +1,6 @@
 //! HTTP/2 stream errors through hyper-util's client: a remote `REFUSED_STREAM` is not sent
 //! (RFC 9113 §8.7), any other remote reset is ambiguous, and so is a remote GOAWAY (hyper
-//! cannot say whether it wrote the request; see tests/goaway.rs for the storm).
+//! cannot say whether it wrote the request; see tests/faults/goaway_storm.rs for the storm).
 #![cfg(feature = "h2")]
 
 use std::collections::HashMap;

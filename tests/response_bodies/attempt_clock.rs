@@ -4,7 +4,7 @@
 //! onto the server's replay of the same response), and the reports (`BodyReport`,
 //! `BodyCutError::report`).
 //!
-//! Real sockets on 127.0.0.1: a scripted raw HTTP/1.1 server (`Raw`, copied from
+//! Real sockets on 127.0.0.1: a scripted raw HTTP/1.1 server (`Raw`, first written for
 //! `review_read_whole.rs`) that counts requests and writes (every `POST`/`PATCH` it reads is a
 //! write applied: it does not honour keys unless a script replays), and the crate's own
 //! `IdempotencyLayer` behind `CutServer::start_with_keys`. Timing logic that must be exact (a head

@@ -1,6 +1,6 @@
 //! The key conformance check against `IdempotencyLayer` over the shared stores: Redis (keys
 //! under a prefix of the test's own, deleted when it ends) and PostgreSQL (a schema of its
-//! own, dropped when it ends). Run with `--features lab,redis,postgres`.
+//! own, dropped when it ends). Run with `cargo test -p retry-safety-lab`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 

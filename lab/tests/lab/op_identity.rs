@@ -1,6 +1,6 @@
 //! What an attempt says about its operation: key, a chosen header, a JSON pointer, a
 //! fingerprint (the ledger's linking of them is tried through the proxy in
-//! `op_linking.rs`).
+//! `resends_in_disguise.rs`).
 
 use http::{HeaderMap, Method};
 use retry_safety_lab::OpIdentity;

@@ -42,23 +42,7 @@ impl Sql {
         let schema = quote_ident(schema);
         let t = format!("{schema}.idempotency_keys");
         Sql {
-            // Claims a free key (absent, or its row expired: a lease that ended, an entry past
-            // its TTL) if no atomic-mode transaction holds the key's advisory lock: an atomic
-            // claim's row is not visible until it commits, and an insert of the same key would
-            // wait for that commit. Returns whether the lock was free, and the claim if taken.
-            lease_begin: format!(
-                "WITH lock AS (SELECT pg_try_advisory_xact_lock($5) AS free),
-                claimed AS (
-                    INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
-                    SELECT $1, $2, false, $3, clock_timestamp() + make_interval(secs => $4)
-                    FROM lock WHERE lock.free
-                    ON CONFLICT (key) DO UPDATE
-                        SET claim = excluded.claim, completed = false, record = excluded.record,
-                            expires_at = excluded.expires_at
-                        WHERE t.expires_at <= clock_timestamp()
-                    RETURNING claim)
-                SELECT (SELECT free FROM lock) AS free, (SELECT claim FROM claimed) AS claim"
-            ),
+            lease_begin: lease_begin(&t),
             lease_get: format!(
                 "SELECT record FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
             ),
@@ -119,6 +103,26 @@ impl Sql {
             table: t,
         }
     }
+}
+
+/// Claims a free key (absent, or its row expired: a lease that ended, an entry past its TTL)
+/// if no atomic-mode transaction holds the key's advisory lock: an atomic claim's row is not
+/// visible until it commits, and an insert of the same key would wait for that commit.
+/// Returns whether the lock was free, and the claim if taken.
+fn lease_begin(t: &str) -> String {
+    format!(
+        "WITH lock AS (SELECT pg_try_advisory_xact_lock($5) AS free),
+                claimed AS (
+                    INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
+                    SELECT $1, $2, false, $3, clock_timestamp() + make_interval(secs => $4)
+                    FROM lock WHERE lock.free
+                    ON CONFLICT (key) DO UPDATE
+                        SET claim = excluded.claim, completed = false, record = excluded.record,
+                            expires_at = excluded.expires_at
+                        WHERE t.expires_at <= clock_timestamp()
+                    RETURNING claim)
+                SELECT (SELECT free FROM lock) AS free, (SELECT claim FROM claimed) AS claim"
+    )
 }
 
 #[cfg(test)]

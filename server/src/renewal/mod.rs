@@ -125,6 +125,22 @@ impl<St> Renewals<St> {
     }
 }
 
+impl Held {
+    /// Puts `slot` in a free place (or a new one): its index.
+    fn place(&mut self, slot: Slot) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        }
+    }
+}
+
 fn held_for(runtimes: &mut Vec<Held>, runtime: RuntimeId) -> &mut Held {
     let i = match runtimes.iter().position(|h| h.runtime == runtime) {
         Some(i) => i,
@@ -198,16 +214,7 @@ impl<St: IdempotencyStore> Renewals<St> {
             serial,
             renewed: sent,
         };
-        let index = match held.free.pop() {
-            Some(i) => {
-                held.slots[i] = Some(slot);
-                i
-            }
-            None => {
-                held.slots.push(Some(slot));
-                held.slots.len() - 1
-            }
-        };
+        let index = held.place(slot);
         let mut due = sent + self.lease / EVERY;
         let now = Instant::now();
         let late = now >= due;

@@ -59,19 +59,48 @@ impl Run {
             Ok(res) => res,
             Err(err) => {
                 armed.0 = None;
-                // Rolled back: the handler's writes and the key go together.
-                let tx = self.slot.try_lock().ok().and_then(|mut slot| slot.take());
-                let Some(tx) = tx else {
-                    return Ok(self.handler_kept_the_transaction(None).await);
-                };
-                if self.abandon(tx).await {
-                    return Ok(unknown_response());
-                }
-                return Err(err);
+                return self.handler_failed(err).await;
             }
         };
         let (parts, body) = res.into_parts();
-        let (stored, res) = match buffer(body, self.config.max_response_bytes).await {
+        let buffered = buffer(body, self.config.max_response_bytes).await;
+        let (stored, res) = self.keepable(parts, buffered);
+        // The transaction back from the handler.
+        armed.0 = None;
+        let tx = match self.slot.try_lock() {
+            Ok(mut slot) => slot.take(),
+            Err(_) => None,
+        };
+        let Some(tx) = tx else {
+            return Ok(self.handler_kept_the_transaction(None).await);
+        };
+        Ok(self.complete(tx, &stored, res).await)
+    }
+
+    /// The handler failed: its transaction rolled back (the handler's writes and the key go
+    /// together), or, if it cannot be rolled back, an outcome-unknown answer kept.
+    async fn handler_failed<E, ResBody>(
+        &self,
+        err: E,
+    ) -> Result<Response<ResponseBody<ResBody>>, E> {
+        let tx = self.slot.try_lock().ok().and_then(|mut slot| slot.take());
+        let Some(tx) = tx else {
+            return Ok(self.handler_kept_the_transaction(None).await);
+        };
+        if self.abandon(tx).await {
+            return Ok(unknown_response());
+        }
+        Err(err)
+    }
+
+    /// What is stored for the handler's response, and the response itself: whole, or its
+    /// head only when the body is over the limit.
+    fn keepable<ResBody>(
+        &self,
+        parts: http::response::Parts,
+        buffered: Buffered<ResBody>,
+    ) -> (store::StoredResponse, Response<ResponseBody<ResBody>>) {
+        match buffered {
             Buffered::Whole(bytes, trailers) => {
                 let stored = crate::run::whole(&parts, &bytes, trailers.as_ref());
                 (
@@ -94,66 +123,53 @@ impl Run {
                 );
                 (stored, res)
             }
-        };
-        // The transaction back from the handler.
-        armed.0 = None;
-        let tx = match self.slot.try_lock() {
-            Ok(mut slot) => slot.take(),
-            Err(_) => None,
-        };
-        let Some(mut tx) = tx else {
-            return Ok(self.handler_kept_the_transaction(None).await);
-        };
-        let server_error = outcome::is_server_error(stored.status(), stored.headers());
-        if server_error && !self.config.store_server_errors {
-            if self.abandon(tx).await {
-                return Ok(unknown_response());
-            }
-            return Ok(res);
         }
-        let claim = self.claim;
-        let record = match encoding::encode_completed(claim, self.fingerprint, &stored) {
-            Ok(record) => record,
-            Err(why) => {
-                // A response no entry can hold (over 65,535 headers, a 4 GiB header): keep
-                // what can be said.
-                tracing::warn!(key = %self.shown, why, "idempotency (atomic): the response cannot be recorded; keeping its status only");
-                let head = outcome::head_only(stored.status(), &http::HeaderMap::new());
-                match encoding::encode_completed(claim, self.fingerprint, &head) {
-                    Ok(record) => record,
-                    Err(_) => {
-                        if self.abandon(tx).await {
-                            return Ok(unknown_response());
-                        }
-                        return Ok(res);
-                    }
-                }
+    }
+
+    /// The key's entry written in the handler's transaction, and the transaction committed:
+    /// `res` when it commits, else what a repeat should know.
+    async fn complete<ResBody>(
+        &self,
+        mut tx: Transaction<'static, Postgres>,
+        stored: &store::StoredResponse,
+        res: Response<ResponseBody<ResBody>>,
+    ) -> Response<ResponseBody<ResBody>> {
+        let server_error = outcome::is_server_error(stored.status(), stored.headers());
+        let entry = if server_error && !self.config.store_server_errors {
+            None
+        } else {
+            self.encoded(stored)
+        };
+        let Some(entry) = entry else {
+            if self.abandon(tx).await {
+                return unknown_response();
             }
+            return res;
         };
         let written = sqlx::query(&self.sql.atomic_complete)
             .bind(&*self.key)
-            .bind(token(claim))
-            .bind(&record)
+            .bind(token(self.claim))
+            .bind(&entry)
             .bind(secs(self.config.ttl))
             .fetch_optional(&mut *tx)
             .await;
         match written {
             Ok(Some(_)) => {}
-            Ok(None) => return Ok(self.handler_kept_the_transaction(Some(tx)).await),
+            Ok(None) => return self.handler_kept_the_transaction(Some(tx)).await,
             Err(err) if is_aborted(&err) => {
                 // A statement of the handler's failed: nothing of this transaction can commit.
                 tracing::debug!(key = %self.shown, "idempotency (atomic): the handler's transaction was aborted by a failed statement; its response is returned unstored");
                 if self.abandon(tx).await {
-                    return Ok(unknown_response());
+                    return unknown_response();
                 }
-                return Ok(res);
+                return res;
             }
             Err(err) => {
                 // The transaction is dropped uncommitted: rolled back.
                 self.config
                     .observe
                     .transaction(TransactionResult::RolledBack);
-                return Ok(unavailable("the response could not be recorded", &err));
+                return unavailable("the response could not be recorded", &err);
             }
         }
         if let Err(err) = tx.commit().await {
@@ -161,15 +177,28 @@ impl Run {
                 .observe
                 .transaction(TransactionResult::CommitUnconfirmed);
             tracing::warn!(error = %err, key = %self.shown, "idempotency (atomic): the commit was not acknowledged; answering 503 (a repeat with this key gets the stored response if it committed, runs again if not)");
-            return Ok(retry_later(
+            return retry_later(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the server could not confirm that this request was saved; send it again with the same Idempotency-Key: you get the stored response if it was, and it runs if it was not",
-            ));
+            );
         }
         self.config
             .observe
             .transaction(TransactionResult::Committed);
-        Ok(res)
+        res
+    }
+
+    /// The key's entry for `stored`; for a response no entry can hold (over 65,535 headers, a
+    /// 4 GiB header), its status only; `None` when not even that can be encoded.
+    fn encoded(&self, stored: &store::StoredResponse) -> Option<Vec<u8>> {
+        match encoding::encode_completed(self.claim, self.fingerprint, stored) {
+            Ok(entry) => Some(entry),
+            Err(why) => {
+                tracing::warn!(key = %self.shown, why, "idempotency (atomic): the response cannot be recorded; keeping its status only");
+                let head = outcome::head_only(stored.status(), &http::HeaderMap::new());
+                encoding::encode_completed(self.claim, self.fingerprint, &head).ok()
+            }
+        }
     }
 
     /// The handler ended the transaction itself (`tx`, back from it), or still holds it
