@@ -5,9 +5,8 @@
 #[path = "support/soak.rs"]
 mod soak;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::{ready, Ready};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,26 +14,10 @@ use http::{Method, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_safety::{Idempotency, RetryPolicy};
 
-struct Live;
-static LIVE: AtomicI64 = AtomicI64::new(0);
-
-unsafe impl GlobalAlloc for Live {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use retry_safety_testing::alloc::{live_everywhere, Counting};
 
 #[global_allocator]
-static GLOBAL: Live = Live;
+static GLOBAL: Counting = Counting;
 
 /// Every third call answers 503, every seventh fails: retries, reports and errors all happen.
 #[derive(Clone)]
@@ -109,9 +92,9 @@ fn no_growing_memory_over_100_000_requests() {
             }
         };
         run(5_000, 0).await; // warm up: budget slots, allocator caches
-        let before = LIVE.load(Ordering::Relaxed);
+        let before = live_everywhere();
         run(requests, 5_000).await;
-        let after = LIVE.load(Ordering::Relaxed);
+        let after = live_everywhere();
         let growth = after - before;
         println!(
             "memory: live heap {before} bytes before, {after} bytes after {requests} requests \

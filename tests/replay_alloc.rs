@@ -2,8 +2,6 @@
 //! request is left once it ends: counted with a global allocator that tallies this thread's
 //! allocated bytes and the bytes still live.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::io;
 use std::time::Duration;
@@ -16,34 +14,7 @@ use http_body_util::{BodyExt, Empty, StreamBody};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{RetryPolicy, RetryReport};
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATED: Cell<i64> = const { Cell::new(0) };
-    static LIVE: Cell<i64> = const { Cell::new(0) };
-}
-
-fn count(allocated: i64, live: i64) {
-    // `try_with`: the allocator also runs while thread-locals are torn down.
-    let _ = ALLOCATED.try_with(|c| c.set(c.get() + allocated));
-    let _ = LIVE.try_with(|c| c.set(c.get() + live));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as i64, layout.size() as i64);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(0, -(layout.size() as i64));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let grown = new_size as i64 - layout.size() as i64;
-        count(grown.max(0), grown);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use retry_safety_testing::alloc::{allocated, live, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -54,12 +25,9 @@ const CHUNKS: usize = 8;
 /// One streamed 32 KiB PUT whose first attempt reads the whole body and then fails: the
 /// retry replays it. Returns (bytes allocated, bytes left live) during the request.
 fn one_request(rt: &tokio::runtime::Runtime, policy: &RetryPolicy, chunks: &[Bytes]) -> (i64, i64) {
-    let before = (ALLOCATED.with(Cell::get), LIVE.with(Cell::get));
+    let before = (allocated(), live());
     send(rt, policy, chunks);
-    (
-        ALLOCATED.with(Cell::get) - before.0,
-        LIVE.with(Cell::get) - before.1,
-    )
+    (allocated() - before.0, live() - before.1)
 }
 
 fn send(rt: &tokio::runtime::Runtime, policy: &RetryPolicy, chunks: &[Bytes]) {

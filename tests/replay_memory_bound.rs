@@ -2,8 +2,6 @@
 //! kept, and each kept chunk's handle counts (found by an adversarial review).
 //! Counted with a global allocator that tallies this thread's live bytes.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,30 +14,7 @@ use http_body_util::{BodyExt, Empty, StreamBody};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 
-struct Counting;
-
-thread_local! {
-    static LIVE: Cell<i64> = const { Cell::new(0) };
-}
-
-fn count(live: i64) {
-    let _ = LIVE.try_with(|c| c.set(c.get() + live));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as i64);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as i64));
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as i64 - layout.size() as i64);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use retry_safety_testing::alloc::{live, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -69,7 +44,7 @@ fn held_while_recording(
         .unwrap();
     let held = Arc::new(Mutex::new(None));
     let seen = held.clone();
-    let before = LIVE.with(Cell::get);
+    let before = live();
     let inner = tower::service_fn(move |req: Request<BoxBody<Bytes, Infallible>>| {
         let seen = seen.clone();
         async move {
@@ -77,7 +52,7 @@ fn held_while_recording(
             while let Some(frame) = body.frame().await {
                 drop(frame);
             }
-            seen.lock().unwrap().get_or_insert(LIVE.with(Cell::get));
+            seen.lock().unwrap().get_or_insert(live());
             drop(body);
             Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
         }

@@ -3,6 +3,7 @@
 //! primaries, replicas and Sentinels, and a PostgreSQL database of the test's own.
 #![allow(missing_docs, unreachable_pub)]
 
+pub mod alloc;
 pub mod fleet;
 pub mod pg;
 pub mod redis;

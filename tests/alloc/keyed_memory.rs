@@ -46,9 +46,10 @@ where
     }
     let traced = std::env::var_os("ALLOC_TRACE").is_some();
     allocations(|| {
-        crate::TRACE.with(|t| t.set(traced));
+        let hook: fn(usize) = crate::trace;
+        retry_safety_testing::alloc::on_allocation(traced.then_some(hook));
         std::hint::black_box(rt.block_on(send(20)));
-        crate::TRACE.with(|t| t.set(false));
+        retry_safety_testing::alloc::on_allocation(None);
     })
 }
 

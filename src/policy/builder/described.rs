@@ -9,6 +9,7 @@ pub(crate) struct DescribedRoutes {
     pub(crate) paths: Vec<String>,
     /// Every described method's full name (`package.Service/Method`), harmless or not: the
     /// `grpc.method` values a meter may record.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
     pub(crate) methods: Vec<String>,
     pub(crate) refused: Option<BuildError>,
 }
