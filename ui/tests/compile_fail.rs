@@ -5,7 +5,7 @@
 //! change and read the diff.
 //!
 //! The lists of implementors in the output depend on the crate's features: the cases are
-//! checked with the default features and `server` (this crate's dev-dependency), the lists a
+//! checked with the client crate without features and the server crate (`tower-idempotency-keys`), the lists a
 //! user of the client and the in-memory server sees. Run with `cd ui && cargo test`.
 
 /// The toolchain whose words the `.stderr` files hold.
