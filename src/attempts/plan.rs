@@ -142,7 +142,7 @@ impl Plan {
         };
         let verdict = policy.classify_parts(method, &mut host, path, key.is_some(), extensions);
         let hops = policy.hops();
-        let sends_deadline = !hops.hosts.is_empty() && hops.sends_to(host(), policy.origin());
+        let sends_deadline = hops.sends_to(&mut host, policy.origin());
         Plan {
             verdict,
             outer_layer: extensions.get::<LayerAttempt>().is_some(),

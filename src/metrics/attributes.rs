@@ -209,13 +209,15 @@ impl AttributeSets {
     ) {
         let spelled = host.unwrap_or("");
         let mut hosts = self.read();
+        let mut at = hosts.iter().position(|h| *h.spelled == *spelled);
         // Past the bound no lock is taken for writing: those hosts' sets are built per call.
-        if hosts.len() < MAX_HOSTS && !hosts.iter().any(|h| *h.spelled == *spelled) {
+        if at.is_none() && hosts.len() < MAX_HOSTS {
             drop(hosts);
             self.add(spelled);
             hosts = self.read();
+            at = hosts.iter().position(|h| *h.spelled == *spelled);
         }
-        let kept = hosts.iter().find(|h| *h.spelled == *spelled);
+        let kept = at.map(|i| &hosts[i]);
         let held: [Held<'_>; N] =
             std::array::from_fn(|i| match kept.and_then(|h| h.get(sets[i])) {
                 Some(set) => Held::Kept(set),

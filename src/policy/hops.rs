@@ -41,14 +41,18 @@ impl Hops {
     }
 
     /// Whether a request whose host is `seen` (an origin the layer was told aside) carries
-    /// the deadline headers. A host that is not known gets none: the headers are for hosts
-    /// that asked for them.
+    /// the deadline headers; `seen` is asked only when the policy names hosts. A host that is
+    /// not known gets none: the headers are for hosts that asked for them.
     #[inline]
-    pub(crate) fn sends_to(&self, seen: HostSeen<'_>, origin: Option<&HostScope>) -> bool {
+    pub(crate) fn sends_to<'h>(
+        &self,
+        seen: impl FnOnce() -> HostSeen<'h>,
+        origin: Option<&HostScope>,
+    ) -> bool {
         if self.hosts.is_empty() {
             return false;
         }
-        let Some(host) = seen.target(origin) else {
+        let Some(host) = seen().target(origin) else {
             return false;
         };
         self.hosts.iter().any(|h| h.covers(&host.host, host.port))

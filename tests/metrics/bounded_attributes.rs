@@ -94,12 +94,7 @@ async fn one_host_spelled_seven_ways_is_one_server_address() {
     let server = FaultServer::start().await;
     let port = server.addr().port();
     let meters = Meters::new();
-    let policy = RetryPolicy::builder()
-        .meter(meters.meter())
-        .no_budget()
-        .build()
-        .expect("policy");
-    let svc = policy.layer(client());
+    let svc = metered(&meters);
     let spellings = [
         "127.0.0.1",
         "127.1",
@@ -135,12 +130,7 @@ async fn spellings_past_the_kept_sets_stay_one_server_address() {
     let server = FaultServer::start().await;
     let port = server.addr().port();
     let meters = Meters::new();
-    let policy = RetryPolicy::builder()
-        .meter(meters.meter())
-        .no_budget()
-        .build()
-        .expect("policy");
-    let svc = policy.layer(client());
+    let svc = metered(&meters);
     let spellings = [
         "127.0.0.1",
         "127.1",
@@ -188,4 +178,21 @@ fn addresses(got: &super::Recorded) -> BTreeSet<String> {
         .iter()
         .map(|(a, _)| a.get("server.address").cloned().unwrap_or_default())
         .collect()
+}
+
+/// The tower layer over the loopback client, recording in `meters`.
+fn metered(
+    meters: &Meters,
+) -> impl tower::Service<
+    http::Request<http_body_util::Full<bytes::Bytes>>,
+    Response = http::Response<hyper::body::Incoming>,
+    Error = tower_retry_safety::Error,
+    Future = impl Send,
+> + Clone {
+    let policy = RetryPolicy::builder()
+        .meter(meters.meter())
+        .no_budget()
+        .build()
+        .expect("policy");
+    policy.layer(client())
 }

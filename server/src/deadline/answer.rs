@@ -57,7 +57,7 @@ pub(crate) fn caller_gone(grpc: bool) -> Response<Empty> {
         );
     } else {
         headers.insert(
-            "x-deadline-exceeded",
+            crate::outcome::CALLER_GONE,
             HeaderValue::from_static("the caller's deadline had passed: nothing was run"),
         );
     }

@@ -3,7 +3,7 @@
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, Method, Request};
+use http::{HeaderMap, HeaderName, Request};
 use tower::{Layer, Service};
 use tower_retry_safety::deadline::{self, BadDeadline, Inbound, ATTEMPT_HEADER, TIMEOUT_HEADER};
 
@@ -100,7 +100,7 @@ where
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
-        let grpc = is_grpc(req.method(), req.headers());
+        let grpc = tower_retry_safety::wire::grpc::is_call(req.method(), req.headers());
         let (inbound, note) = self.layer.read(req.headers(), grpc);
         // Read when the inner service is about to be called: a wait for it to be ready
         // counts against the caller's deadline too.
@@ -142,12 +142,4 @@ impl DeadlineLayer {
         };
         (Inbound::within(timeout).with_caller_retries(retries), note)
     }
-}
-
-/// A gRPC call: a POST with a gRPC content type.
-fn is_grpc(method: &Method, headers: &HeaderMap) -> bool {
-    method == Method::POST
-        && headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
 }
