@@ -4,6 +4,33 @@
 //! The `retry-safety-lab` binary is its command line (`cargo install retry-safety-lab`, or
 //! from the repository `cargo install --path lab`); this library is what it runs.
 //!
+//! A tower client stack through the lab's proxy and upstream, on loopback, with the default
+//! mix of faults: 12 writes and 12 reads, and what the proxy counted.
+//!
+//! ```
+//! use std::time::Duration;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::ServiceBuilder;
+//! use tower_retry_safety::RetryPolicy;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let client = Client::builder(TokioExecutor::new()).build_http();
+//! let policy = RetryPolicy::builder()
+//!     .attempt_timeout(Duration::from_secs(1))
+//!     .build()?;
+//! let stack = ServiceBuilder::new().layer(policy).service(client);
+//! let report = retry_safety_lab::run_stack(stack, 12).await?;
+//! assert_eq!(report.writes(), 12);
+//! assert_eq!(report.applied_twice(), 0); // no write reached the upstream twice
+//! println!("{}", report.table(0));
+//! # Ok(()) }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+//! ```
+//!
+//! The same with `tower::retry` and the policy people typically write for it
+//! ([`TypicalPolicy`]) applies some writes twice: `retry-safety-lab demo` prints both.
+//!
 //! # The commands
 //!
 //! - **`proxy --upstream URL`**: a reverse proxy ([`Proxy`]) the client under test is pointed

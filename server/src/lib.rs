@@ -1,5 +1,5 @@
 //! Idempotency keys on the server: answer a request repeated with the same `Idempotency-Key`
-//! same `Idempotency-Key`, so a client may retry a write safely.
+//! with the first one's stored response, so a client may retry a write safely.
 //!
 //! [`IdempotencyLayer`] is a tower layer for servers (hyper, axum). For a request with a key:
 //!
@@ -14,6 +14,40 @@
 //!   send: a Structured Field string (`"8e03978e-…"`, the IETF draft's form) or a bare token of
 //!   visible ASCII without quotes or backslashes (`8e03978e-…`, Stripe's form); non-empty, at
 //!   most 255 bytes. Both spell the same key: `"k-1"` and `k-1` are one key.
+//!
+//! A keyed write runs once; its repeat gets the stored response:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use bytes::Bytes;
+//! use http_body_util::{Either, Full};
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let sent = Arc::new(AtomicUsize::new(0));
+//! let counter = sent.clone();
+//! let svc = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service(service_fn(move |_req: http::Request<Either<Full<Bytes>, Full<Bytes>>>| {
+//!         counter.fetch_add(1, Ordering::SeqCst); // the side effect
+//!         async { Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("sent")))) }
+//!     }));
+//! let send = || {
+//!     http::Request::post("/v1/messages")
+//!         .header("idempotency-key", "\"k-1\"")
+//!         .body(Full::new(Bytes::from("hi")))
+//! };
+//! let first = svc.clone().oneshot(send()?).await?;
+//! let again = svc.oneshot(send()?).await?;
+//! assert!(first.headers().get("idempotent-replayed").is_none());
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//! assert_eq!(sent.load(Ordering::SeqCst), 1);
+//! # Ok(()) }
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
+//! ```
 //!
 //! # A key is freed only if its handler did not run
 //!
@@ -147,32 +181,6 @@
 //! `Idempotency-Key` (sent through this crate's client layer, with keys trusted for the
 //! provider's host): a re-run of the handler — after a crash, or after its lease ended — sends
 //! the same key, and a provider that honours keys answers with its stored response instead of applying twice.
-//!
-//! ```
-//! use std::convert::Infallible;
-//! use bytes::Bytes;
-//! use http_body_util::{Either, Full};
-//! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
-//!
-//! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-//! let svc = ServiceBuilder::new()
-//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
-//!     .service(service_fn(|_req: http::Request<Either<Full<Bytes>, Full<Bytes>>>| async {
-//!         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("sent"))))
-//!     }));
-//! let send = || {
-//!     http::Request::post("/v1/messages")
-//!         .header("idempotency-key", "\"k-1\"")
-//!         .body(Full::new(Bytes::from("hi")))
-//! };
-//! let first = svc.clone().oneshot(send()?).await?;
-//! let again = svc.oneshot(send()?).await?;
-//! assert!(first.headers().get("idempotent-replayed").is_none());
-//! assert_eq!(again.headers()["idempotent-replayed"], "true");
-//! # Ok(()) }
-//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
-//! ```
 //!
 //! # With axum
 //!
