@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per request for each variant of benches/overhead.rs, counted by callgrind:
+# Instructions per request for each variant of benches/overhead/, counted by callgrind:
 # (instructions for N requests − instructions for 0) / N. Deterministic, unlike wall time on a
 # shared machine. Needs valgrind.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per keyed request for each variant of benches/server.rs, counted by callgrind:
+# Instructions per keyed request for each variant of benches/server/, counted by callgrind:
 # (instructions for 20 + N requests − instructions for 20) / N, all of the process (client,
 # server and layer share one thread). Needs valgrind; the Redis rows need Redis at REDIS_URL.
 #
