@@ -26,11 +26,15 @@ use http::Request;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tokio::task::JoinHandle;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::RedisStore;
 use tower_retry_safety::RetryPolicy;
 
 const OPS_PER_FAULT: usize = 10;
+
+/// The example's own Redis for `--failover`: a primary, two replicas and a Sentinel.
+type Topology = (Node, [Node; 2], Node);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -40,64 +44,91 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .as_nanos();
     let prefix = format!("trs-fleet-example-{nanos}:");
     let counts = Counts::default();
-    // With `--failover`: a primary, two replicas and a Sentinel of the example's own.
-    let mut topology = None;
-    let (a, b) = if failover {
-        let primary = Node::primary();
-        let replicas = [
-            Node::replica_of(primary.port),
-            Node::replica_of(primary.port),
-        ];
-        for replica in &replicas {
-            tokio::task::block_in_place(|| wait_replicated(&primary, replica));
-        }
-        let sentinel = Node::sentinel("fleet", primary.port);
-        let through = sentinel.url();
-        let start = |counts: Counts| {
-            let through = through.clone();
-            Instance::start_with(
-                move || async move { RedisStore::sentinel([through], "fleet").connect().await },
-                &prefix,
-                // Longer than a failover takes, so that a claim whose owner is cut off from
-                // the store meanwhile is still held when it reaches the new primary.
-                Duration::from_secs(10),
-                counts,
-            )
-        };
-        let (a, b) = (start(counts.clone()).await, start(counts.clone()).await);
-        println!(
-            "two instances ({}, {}) reach the primary (port {}, two replicas) through a Sentinel (port {})",
-            a.addr, b.addr, primary.port, sentinel.port
-        );
-        topology = Some((primary, replicas, sentinel));
-        (a, b)
+    let (a, b, topology) = if failover {
+        let (a, b, topology) = behind_a_sentinel(&prefix, &counts).await;
+        (a, b, Some(topology))
     } else {
         let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
         let a = Instance::start(&url, &prefix, counts.clone()).await;
         let b = Instance::start(&url, &prefix, counts.clone()).await;
         println!("two instances ({}, {}) share {url}", a.addr, b.addr);
-        (a, b)
+        (a, b, None)
     };
     let front = forwarder(vec![a.addr, b.addr]).await;
     println!("the forwarder is {front}");
+    let killed = topology.map(|topology| kill_the_primary_after_20_writes(topology, &counts));
+    let (writes, succeeded) = send_writes(&front.to_string(), failover).await?;
+    println!(
+        "{writes} writes across the fleet: {succeeded} succeeded, {} applied in all, {} applied twice",
+        counts.total_applied(),
+        counts.applied_twice()
+    );
+    if let Some(killed) = killed {
+        drop(killed.await?);
+    } else {
+        delete_keys(&prefix).await?;
+    }
+    Ok(())
+}
 
-    // The primary dies once 20 writes have been applied: the Sentinel promotes a replica.
-    let killed = topology.map(|(mut primary, replicas, sentinel)| {
-        let counts = counts.clone();
-        tokio::spawn(async move {
-            while counts.total_applied() < 20 {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            primary.kill();
-            println!(
-                "killed the primary after {} writes were applied",
-                counts.total_applied()
-            );
-            // Kept until the run ends.
-            (primary, replicas, sentinel)
-        })
-    });
+/// Two instances that reach a primary (with two replicas) of the example's own through a
+/// Sentinel.
+async fn behind_a_sentinel(prefix: &str, counts: &Counts) -> (Instance, Instance, Topology) {
+    let primary = Node::primary();
+    let replicas = [
+        Node::replica_of(primary.port),
+        Node::replica_of(primary.port),
+    ];
+    for replica in &replicas {
+        tokio::task::block_in_place(|| wait_replicated(&primary, replica));
+    }
+    let sentinel = Node::sentinel("fleet", primary.port);
+    let through = sentinel.url();
+    let start = |counts: Counts| {
+        let through = through.clone();
+        Instance::start_with(
+            move || async move { RedisStore::sentinel([through], "fleet").connect().await },
+            prefix,
+            // Longer than a failover takes, so that a claim whose owner is cut off from the
+            // store meanwhile is still held when it reaches the new primary.
+            Duration::from_secs(10),
+            counts,
+        )
+    };
+    let (a, b) = (start(counts.clone()).await, start(counts.clone()).await);
+    println!(
+        "two instances ({}, {}) reach the primary (port {}, two replicas) through a Sentinel (port {})",
+        a.addr, b.addr, primary.port, sentinel.port
+    );
+    (a, b, (primary, replicas, sentinel))
+}
 
+/// The primary dies once 20 writes have been applied: the Sentinel promotes a replica. The
+/// task gives the topology back, kept until the run ends.
+fn kill_the_primary_after_20_writes(
+    (mut primary, replicas, sentinel): Topology,
+    counts: &Counts,
+) -> JoinHandle<Topology> {
+    let counts = counts.clone();
+    tokio::spawn(async move {
+        while counts.total_applied() < 20 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        primary.kill();
+        println!(
+            "killed the primary after {} writes were applied",
+            counts.total_applied()
+        );
+        (primary, replicas, sentinel)
+    })
+}
+
+/// Every recoverable fault's writes through a client that mints keys: how many were sent,
+/// and how many succeeded.
+async fn send_writes(
+    front: &str,
+    failover: bool,
+) -> Result<(usize, usize), Box<dyn std::error::Error>> {
     let policy = RetryPolicy::builder()
         .mint_idempotency_keys(true)
         // Enough to outlast a failover: a 503 asks for a second, a 409 too.
@@ -109,7 +140,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .layer(policy)
         .timeout(Duration::from_millis(400))
         .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
-
     let mut tasks = tokio::task::JoinSet::new();
     for fault in Fault::RECOVERABLE {
         for i in 0..OPS_PER_FAULT {
@@ -127,26 +157,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             succeeded += 1;
         }
     }
-    println!(
-        "{writes} writes across the fleet: {succeeded} succeeded, {} applied in all, {} applied twice",
-        counts.total_applied(),
-        counts.applied_twice()
-    );
-    if let Some(killed) = killed {
-        drop(killed.await?);
-    } else {
-        // The shared Redis keeps nothing of the run: its keys are under a prefix of its own.
-        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-        let mut con = redis::Client::open(url)?
-            .get_multiplexed_async_connection()
-            .await?;
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{prefix}*"))
-            .query_async(&mut con)
-            .await?;
-        for chunk in keys.chunks(500) {
-            let () = redis::cmd("DEL").arg(chunk).query_async(&mut con).await?;
-        }
+    Ok((writes, succeeded))
+}
+
+/// The shared Redis keeps nothing of the run: its keys are under a prefix of its own.
+async fn delete_keys(prefix: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let mut con = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut con)
+        .await?;
+    for chunk in keys.chunks(500) {
+        let () = redis::cmd("DEL").arg(chunk).query_async(&mut con).await?;
     }
     Ok(())
 }
