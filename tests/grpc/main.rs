@@ -10,8 +10,19 @@ mod support;
 mod client_calls;
 mod host_metadata;
 mod hosts;
-mod misbehaving_servers;
 mod server_layer;
-mod unknown_hosts_and_reads;
 mod unreachable_origins;
 mod with_origin;
+
+// The adversarial review of the gRPC support (issue 24): servers that misbehave.
+mod descriptor_verdicts;
+mod keyed_server_answers;
+mod reads_recovered;
+mod review_harness;
+mod statuses_and_plain_http;
+mod writes_sent_once;
+
+// The adversarial review of the host-unknown and may-have-been-applied change.
+mod may_have_been_applied_over_grpc;
+mod unknown_host_verdicts;
+mod unknown_hosts_on_a_socket;

@@ -8,6 +8,20 @@ mod h2_losers;
 mod hedge_properties;
 mod hedges_behind_a_concurrency_limit;
 mod loopback;
-#[cfg(feature = "reqwest-middleware")]
-mod never_twice_and_spans;
 mod paused_time;
+
+// The adversarial review of safe hedging and the per-attempt spans (issue 25).
+#[cfg(feature = "reqwest-middleware")]
+mod hedge_limits_and_settings;
+#[cfg(feature = "reqwest-middleware")]
+mod hedge_spans;
+#[cfg(feature = "reqwest-middleware")]
+mod held_and_unready_hedges;
+#[cfg(feature = "reqwest-middleware")]
+mod learned_delay_per_host;
+#[cfg(feature = "reqwest-middleware")]
+mod losers_on_loopback;
+#[cfg(feature = "reqwest-middleware")]
+mod review_harness;
+#[cfg(feature = "reqwest-middleware")]
+mod writes_never_hedged_twice;
