@@ -183,28 +183,76 @@ fn route_outranks_key() {
     assert!(!v.is_keyed());
 }
 
+/// What decides a request's verdict in `every_combination_of_marker_rule_key_and_trust`.
+#[derive(Clone, Copy, Debug)]
+enum Decider {
+    ByMethod,
+    WriteRule,
+    WriteMarker,
+    ReadRule,
+    ReadMarker,
+}
+
+/// Whom a policy trusts with idempotency keys in `every_combination_of_marker_rule_key_and_trust`.
+#[derive(Clone, Copy, Debug)]
+enum Trust {
+    None,
+    Unscoped,
+    ThisHost,
+    OtherHost,
+    RouteHonors,
+    RouteIgnores,
+}
+
+/// A policy with a read rule (`POST /v1/search`), a write rule (`POST /v1/send`) and `trust`.
+fn policy_trusting(trust: Trust) -> RetryPolicy {
+    let mut b = RetryPolicy::builder()
+        .route(Method::POST, "/v1/search", Idempotent)
+        .route(Method::POST, "/v1/send", NonIdempotent);
+    b = match trust {
+        Trust::None => b,
+        Trust::Unscoped => b.honor_idempotency_key(true),
+        Trust::ThisHost => b.honor_idempotency_key_for_host("api.test"),
+        Trust::OtherHost => b.honor_idempotency_key_for_host("other.test"),
+        // A route's word outranks the host's and unscoped trust, both given here.
+        Trust::RouteHonors => b.route_honors_idempotency_key(Method::POST, "/v1/{*any}", true),
+        Trust::RouteIgnores => b
+            .honor_idempotency_key(true)
+            .honor_idempotency_key_for_host("api.test")
+            .route_honors_idempotency_key(Method::POST, "/v1/{*any}", false),
+    };
+    b.build().unwrap()
+}
+
+/// A POST to `api.test` whose verdict `decider` decides, with an idempotency key if `has_key`.
+fn request_decided_by(decider: Decider, has_key: bool) -> Request<()> {
+    let path = match decider {
+        Decider::WriteRule => "/v1/send",
+        Decider::ReadRule => "/v1/search",
+        _ => "/v1/other",
+    };
+    let mut r = req(Method::POST, &format!("http://api.test{path}"));
+    match decider {
+        Decider::WriteMarker => {
+            r.extensions_mut().insert(NonIdempotent);
+        }
+        Decider::ReadMarker => {
+            r.extensions_mut().insert(Idempotent);
+        }
+        _ => {}
+    }
+    if has_key {
+        r.headers_mut()
+            .insert("idempotency-key", "\"k-1\"".parse().unwrap());
+    }
+    r
+}
+
 /// Every combination of what decides (method, rule, marker), key (none, present) and trust
 /// (none, unscoped, the request's host, another host, the route honours keys, the route
 /// ignores them): whether a repeat is harmless.
 #[test]
 fn every_combination_of_marker_rule_key_and_trust() {
-    #[derive(Clone, Copy, Debug)]
-    enum Decider {
-        ByMethod,
-        WriteRule,
-        WriteMarker,
-        ReadRule,
-        ReadMarker,
-    }
-    #[derive(Clone, Copy, Debug)]
-    enum Trust {
-        None,
-        Unscoped,
-        ThisHost,
-        OtherHost,
-        RouteHonors,
-        RouteIgnores,
-    }
     use Decider::*;
     const TRUSTS: [Trust; 6] = [
         Trust::None,
@@ -225,43 +273,8 @@ fn every_combination_of_marker_rule_key_and_trust() {
     for (decider, with_key) in table {
         for (trust, expect_keyed) in TRUSTS.into_iter().zip(with_key) {
             for has_key in [false, true] {
-                let mut b = RetryPolicy::builder()
-                    .route(Method::POST, "/v1/search", Idempotent)
-                    .route(Method::POST, "/v1/send", NonIdempotent);
-                b = match trust {
-                    Trust::None => b,
-                    Trust::Unscoped => b.honor_idempotency_key(true),
-                    Trust::ThisHost => b.honor_idempotency_key_for_host("api.test"),
-                    Trust::OtherHost => b.honor_idempotency_key_for_host("other.test"),
-                    // A route's word outranks the host's and unscoped trust, both given here.
-                    Trust::RouteHonors => {
-                        b.route_honors_idempotency_key(Method::POST, "/v1/{*any}", true)
-                    }
-                    Trust::RouteIgnores => b
-                        .honor_idempotency_key(true)
-                        .honor_idempotency_key_for_host("api.test")
-                        .route_honors_idempotency_key(Method::POST, "/v1/{*any}", false),
-                };
-                let path = match decider {
-                    WriteRule => "/v1/send",
-                    ReadRule => "/v1/search",
-                    _ => "/v1/other",
-                };
-                let mut r = req(Method::POST, &format!("http://api.test{path}"));
-                match decider {
-                    WriteMarker => {
-                        r.extensions_mut().insert(NonIdempotent);
-                    }
-                    ReadMarker => {
-                        r.extensions_mut().insert(Idempotent);
-                    }
-                    _ => {}
-                }
-                if has_key {
-                    r.headers_mut()
-                        .insert("idempotency-key", "\"k-1\"".parse().unwrap());
-                }
-                let v = b.build().unwrap().classify(&r);
+                let r = request_decided_by(decider, has_key);
+                let v = policy_trusting(trust).classify(&r);
                 let harmless = v.idempotency() == Idempotent || v.is_keyed();
                 let reads = matches!(decider, ReadRule | ReadMarker);
                 let expect = if has_key { expect_keyed } else { reads };

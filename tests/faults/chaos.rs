@@ -16,12 +16,14 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinHandle};
+use tower::timeout::Timeout;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_retry_safety::{FailureClass, RetryPolicy, RetryReport, StopReason};
+use tower_retry_safety::{FailureClass, RetryPolicy, RetryReport, RetrySafety, StopReason};
 
 use crate::support::soak::soak;
 
@@ -160,16 +162,26 @@ struct Tally {
     attempts: u64,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chaos_soak() {
+/// What the client said of an operation: its attempts, how many it classified as not sent,
+/// and, for an error, whether it called it ambiguous.
+type Outcome = (u32, u32, Option<bool>);
+
+/// The layer over a per-attempt timeout over hyper-util's HTTP/1.1 client.
+type ChaosClient = RetrySafety<Timeout<Client<HttpConnector, Full<Bytes>>>>;
+
+/// The run's seed: `CHAOS_SEED`, or a fixed one; printed so a run can be replayed.
+fn chaos_seed() -> u64 {
     let seed: u64 = std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(0x5eed_2026);
     println!("chaos seed {seed} (replay with CHAOS_SEED={seed})");
-    // A few seconds by default; `RETRY_SAFETY_SOAK=1` for the long soak.
-    let total_ops: usize = soak(5_000, 100_000);
+    seed
+}
 
+/// A server drawing its faults from `seed`, listening on loopback: the server, its address and
+/// its accept loop (replaced at each restart).
+async fn start_server(seed: u64) -> (Arc<Server>, SocketAddr, Arc<Mutex<AbortHandle>>) {
     let server = Arc::new(Server {
         seed,
         ops: Mutex::default(),
@@ -178,42 +190,112 @@ async fn chaos_soak() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
     let accept = Arc::new(Mutex::new(listen(server.clone(), listener)));
+    (server, addr, accept)
+}
 
-    // Restart the server every 300 ms, down for 30 ms, until the workload ends.
-    let done = Arc::new(AtomicBool::new(false));
-    let restarts = Arc::new(AtomicUsize::new(0));
-    let restarter = {
-        let (server, accept, done, restarts) = (
-            server.clone(),
-            accept.clone(),
-            done.clone(),
-            restarts.clone(),
-        );
-        tokio::spawn(async move {
-            while !done.load(Ordering::SeqCst) {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                stop(&server, &accept.lock().unwrap());
-                tokio::time::sleep(Duration::from_millis(30)).await;
-                let Ok(listener) = TcpListener::bind(addr).await else {
-                    continue;
-                };
-                *accept.lock().unwrap() = listen(server.clone(), listener);
-                restarts.fetch_add(1, Ordering::SeqCst);
-            }
-        })
-    };
+/// Restarts the server every 300 ms, down for 30 ms, until `done`; counts the restarts.
+fn restart_until_done(
+    server: Arc<Server>,
+    accept: Arc<Mutex<AbortHandle>>,
+    addr: SocketAddr,
+    done: Arc<AtomicBool>,
+    restarts: Arc<AtomicUsize>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        while !done.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            stop(&server, &accept.lock().unwrap());
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let Ok(listener) = TcpListener::bind(addr).await else {
+                continue;
+            };
+            *accept.lock().unwrap() = listen(server.clone(), listener);
+            restarts.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+}
 
+fn chaos_client() -> ChaosClient {
     let policy = RetryPolicy::builder()
         .max_retries(4)
         .backoff(Duration::from_millis(5), Duration::from_millis(40))
         .tps_budget(Duration::from_secs(10), 200, 0.5)
         .build()
         .unwrap();
-    let svc = ServiceBuilder::new()
+    ServiceBuilder::new()
         .layer(policy)
         .timeout(PER_ATTEMPT)
-        .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>());
+        .service(Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>())
+}
 
+/// Operation `op`, a write or a read as the seed draws it, through `svc`: its counts go into
+/// `tally`, what the client said of it into `outcomes`. A read's error must be a retry limit.
+async fn run_op(
+    svc: &ChaosClient,
+    seed: u64,
+    addr: SocketAddr,
+    op: usize,
+    tally: &Mutex<Tally>,
+    outcomes: &Mutex<HashMap<u64, Outcome>>,
+) {
+    let write = mix(mix(seed) ^ op as u64).is_multiple_of(2);
+    let method = if write { Method::POST } else { Method::GET };
+    let req = Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}/ops/{op}"))
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .unwrap();
+    let out = svc.clone().oneshot(req).await;
+    let report: Option<RetryReport> = match &out {
+        Ok(res) => res.extensions().get::<RetryReport>().cloned(),
+        Err(e) => e.report().cloned(),
+    };
+    let report = report.expect("every outcome carries a report");
+    let not_sent = report
+        .attempt_outcomes()
+        .filter(|r| r.class() == FailureClass::NotSent)
+        .count() as u32;
+    {
+        let mut t = tally.lock().unwrap();
+        t.attempts += u64::from(report.attempts());
+        if write {
+            t.writes += 1;
+            t.suppressed += usize::from(report.retry_suppressed());
+        } else {
+            t.reads += 1;
+            match &out {
+                Ok(res) if res.status() == StatusCode::OK => t.recovered += 1,
+                Ok(_) => {}
+                Err(e) => {
+                    t.read_errors += 1;
+                    assert!(
+                        matches!(
+                            e.stop_reason(),
+                            StopReason::RetriesExhausted | StopReason::Budget
+                        ),
+                        "read {op}: {e}"
+                    );
+                }
+            }
+        }
+    }
+    let ambiguous = out.as_ref().err().map(|e| e.is_ambiguous());
+    outcomes
+        .lock()
+        .unwrap()
+        .insert(op as u64, (report.attempts(), not_sent, ambiguous));
+    if let Ok(res) = out {
+        let _ = res.into_body().collect().await;
+    }
+}
+
+/// Runs `total_ops` operations through `svc`, `IN_FLIGHT` at a time; their tally and outcomes.
+async fn run_workload(
+    svc: &ChaosClient,
+    seed: u64,
+    addr: SocketAddr,
+    total_ops: usize,
+) -> (Arc<Mutex<Tally>>, Arc<Mutex<HashMap<u64, Outcome>>>) {
     let next = Arc::new(AtomicUsize::new(0));
     let tally = Arc::new(Mutex::new(Tally::default()));
     let outcomes = Arc::new(Mutex::new(HashMap::new()));
@@ -227,61 +309,73 @@ async fn chaos_soak() {
                 if op >= total_ops {
                     return;
                 }
-                let write = mix(mix(seed) ^ op as u64).is_multiple_of(2);
-                let method = if write { Method::POST } else { Method::GET };
-                let req = Request::builder()
-                    .method(method)
-                    .uri(format!("http://{addr}/ops/{op}"))
-                    .body(Full::new(Bytes::from_static(b"{}")))
-                    .unwrap();
-                let out = svc.clone().oneshot(req).await;
-                let report: Option<RetryReport> = match &out {
-                    Ok(res) => res.extensions().get::<RetryReport>().cloned(),
-                    Err(e) => e.report().cloned(),
-                };
-                let report = report.expect("every outcome carries a report");
-                let not_sent = report
-                    .attempt_outcomes()
-                    .filter(|r| r.class() == FailureClass::NotSent)
-                    .count() as u32;
-                {
-                    let mut t = tally.lock().unwrap();
-                    t.attempts += u64::from(report.attempts());
-                    if write {
-                        t.writes += 1;
-                        t.suppressed += usize::from(report.retry_suppressed());
-                    } else {
-                        t.reads += 1;
-                        match &out {
-                            Ok(res) if res.status() == StatusCode::OK => t.recovered += 1,
-                            Ok(_) => {}
-                            Err(e) => {
-                                t.read_errors += 1;
-                                assert!(
-                                    matches!(
-                                        e.stop_reason(),
-                                        StopReason::RetriesExhausted | StopReason::Budget
-                                    ),
-                                    "read {op}: {e}"
-                                );
-                            }
-                        }
-                    }
-                }
-                let ambiguous = out.as_ref().err().map(|e| e.is_ambiguous());
-                outcomes
-                    .lock()
-                    .unwrap()
-                    .insert(op as u64, (report.attempts(), not_sent, ambiguous));
-                if let Ok(res) = out {
-                    let _ = res.into_body().collect().await;
-                }
+                run_op(&svc, seed, addr, op, &tally, &outcomes).await;
             }
         });
     }
     while let Some(worker) = workers.join_next().await {
         worker.expect("no panic in a worker");
     }
+    (tally, outcomes)
+}
+
+/// "Not sent" is never wrong: every attempt the server saw was classified as sent, and an
+/// error that reached the server says it is ambiguous.
+fn check_not_sent_is_never_wrong(ops: &HashMap<u64, Op>, outcomes: &HashMap<u64, Outcome>) {
+    for (op, (attempts, not_sent, ambiguous)) in outcomes.iter() {
+        let seen = ops.get(op).map_or(0, |o| o.seen);
+        assert!(
+            seen <= attempts - not_sent,
+            "op {op}: server saw {seen}, client says {not_sent} of {attempts} were not sent"
+        );
+        // An error that says "not sent" must be right; "ambiguous" may be cautious (a
+        // connection cut by a restart before the handler ran looks the same as after).
+        if let Some(ambiguous) = ambiguous {
+            if seen > 0 {
+                assert!(
+                    *ambiguous,
+                    "op {op}: reached the server but reported not sent"
+                );
+            }
+        }
+    }
+}
+
+/// The runtime's alive tasks, once they had up to 2 s to end.
+async fn alive_tasks_after_settling() -> usize {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let mut alive = metrics.num_alive_tasks();
+    for _ in 0..200 {
+        if alive == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        alive = metrics.num_alive_tasks();
+    }
+    alive
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_soak() {
+    let seed = chaos_seed();
+    // A few seconds by default; `RETRY_SAFETY_SOAK=1` for the long soak.
+    let total_ops: usize = soak(5_000, 100_000);
+
+    let (server, addr, accept) = start_server(seed).await;
+
+    // Restart the server every 300 ms, down for 30 ms, until the workload ends.
+    let done = Arc::new(AtomicBool::new(false));
+    let restarts = Arc::new(AtomicUsize::new(0));
+    let restarter = restart_until_done(
+        server.clone(),
+        accept.clone(),
+        addr,
+        done.clone(),
+        restarts.clone(),
+    );
+
+    let svc = chaos_client();
+    let (tally, outcomes) = run_workload(&svc, seed, addr, total_ops).await;
     done.store(true, Ordering::SeqCst);
     restarter.await.unwrap();
     stop(&server, &accept.lock().unwrap());
@@ -291,24 +385,7 @@ async fn chaos_soak() {
         let ops = server.ops.lock().unwrap();
         let applied_twice = ops.values().filter(|o| o.applied > 1).count();
         assert_eq!(applied_twice, 0, "a write was applied twice");
-        // "Not sent" is never wrong: every attempt the server saw was classified as sent.
-        for (op, (attempts, not_sent, ambiguous)) in outcomes.lock().unwrap().iter() {
-            let seen = ops.get(op).map_or(0, |o| o.seen);
-            assert!(
-                seen <= attempts - not_sent,
-                "op {op}: server saw {seen}, client says {not_sent} of {attempts} were not sent"
-            );
-            // An error that says "not sent" must be right; "ambiguous" may be cautious (a
-            // connection cut by a restart before the handler ran looks the same as after).
-            if let Some(ambiguous) = ambiguous {
-                if seen > 0 {
-                    assert!(
-                        *ambiguous,
-                        "op {op}: reached the server but reported not sent"
-                    );
-                }
-            }
-        }
+        check_not_sent_is_never_wrong(&ops, &outcomes.lock().unwrap());
 
         let t = tally.lock().unwrap();
         assert_eq!(t.writes + t.reads, total_ops);
@@ -330,14 +407,6 @@ async fn chaos_soak() {
     drop(svc);
 
     // Nothing left running: the client's connections close once it is dropped.
-    let metrics = tokio::runtime::Handle::current().metrics();
-    let mut alive = metrics.num_alive_tasks();
-    for _ in 0..200 {
-        if alive == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        alive = metrics.num_alive_tasks();
-    }
+    let alive = alive_tasks_after_settling().await;
     assert_eq!(alive, 0, "tasks left running");
 }

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::error::Error as StdError;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tower::{ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 
 use crate::support::soak::soak;
@@ -113,35 +114,31 @@ async fn stop(accept: JoinHandle<()>, conns: Conns) {
     }
 }
 
-// Two workers: hyper's connection task and its dispatch task must run in parallel for a
-// GOAWAY to land between a request's send_request and hyper's next poll_ready.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn goaway_storm_never_applies_a_write_twice() {
-    // Under a second by default; `RETRY_SAFETY_SOAK=1` for the long storm.
-    let total_ops: usize = soak(4_000, 100_000);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let applied: Applied = Arc::default();
-    let (accept, conns) = serve(listener, applied.clone());
-
-    // Every attempt that failed with a remote GOAWAY, whatever the layer made of it.
-    let goaway_attempts = Arc::new(AtomicUsize::new(0));
+/// hyper-util's HTTP/2 client under the layer and a per-attempt timeout; every attempt that
+/// fails with a remote GOAWAY, whatever the layer makes of it, is counted in `goaway_attempts`.
+fn storm_client(
+    goaway_attempts: Arc<AtomicUsize>,
+) -> impl Service<
+    Request<Empty<Bytes>>,
+    Response = Response<Incoming>,
+    Error = tower_retry_safety::Error,
+    Future: Send,
+> + Clone
+       + Send
+       + 'static {
     let client = Client::builder(TokioExecutor::new())
         .http2_only(true)
         .build_http::<Empty<Bytes>>();
-    let counted = tower::service_fn({
-        let goaway_attempts = goaway_attempts.clone();
-        move |req| {
-            let (client, goaway_attempts) = (client.clone(), goaway_attempts.clone());
-            async move {
-                let res = client.request(req).await;
-                if let Err(e) = &res {
-                    if remote_goaway(e) {
-                        goaway_attempts.fetch_add(1, Ordering::SeqCst);
-                    }
+    let counted = tower::service_fn(move |req| {
+        let (client, goaway_attempts) = (client.clone(), goaway_attempts.clone());
+        async move {
+            let res = client.request(req).await;
+            if let Err(e) = &res {
+                if remote_goaway(e) {
+                    goaway_attempts.fetch_add(1, Ordering::SeqCst);
                 }
-                res
             }
+            res
         }
     });
     let policy = RetryPolicy::builder()
@@ -150,13 +147,29 @@ async fn goaway_storm_never_applies_a_write_twice() {
         .no_budget()
         .build()
         .unwrap();
-    let svc = ServiceBuilder::new()
+    ServiceBuilder::new()
         .layer(policy)
         .timeout(PER_ATTEMPT)
-        .service(counted);
+        .service(counted)
+}
 
+type Outcomes = Arc<Mutex<HashMap<usize, (Method, Outcome)>>>;
+
+/// Runs `total_ops` operations through `svc`, `IN_FLIGHT` at a time, one read in eight; each
+/// one's method and outcome.
+async fn run_storm<S>(svc: &S, addr: SocketAddr, total_ops: usize) -> Outcomes
+where
+    S: Service<
+            Request<Empty<Bytes>>,
+            Response = Response<Incoming>,
+            Error = tower_retry_safety::Error,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
     let next = Arc::new(AtomicUsize::new(0));
-    let outcomes: Arc<Mutex<HashMap<usize, (Method, Outcome)>>> = Arc::default();
+    let outcomes: Outcomes = Arc::default();
     let mut workers = tokio::task::JoinSet::new();
     for _ in 0..IN_FLIGHT {
         let (svc, next, outcomes) = (svc.clone(), next.clone(), outcomes.clone());
@@ -192,33 +205,43 @@ async fn goaway_storm_never_applies_a_write_twice() {
     while let Some(worker) = workers.join_next().await {
         worker.expect("no panic in a worker");
     }
-    drop(svc);
-    stop(accept, conns).await;
+    outcomes
+}
 
-    let applied = applied.lock().unwrap();
-    let outcomes = outcomes.lock().unwrap();
-    assert_eq!(outcomes.len(), total_ops);
-    let (mut ok, mut suppressed, mut not_sent, mut goaway_errors, mut timeouts) = (0, 0, 0, 0, 0);
-    let (mut reads, mut reads_ok) = (0, 0);
-    // Writes that broke a rule: applied twice, a 200 not applied exactly once, "not sent" but
-    // applied, or "not sent" on a GOAWAY.
-    let mut twice = Vec::new();
-    let mut wrong = Vec::new();
+/// The storm's outcomes, counted against what the server applied.
+#[derive(Default)]
+struct Tally {
+    ok: usize,
+    suppressed: usize,
+    not_sent: usize,
+    goaway_errors: usize,
+    timeouts: usize,
+    reads: usize,
+    reads_ok: usize,
+    /// Writes applied twice.
+    twice: Vec<usize>,
+    /// Writes that broke a rule: a 200 not applied exactly once, "not sent" but applied, or
+    /// "not sent" on a GOAWAY.
+    wrong: Vec<String>,
+}
+
+fn tally(applied: &HashMap<usize, u32>, outcomes: &HashMap<usize, (Method, Outcome)>) -> Tally {
+    let mut t = Tally::default();
     for (&op, (method, outcome)) in outcomes.iter() {
         let times = applied.get(&op).copied().unwrap_or(0);
         if *method == Method::GET {
-            reads += 1;
-            reads_ok += usize::from(matches!(outcome, Outcome::Response(StatusCode::OK)));
+            t.reads += 1;
+            t.reads_ok += usize::from(matches!(outcome, Outcome::Response(StatusCode::OK)));
             continue;
         }
         if times > 1 {
-            twice.push(op);
+            t.twice.push(op);
         }
         match *outcome {
             Outcome::Response(status) => {
-                ok += 1;
+                t.ok += 1;
                 if status != StatusCode::OK || times != 1 {
-                    wrong.push(format!("op {op}: {status}, applied {times}"));
+                    t.wrong.push(format!("op {op}: {status}, applied {times}"));
                 }
             }
             Outcome::Error {
@@ -226,9 +249,9 @@ async fn goaway_storm_never_applies_a_write_twice() {
                 goaway,
                 ..
             } => {
-                not_sent += 1;
+                t.not_sent += 1;
                 if times != 0 || goaway {
-                    wrong.push(format!(
+                    t.wrong.push(format!(
                         "op {op}: not sent, applied {times}, goaway {goaway}"
                     ));
                 }
@@ -238,12 +261,50 @@ async fn goaway_storm_never_applies_a_write_twice() {
                 goaway,
                 timeout,
             } => {
-                suppressed += 1;
-                goaway_errors += usize::from(goaway);
-                timeouts += usize::from(timeout);
+                t.suppressed += 1;
+                t.goaway_errors += usize::from(goaway);
+                t.timeouts += usize::from(timeout);
             }
         }
     }
+    t
+}
+
+// Two workers: hyper's connection task and its dispatch task must run in parallel for a
+// GOAWAY to land between a request's send_request and hyper's next poll_ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn goaway_storm_never_applies_a_write_twice() {
+    // Under a second by default; `RETRY_SAFETY_SOAK=1` for the long storm.
+    let total_ops: usize = soak(4_000, 100_000);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let applied: Applied = Arc::default();
+    let (accept, conns) = serve(listener, applied.clone());
+
+    // Every attempt that failed with a remote GOAWAY, whatever the layer made of it.
+    let goaway_attempts = Arc::new(AtomicUsize::new(0));
+    let svc = storm_client(goaway_attempts.clone());
+
+    let outcomes = run_storm(&svc, addr, total_ops).await;
+    drop(svc);
+    stop(accept, conns).await;
+
+    let applied = applied.lock().unwrap();
+    let outcomes = outcomes.lock().unwrap();
+    assert_eq!(outcomes.len(), total_ops);
+    // Writes that broke a rule: applied twice, a 200 not applied exactly once, "not sent" but
+    // applied, or "not sent" on a GOAWAY.
+    let Tally {
+        ok,
+        suppressed,
+        not_sent,
+        goaway_errors,
+        timeouts,
+        reads,
+        reads_ok,
+        twice,
+        wrong,
+    } = tally(&applied, &outcomes);
     let goaway_attempts = goaway_attempts.load(Ordering::SeqCst);
     println!(
         "goaway storm: ops {total_ops}, applied twice {}, ok {ok}, suppressed {suppressed}, \

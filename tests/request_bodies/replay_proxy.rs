@@ -3,112 +3,138 @@
 //! operation's first attempt. Exact counts, by the upstream, of attempts, writes applied and
 //! bodies that were not byte for byte what the client streamed.
 
-use crate::proxy::{send, start_proxy, start_upstream, Fault, Seen};
+use std::net::SocketAddr;
+
+use crate::proxy::{send, start_proxy, start_upstream, Fault, Seen, Upstream};
 use http::{Method, StatusCode};
 
 const RUNS: usize = 5;
+
+/// Bytes in a KiB.
+const KIB: usize = 1024;
+
+/// What the upstream saw of a path whose bodies all arrived intact.
+fn seen(attempts: u32, applied: u32) -> Seen {
+    Seen {
+        attempts,
+        applied,
+        corrupt: 0,
+    }
+}
+
+/// Two 32 KiB PUTs whose first attempt fails, one before its body is read, one after: each is
+/// retried with its body whole, and applied once.
+async fn puts_are_retried_whole(proxy: SocketAddr, upstream: &Upstream, run: usize) {
+    // A 32 KiB PUT whose connection is reset before the body is read: retried, whole.
+    let a = send(
+        proxy,
+        Method::PUT,
+        "/v1/files/a",
+        Fault::ResetBeforeBody,
+        32 * KIB,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (a.status, a.attempts),
+        (StatusCode::OK, Some(2)),
+        "run {run}"
+    );
+    assert_eq!(upstream.seen("/v1/files/a"), seen(2, 1), "run {run}");
+
+    // A 32 KiB PUT read to its end, then 503: retried, whole.
+    let b = send(
+        proxy,
+        Method::PUT,
+        "/v1/files/b",
+        Fault::Unavailable,
+        32 * KIB,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (b.status, b.attempts),
+        (StatusCode::OK, Some(2)),
+        "run {run}"
+    );
+    assert_eq!(upstream.seen("/v1/files/b"), seen(2, 1), "run {run}");
+}
+
+/// Two streamed POSTs whose response is lost after apply: the one with a minted key is
+/// retried and answered from the stored response, the one on a route that ignores keys is
+/// suppressed.
+async fn posts_lost_after_apply_are_never_applied_twice(
+    proxy: SocketAddr,
+    upstream: &Upstream,
+    run: usize,
+) {
+    // A streamed POST with a minted key whose response is lost after apply: retried, and
+    // the upstream replays the stored response (the replayed body has the same
+    // fingerprint, or it would answer 422).
+    let m = send(
+        proxy,
+        Method::POST,
+        "/v1/messages",
+        Fault::LostAfterApply,
+        32 * KIB,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (m.status, m.attempts),
+        (StatusCode::OK, Some(2)),
+        "run {run}"
+    );
+    assert!(m.replayed, "run {run}");
+    assert_eq!(upstream.seen("/v1/messages"), seen(2, 1), "run {run}");
+
+    // A streamed POST on a route that ignores keys, after the same ambiguous failure:
+    // suppressed, as for any write that may have been applied.
+    let n = send(
+        proxy,
+        Method::POST,
+        "/v1/notify",
+        Fault::LostAfterApply,
+        32 * KIB,
+    )
+    .await
+    .unwrap();
+    assert_eq!(n.status, StatusCode::BAD_GATEWAY, "run {run}");
+    assert_eq!(n.stop, "suppressed-not-idempotent", "run {run}");
+    assert_eq!(upstream.seen("/v1/notify"), seen(1, 1), "run {run}");
+}
+
+/// A 1 MiB streamed PUT: past the 64 KiB buffer, sent once, and the report says why.
+async fn a_put_past_the_buffer_is_sent_once(proxy: SocketAddr, upstream: &Upstream, run: usize) {
+    let big = send(
+        proxy,
+        Method::PUT,
+        "/v1/files/big",
+        Fault::Unavailable,
+        1024 * KIB,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (big.status, big.attempts),
+        (StatusCode::SERVICE_UNAVAILABLE, Some(1))
+    );
+    assert_eq!(big.stop, "body-not-replayable");
+    assert_eq!(
+        big.not_replayable.as_deref(),
+        Some("its body is larger than the 65536-byte replay buffer")
+    );
+    assert_eq!(upstream.seen("/v1/files/big"), seen(1, 0), "run {run}");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streamed_bodies_are_retried_intact_and_writes_never_twice() {
     for run in 0..RUNS {
         let upstream = start_upstream().await.unwrap();
         let proxy = start_proxy(upstream.addr).await.unwrap();
-        let kib = 1024;
-
-        // A 32 KiB PUT whose connection is reset before the body is read: retried, whole.
-        let a = send(
-            proxy,
-            Method::PUT,
-            "/v1/files/a",
-            Fault::ResetBeforeBody,
-            32 * kib,
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            (a.status, a.attempts),
-            (StatusCode::OK, Some(2)),
-            "run {run}"
-        );
-        let seen = |attempts, applied| Seen {
-            attempts,
-            applied,
-            corrupt: 0,
-        };
-        assert_eq!(upstream.seen("/v1/files/a"), seen(2, 1), "run {run}");
-
-        // A 32 KiB PUT read to its end, then 503: retried, whole.
-        let b = send(
-            proxy,
-            Method::PUT,
-            "/v1/files/b",
-            Fault::Unavailable,
-            32 * kib,
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            (b.status, b.attempts),
-            (StatusCode::OK, Some(2)),
-            "run {run}"
-        );
-        assert_eq!(upstream.seen("/v1/files/b"), seen(2, 1), "run {run}");
-
-        // A streamed POST with a minted key whose response is lost after apply: retried, and
-        // the upstream replays the stored response (the replayed body has the same
-        // fingerprint, or it would answer 422).
-        let m = send(
-            proxy,
-            Method::POST,
-            "/v1/messages",
-            Fault::LostAfterApply,
-            32 * kib,
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            (m.status, m.attempts),
-            (StatusCode::OK, Some(2)),
-            "run {run}"
-        );
-        assert!(m.replayed, "run {run}");
-        assert_eq!(upstream.seen("/v1/messages"), seen(2, 1), "run {run}");
-
-        // A streamed POST on a route that ignores keys, after the same ambiguous failure:
-        // suppressed, as for any write that may have been applied.
-        let n = send(
-            proxy,
-            Method::POST,
-            "/v1/notify",
-            Fault::LostAfterApply,
-            32 * kib,
-        )
-        .await
-        .unwrap();
-        assert_eq!(n.status, StatusCode::BAD_GATEWAY, "run {run}");
-        assert_eq!(n.stop, "suppressed-not-idempotent", "run {run}");
-        assert_eq!(upstream.seen("/v1/notify"), seen(1, 1), "run {run}");
-
-        // A 1 MiB streamed PUT: past the 64 KiB buffer, sent once, and the report says why.
-        let big = send(
-            proxy,
-            Method::PUT,
-            "/v1/files/big",
-            Fault::Unavailable,
-            1024 * kib,
-        )
-        .await
-        .unwrap();
-        assert_eq!(
-            (big.status, big.attempts),
-            (StatusCode::SERVICE_UNAVAILABLE, Some(1))
-        );
-        assert_eq!(big.stop, "body-not-replayable");
-        assert_eq!(
-            big.not_replayable.as_deref(),
-            Some("its body is larger than the 65536-byte replay buffer")
-        );
-        assert_eq!(upstream.seen("/v1/files/big"), seen(1, 0), "run {run}");
+        puts_are_retried_whole(proxy, &upstream, run).await;
+        posts_lost_after_apply_are_never_applied_twice(proxy, &upstream, run).await;
+        a_put_past_the_buffer_is_sent_once(proxy, &upstream, run).await;
     }
 }
 

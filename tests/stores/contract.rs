@@ -38,15 +38,11 @@ async fn claim<S: IdempotencyStore>(store: &S, key: &str, lease: Duration) -> Fe
     }
 }
 
-/// Every check, on keys under `ns` (a namespace fresh for this run).
-async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
-    let store = Arc::new(store);
-    let key = |name: &str| format!("{ns}{name}");
-
-    // FencingToken is exclusive under 64 concurrent callers.
+/// FencingToken is exclusive under 64 concurrent callers.
+async fn one_claim_among_concurrent_callers<S: IdempotencyStore>(store: &Arc<S>, key: &str) {
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..64 {
-        let (store, k) = (store.clone(), key("race"));
+        let (store, k) = (store.clone(), key.to_owned());
         tasks.spawn(async move { store.begin(&k, fp("x"), LONG).await.unwrap() });
     }
     let (mut started, mut in_flight) = (0, 0);
@@ -61,81 +57,81 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
         }
     }
     assert_eq!((started, in_flight), (1, 63));
+}
 
-    // Records round-trip byte for byte, and a completed key answers with its record.
-    let c = claim(&*store, &key("rt"), LONG).await;
+/// Records round-trip byte for byte, and a completed key answers with its record.
+async fn records_round_trip<S: IdempotencyStore>(store: &S, key: &str) {
+    let c = claim(store, key, LONG).await;
     store
-        .complete(&key("rt"), c, fp("x"), response(), LONG)
+        .complete(key, c, fp("x"), response(), LONG)
         .await
         .unwrap();
     let expected = Entry::Completed {
         fingerprint: fp("x"),
         response: response(),
     };
-    assert_eq!(store.get(&key("rt")).await.unwrap(), Some(expected.clone()));
+    assert_eq!(store.get(key).await.unwrap(), Some(expected.clone()));
     assert_eq!(
-        store.begin(&key("rt"), fp("other"), LONG).await.unwrap(),
+        store.begin(key, fp("other"), LONG).await.unwrap(),
         Begin::Existing(expected)
     );
     // A completed key is no claim's any more.
-    assert!(store.release(&key("rt"), c).await.unwrap_err().is_fenced());
+    assert!(store.release(key, c).await.unwrap_err().is_fenced());
+}
 
-    // Fencing refuses a stale owner: its lease ended and another request claimed the key.
-    let stale = claim(&*store, &key("fence"), SHORT).await;
+/// Fencing refuses a stale owner: its lease ended and another request claimed the key.
+async fn fencing_refuses_a_stale_owner<S: IdempotencyStore>(store: &S, key: &str) {
+    let stale = claim(store, key, SHORT).await;
     tokio::time::sleep(SHORT * 2).await;
-    let fresh = claim(&*store, &key("fence"), LONG).await;
+    let fresh = claim(store, key, LONG).await;
     assert_ne!(stale, fresh);
+    assert!(store.renew(key, stale, LONG).await.unwrap_err().is_fenced());
     assert!(store
-        .renew(&key("fence"), stale, LONG)
+        .complete(key, stale, fp("x"), response(), LONG)
         .await
         .unwrap_err()
         .is_fenced());
-    assert!(store
-        .complete(&key("fence"), stale, fp("x"), response(), LONG)
-        .await
-        .unwrap_err()
-        .is_fenced());
-    assert!(store
-        .release(&key("fence"), stale)
-        .await
-        .unwrap_err()
-        .is_fenced());
+    assert!(store.release(key, stale).await.unwrap_err().is_fenced());
     assert_eq!(
-        store.get(&key("fence")).await.unwrap(),
+        store.get(key).await.unwrap(),
         Some(Entry::InFlight {
             fingerprint: fp("x")
         }),
         "the stale owner changed nothing"
     );
     store
-        .complete(&key("fence"), fresh, fp("x"), response(), LONG)
+        .complete(key, fresh, fp("x"), response(), LONG)
         .await
         .unwrap();
+}
 
-    // Leases renew, and end when not renewed.
-    let c = claim(&*store, &key("lease"), SHORT).await;
+/// Leases renew, and end when not renewed.
+async fn leases_renew_and_end_unrenewed<S: IdempotencyStore>(store: &S, key: &str) {
+    let c = claim(store, key, SHORT).await;
     for _ in 0..4 {
         tokio::time::sleep(SHORT / 2).await;
-        store.renew(&key("lease"), c, SHORT).await.unwrap();
+        store.renew(key, c, SHORT).await.unwrap();
     }
     assert!(matches!(
-        store.get(&key("lease")).await.unwrap(),
+        store.get(key).await.unwrap(),
         Some(Entry::InFlight { .. })
     ));
     tokio::time::sleep(SHORT * 2).await;
-    assert_eq!(store.get(&key("lease")).await.unwrap(), None);
-    claim(&*store, &key("lease"), LONG).await;
+    assert_eq!(store.get(key).await.unwrap(), None);
+    claim(store, key, LONG).await;
+}
 
-    // A claim whose lease ran out with no other claim since still completes: its handler ran,
-    // and its outcome is kept rather than lost (a repeat would run the handler again).
-    let lapsed = claim(&*store, &key("lapsed"), SHORT).await;
+/// A claim whose lease ran out with no other claim since still completes: its handler ran,
+/// and its outcome is kept rather than lost (a repeat would run the handler again).
+async fn a_lapsed_claim_still_completes<S: IdempotencyStore>(store: &S, key: &str) {
+    let lapsed = claim(store, key, SHORT).await;
     tokio::time::sleep(SHORT * 2).await;
     store
-        .complete(&key("lapsed"), lapsed, fp("x"), response(), LONG)
+        .complete(key, lapsed, fp("x"), response(), LONG)
         .await
         .unwrap();
     assert_eq!(
-        store.get(&key("lapsed")).await.unwrap(),
+        store.get(key).await.unwrap(),
         Some(Entry::Completed {
             fingerprint: fp("x"),
             response: response(),
@@ -143,49 +139,58 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
     );
     // But not over another claim's completed record.
     assert!(store
-        .complete(
-            &key("lapsed"),
-            FencingToken::new(),
-            fp("x"),
-            response(),
-            LONG
-        )
+        .complete(key, FencingToken::new(), fp("x"), response(), LONG)
         .await
         .unwrap_err()
         .is_fenced());
     // The same claim's completion sent again is fenced or writes the same record (a store that
     // confirms writes on replicas sends an unconfirmed completion again).
-    let again = store
-        .complete(&key("lapsed"), lapsed, fp("x"), response(), LONG)
-        .await;
+    let again = store.complete(key, lapsed, fp("x"), response(), LONG).await;
     assert!(
         again.as_ref().map_or_else(|e| e.is_fenced(), |()| true),
         "{again:?}"
     );
     assert_eq!(
-        store.get(&key("lapsed")).await.unwrap(),
+        store.get(key).await.unwrap(),
         Some(Entry::Completed {
             fingerprint: fp("x"),
             response: response(),
         })
     );
+}
 
-    // Completed records expire with their TTL.
-    let c = claim(&*store, &key("ttl"), LONG).await;
+/// Completed records expire with their TTL.
+async fn records_expire_with_their_ttl<S: IdempotencyStore>(store: &S, key: &str) {
+    let c = claim(store, key, LONG).await;
     store
-        .complete(&key("ttl"), c, fp("x"), response(), SHORT)
+        .complete(key, c, fp("x"), response(), SHORT)
         .await
         .unwrap();
-    assert!(store.get(&key("ttl")).await.unwrap().is_some());
+    assert!(store.get(key).await.unwrap().is_some());
     tokio::time::sleep(SHORT * 2).await;
-    assert_eq!(store.get(&key("ttl")).await.unwrap(), None);
+    assert_eq!(store.get(key).await.unwrap(), None);
+}
 
-    // Release by the owner frees the key; keys are independent.
-    let c = claim(&*store, &key("free"), LONG).await;
-    claim(&*store, &key("free-2"), LONG).await;
-    store.release(&key("free"), c).await.unwrap();
-    assert_eq!(store.get(&key("free")).await.unwrap(), None);
-    claim(&*store, &key("free"), LONG).await;
+/// Release by the owner frees the key; keys are independent (`other` stays claimed).
+async fn release_frees_the_key<S: IdempotencyStore>(store: &S, key: &str, other: &str) {
+    let c = claim(store, key, LONG).await;
+    claim(store, other, LONG).await;
+    store.release(key, c).await.unwrap();
+    assert_eq!(store.get(key).await.unwrap(), None);
+    claim(store, key, LONG).await;
+}
+
+/// Every check, on keys under `ns` (a namespace fresh for this run).
+async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
+    let store = Arc::new(store);
+    let key = |name: &str| format!("{ns}{name}");
+    one_claim_among_concurrent_callers(&store, &key("race")).await;
+    records_round_trip(&*store, &key("rt")).await;
+    fencing_refuses_a_stale_owner(&*store, &key("fence")).await;
+    leases_renew_and_end_unrenewed(&*store, &key("lease")).await;
+    a_lapsed_claim_still_completes(&*store, &key("lapsed")).await;
+    records_expire_with_their_ttl(&*store, &key("ttl")).await;
+    release_frees_the_key(&*store, &key("free"), &key("free-2")).await;
 }
 
 #[tokio::test]

@@ -43,6 +43,73 @@ async fn send(to: SocketAddr, op: &str, key: &str) -> (StatusCode, bool) {
     }
 }
 
+/// An instance whose store is `RedisStore::cluster` over `seed` (patient timeouts), with
+/// `prefix` and `lease`.
+async fn cluster_instance(
+    seed: Vec<String>,
+    prefix: &str,
+    lease: Duration,
+    counts: Counts,
+) -> Instance {
+    Instance::start_with(
+        move || async move {
+            RedisStore::cluster(&seed)
+                .timeout(PATIENT)
+                .replica_timeout(PATIENT)
+                .connect()
+                .await
+        },
+        prefix,
+        lease,
+        counts,
+    )
+    .await
+}
+
+/// The cluster's nodes whose replication role is `role` (`master` or `slave`).
+fn with_role<'a>(cluster: &'a Cluster, role: &str) -> Vec<&'a Node> {
+    cluster
+        .nodes
+        .iter()
+        .filter(|n| n.replication("role").as_deref() == Some(role))
+        .collect()
+}
+
+/// Each of `replicas` takes over its primary's slots (`CLUSTER FAILOVER`), then the cluster
+/// settles: every replica a primary, every node `cluster_state:ok`, each primary one replica.
+///
+/// One shard at a time: manual failovers started together ask for votes in the same epoch,
+/// and a primary votes once per epoch, so all but one can time out and leave their replica
+/// a replica (seen twice in a row on a loaded machine).
+fn fail_over_one_shard_at_a_time(cluster: &Cluster, replicas: &[&Node]) {
+    for node in replicas {
+        let _: String = node
+            .query(redis::cmd("CLUSTER").arg("FAILOVER"))
+            .expect("CLUSTER FAILOVER");
+        tokio::task::block_in_place(|| {
+            wait_until("a replica to take over its shard", LIMIT, || {
+                node.replication("role").as_deref() == Some("master")
+            })
+        });
+    }
+    tokio::task::block_in_place(|| {
+        wait_until("the replicas to take over", LIMIT, || {
+            replicas
+                .iter()
+                .all(|n| n.replication("role").as_deref() == Some("master"))
+                && cluster.nodes.iter().all(|n| {
+                    n.query::<String>(redis::cmd("CLUSTER").arg("INFO"))
+                        .is_ok_and(|i| i.contains("cluster_state:ok"))
+                })
+                && cluster
+                    .nodes
+                    .iter()
+                    .filter(|n| n.replication("role").as_deref() == Some("master"))
+                    .all(|n| n.replication("connected_slaves").as_deref() == Some("1"))
+        })
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
     let cluster = tokio::task::block_in_place(|| Cluster::start(3, 1));
@@ -61,19 +128,7 @@ async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
     drop(store);
 
     let counts = Counts::default();
-    let a = Instance::start_with(
-        move || async move {
-            RedisStore::cluster(&seed)
-                .timeout(PATIENT)
-                .replica_timeout(PATIENT)
-                .connect()
-                .await
-        },
-        "cluster:",
-        Duration::from_secs(5),
-        counts.clone(),
-    )
-    .await;
+    let a = cluster_instance(seed, "cluster:", Duration::from_secs(5), counts.clone()).await;
 
     // Keys across the slots (and so the primaries): each runs once, then is replayed.
     let mut tasks = tokio::task::JoinSet::new();
@@ -100,41 +155,9 @@ async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
     assert_eq!(counts.applied("same"), 1);
 
     // A coordinated failover of every shard: each replica takes over its primary's slots.
-    let replicas: Vec<_> = cluster
-        .nodes
-        .iter()
-        .filter(|n| n.replication("role").as_deref() == Some("slave"))
-        .collect();
+    let replicas = with_role(&cluster, "slave");
     assert_eq!(replicas.len(), 3);
-    // One shard at a time: manual failovers started together ask for votes in the same epoch,
-    // and a primary votes once per epoch, so all but one can time out and leave their replica
-    // a replica (seen twice in a row on a loaded machine).
-    for node in &replicas {
-        let _: String = node
-            .query(redis::cmd("CLUSTER").arg("FAILOVER"))
-            .expect("CLUSTER FAILOVER");
-        tokio::task::block_in_place(|| {
-            wait_until("a replica to take over its shard", LIMIT, || {
-                node.replication("role").as_deref() == Some("master")
-            })
-        });
-    }
-    tokio::task::block_in_place(|| {
-        wait_until("the replicas to take over", LIMIT, || {
-            replicas
-                .iter()
-                .all(|n| n.replication("role").as_deref() == Some("master"))
-                && cluster.nodes.iter().all(|n| {
-                    n.query::<String>(redis::cmd("CLUSTER").arg("INFO"))
-                        .is_ok_and(|i| i.contains("cluster_state:ok"))
-                })
-                && cluster
-                    .nodes
-                    .iter()
-                    .filter(|n| n.replication("role").as_deref() == Some("master"))
-                    .all(|n| n.replication("connected_slaves").as_deref() == Some("1"))
-        })
-    });
+    fail_over_one_shard_at_a_time(&cluster, &replicas);
 
     // Every key's record is on the new primaries: replayed, never run again.
     for i in 0..KEYS {
@@ -172,6 +195,12 @@ async fn send_once(to: SocketAddr, op: &str, key: &str, fault: Fault) -> (Status
         .expect("the body")
         .to_bytes();
     (status, stored, body)
+}
+
+/// The hash slot of `key` (`CLUSTER KEYSLOT`, asked of `node`).
+fn key_slot(node: &Node, key: &str) -> u16 {
+    node.query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key))
+        .expect("CLUSTER KEYSLOT")
 }
 
 /// The node's cluster id.
@@ -220,6 +249,91 @@ fn pttl_importing(node: &Node, key: &str) -> i64 {
     pttl
 }
 
+/// Of `primaries`, the one that owns `slot` and another: (source, its id, target, its id).
+fn owner_and_another<'a>(
+    primaries: &[&'a Node],
+    slot: u16,
+) -> (&'a Node, String, &'a Node, String) {
+    let src_id = owner_seen_by(primaries[0], slot).expect("the slot has an owner");
+    let src = *primaries
+        .iter()
+        .find(|n| id(n) == src_id)
+        .expect("the owner is a primary");
+    let dst = *primaries
+        .iter()
+        .find(|n| id(n) != src_id)
+        .expect("another primary");
+    let dst_id = id(dst);
+    (src, src_id, dst, dst_id)
+}
+
+/// `CLUSTER SETSLOT slot state id` on `node` (`IMPORTING`, `MIGRATING` or `NODE`).
+fn set_slot(node: &Node, slot: u16, state: &str, id: &str) {
+    let _: String = node
+        .query(
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id),
+        )
+        .unwrap_or_else(|e| panic!("SETSLOT {state}: {e:?}"));
+}
+
+/// The keys of `slot` that `node` holds (`CLUSTER GETKEYSINSLOT`, up to 100).
+fn keys_of_slot(node: &Node, slot: u16) -> Vec<String> {
+    node.query(
+        redis::cmd("CLUSTER")
+            .arg("GETKEYSINSLOT")
+            .arg(slot)
+            .arg(100),
+    )
+    .expect("GETKEYSINSLOT")
+}
+
+/// Moves `keys` from `src` to `dst` (`MIGRATE ... KEYS`).
+fn migrate(src: &Node, dst: &Node, keys: &[String]) {
+    let _: String = src
+        .query(
+            redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(dst.port)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(keys),
+        )
+        .expect("MIGRATE");
+}
+
+/// Waits until the claim `redis_key` is renewed on `dst`, which imports its slot (its expiry
+/// moves back up); the claim must never be gone from `dst` meanwhile.
+fn wait_for_renewal_on(dst: &Node, redis_key: &str) {
+    tokio::task::block_in_place(|| {
+        let mut last = pttl_importing(dst, redis_key);
+        wait_until("a renewal on the new owner", LIMIT, || {
+            let now = pttl_importing(dst, redis_key);
+            assert!(now > 0, "the claim is gone from the new owner ({now})");
+            let renewed = now > last;
+            last = now;
+            renewed
+        });
+    });
+}
+
+/// Waits until every node of `cluster` sees `owner_id` own `slot`.
+fn wait_for_every_node_to_see(cluster: &Cluster, slot: u16, owner_id: &str) {
+    tokio::task::block_in_place(|| {
+        wait_until("every node to see the new owner", LIMIT, || {
+            cluster
+                .nodes
+                .iter()
+                .all(|n| owner_seen_by(n, slot).as_deref() == Some(owner_id))
+        })
+    });
+}
+
 /// Covers a slot migration mid-handler (issue 36): while a keyed write's handler runs, the
 /// key's hash slot moves to another primary the standard way (`IMPORTING` on the target,
 /// `MIGRATING` on the source, `MIGRATE` of the slot's keys, `SETSLOT NODE` on every primary).
@@ -236,39 +350,12 @@ async fn a_slot_migrated_mid_handler_neither_loses_nor_repeats_its_key() {
     // The store's Redis key: its prefix and the idempotency key, no hash tag.
     let redis_key = format!("{prefix}{key}");
     // A lease short enough that the claim must be renewed on the new owner to survive.
-    let a = Instance::start_with(
-        move || async move {
-            RedisStore::cluster(&seed)
-                .timeout(PATIENT)
-                .replica_timeout(PATIENT)
-                .connect()
-                .await
-        },
-        prefix,
-        Duration::from_secs(2),
-        counts.clone(),
-    )
-    .await;
+    let a = cluster_instance(seed, prefix, Duration::from_secs(2), counts.clone()).await;
 
-    let slot: u16 = cluster.nodes[0]
-        .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(&redis_key))
-        .expect("CLUSTER KEYSLOT");
-    let primaries: Vec<&Node> = cluster
-        .nodes
-        .iter()
-        .filter(|n| n.replication("role").as_deref() == Some("master"))
-        .collect();
+    let slot = key_slot(&cluster.nodes[0], &redis_key);
+    let primaries: Vec<&Node> = with_role(&cluster, "master");
     assert_eq!(primaries.len(), 3);
-    let src_id = owner_seen_by(primaries[0], slot).expect("the slot has an owner");
-    let src = *primaries
-        .iter()
-        .find(|n| id(n) == src_id)
-        .expect("the owner is a primary");
-    let dst = *primaries
-        .iter()
-        .find(|n| id(n) != src_id)
-        .expect("another primary");
-    let dst_id = id(dst);
+    let (src, src_id, dst, dst_id) = owner_and_another(&primaries, slot);
 
     // The first request: its handler applies, then is held until the test lets it answer.
     let first = tokio::spawn(send_once(a.addr, op, key, Fault::HeldAfterApply));
@@ -280,62 +367,19 @@ async fn a_slot_migrated_mid_handler_neither_loses_nor_repeats_its_key() {
     let repeat = || send_once(a.addr, op, key, Fault::None);
 
     // 1. The slot is migrating; the claim is still on the source.
-    let _: String = dst
-        .query(
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("IMPORTING")
-                .arg(&src_id),
-        )
-        .expect("SETSLOT IMPORTING");
-    let _: String = src
-        .query(
-            redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("MIGRATING")
-                .arg(&dst_id),
-        )
-        .expect("SETSLOT MIGRATING");
+    set_slot(dst, slot, "IMPORTING", &src_id);
+    set_slot(src, slot, "MIGRATING", &dst_id);
     assert_eq!(repeat().await.0, StatusCode::CONFLICT, "slot migrating");
 
     // 2. The slot's keys move; the source still owns the slot and sends callers on (`ASK`).
-    let keys: Vec<String> = src
-        .query(
-            redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100),
-        )
-        .expect("GETKEYSINSLOT");
+    let keys = keys_of_slot(src, slot);
     assert_eq!(keys, [redis_key.as_str()]);
-    let _: String = src
-        .query(
-            redis::cmd("MIGRATE")
-                .arg("127.0.0.1")
-                .arg(dst.port)
-                .arg("")
-                .arg(0)
-                .arg(5000)
-                .arg("KEYS")
-                .arg(&keys),
-        )
-        .expect("MIGRATE");
+    migrate(src, dst, &keys);
     assert_eq!(keys_in_slot(src, slot), 0);
     assert_eq!(keys_in_slot(dst, slot), 1);
     assert_eq!(repeat().await.0, StatusCode::CONFLICT, "keys migrated");
     // The claim is renewed on the new owner (its expiry moves back up), never lost.
-    tokio::task::block_in_place(|| {
-        let mut last = pttl_importing(dst, &redis_key);
-        wait_until("a renewal on the new owner", LIMIT, || {
-            let now = pttl_importing(dst, &redis_key);
-            assert!(now > 0, "the claim is gone from the new owner ({now})");
-            let renewed = now > last;
-            last = now;
-            renewed
-        });
-    });
+    wait_for_renewal_on(dst, &redis_key);
     assert_eq!(repeat().await.0, StatusCode::CONFLICT, "claim renewed");
 
     // 3. The new owner owns the slot, on every primary; every node comes to agree.
@@ -345,24 +389,9 @@ async fn a_slot_migrated_mid_handler_neither_loses_nor_repeats_its_key() {
             .copied()
             .filter(|n| id(n) != src_id && id(n) != dst_id),
     ) {
-        let _: String = node
-            .query(
-                redis::cmd("CLUSTER")
-                    .arg("SETSLOT")
-                    .arg(slot)
-                    .arg("NODE")
-                    .arg(&dst_id),
-            )
-            .expect("SETSLOT NODE");
+        set_slot(node, slot, "NODE", &dst_id);
     }
-    tokio::task::block_in_place(|| {
-        wait_until("every node to see the new owner", LIMIT, || {
-            cluster
-                .nodes
-                .iter()
-                .all(|n| owner_seen_by(n, slot).as_deref() == Some(dst_id.as_str()))
-        })
-    });
+    wait_for_every_node_to_see(&cluster, slot, &dst_id);
     assert_eq!(repeat().await.0, StatusCode::CONFLICT, "slot moved");
     assert_eq!(counts.applied(op), 1, "no repeat ran the handler");
 

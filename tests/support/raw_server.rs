@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// What the server does, in order, for one request.
 #[derive(Clone, Debug)]
@@ -59,79 +59,10 @@ impl Raw {
         let c = counts.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((mut stream, _)) = listener.accept().await else {
+                let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let script = script.clone();
-                let counts = c.clone();
-                tokio::spawn(async move {
-                    let mut buf = Vec::new();
-                    'conn: loop {
-                        // Read a head.
-                        let end = loop {
-                            if let Some(end) = find(&buf, b"\r\n\r\n") {
-                                break end;
-                            }
-                            let mut chunk = [0u8; 4096];
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => break 'conn,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        };
-                        let head = String::from_utf8_lossy(&buf[..end]).to_string();
-                        buf.drain(..end + 4);
-                        let lower = head.to_ascii_lowercase();
-                        let len: usize = lower
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        while buf.len() < len {
-                            let mut chunk = [0u8; 4096];
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => break 'conn,
-                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                            }
-                        }
-                        buf.drain(..len);
-                        let method = head.split(' ').next().unwrap_or("").to_string();
-                        let range = lower
-                            .lines()
-                            .find_map(|l| l.strip_prefix("range: bytes="))
-                            .and_then(|v| v.trim().strip_suffix('-')?.parse().ok());
-                        let n = counts.requests.fetch_add(1, Ordering::SeqCst) + 1;
-                        if range.is_some() {
-                            counts.ranges.fetch_add(1, Ordering::SeqCst);
-                        }
-                        if method == "POST" || method == "PATCH" {
-                            counts.writes.fetch_add(1, Ordering::SeqCst);
-                        }
-                        let seen = Seen {
-                            method,
-                            head,
-                            range,
-                        };
-                        counts.seen.lock().unwrap().push(seen.clone());
-                        for act in script(n, &seen) {
-                            match act {
-                                Act::W(bytes) => {
-                                    if stream.write_all(&bytes).await.is_err() {
-                                        break 'conn;
-                                    }
-                                    let _ = stream.flush().await;
-                                }
-                                Act::Pause(ms) => {
-                                    tokio::time::sleep(Duration::from_millis(ms)).await
-                                }
-                                Act::Close => {
-                                    tokio::time::sleep(Duration::from_millis(20)).await;
-                                    let _ = stream.shutdown().await;
-                                    break 'conn;
-                                }
-                            }
-                        }
-                    }
-                });
+                tokio::spawn(serve_conn(stream, script.clone(), c.clone()));
             }
         });
         Raw { addr, counts, task }
@@ -153,6 +84,99 @@ impl Raw {
     pub fn seen(&self) -> Vec<Seen> {
         self.counts.seen.lock().unwrap().clone()
     }
+}
+
+/// One connection: each request is read whole, counted, and answered with its script's acts,
+/// until the client closes, a read or a write fails, or an act closes.
+async fn serve_conn(mut stream: TcpStream, script: Script, counts: Arc<RawCounts>) {
+    let mut buf = Vec::new();
+    loop {
+        let Some((head, lower)) = read_request(&mut stream, &mut buf).await else {
+            return;
+        };
+        let (n, seen) = count(&counts, head, &lower);
+        if !play(&mut stream, script(n, &seen)).await {
+            return;
+        }
+    }
+}
+
+/// Reads a request's head and its body (`content-length` bytes) off `buf` and `stream`; the
+/// head as sent and in lower case, or `None` when the connection ends first.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, String)> {
+    // Read a head.
+    let end = loop {
+        if let Some(end) = find(buf, b"\r\n\r\n") {
+            break end;
+        }
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+    buf.drain(..end + 4);
+    let lower = head.to_ascii_lowercase();
+    let len: usize = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    while buf.len() < len {
+        let mut chunk = [0u8; 4096];
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    buf.drain(..len);
+    Some((head, lower))
+}
+
+/// Counts a request (and its range, and whether it is a write) and records it as seen; its
+/// number (from 1) and what was seen.
+fn count(counts: &RawCounts, head: String, lower: &str) -> (u32, Seen) {
+    let method = head.split(' ').next().unwrap_or("").to_string();
+    let range = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("range: bytes="))
+        .and_then(|v| v.trim().strip_suffix('-')?.parse().ok());
+    let n = counts.requests.fetch_add(1, Ordering::SeqCst) + 1;
+    if range.is_some() {
+        counts.ranges.fetch_add(1, Ordering::SeqCst);
+    }
+    if method == "POST" || method == "PATCH" {
+        counts.writes.fetch_add(1, Ordering::SeqCst);
+    }
+    let seen = Seen {
+        method,
+        head,
+        range,
+    };
+    counts.seen.lock().unwrap().push(seen.clone());
+    (n, seen)
+}
+
+/// Plays `acts` on `stream`; false when the connection is done (a write failed, or closed).
+async fn play(stream: &mut TcpStream, acts: Vec<Act>) -> bool {
+    for act in acts {
+        match act {
+            Act::W(bytes) => {
+                if stream.write_all(&bytes).await.is_err() {
+                    return false;
+                }
+                let _ = stream.flush().await;
+            }
+            Act::Pause(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Act::Close => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = stream.shutdown().await;
+                return false;
+            }
+        }
+    }
+    true
 }
 
 pub fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {

@@ -132,7 +132,44 @@ async fn a_replayed_201_cut_then_an_unmarked_201_is_never_spliced() {
 #[tokio::test]
 async fn a_replay_that_differs_is_never_spliced() {
     let first = ["etag: \"v1\""];
-    let cases: Vec<(&str, Vec<Act>)> = vec![
+    for (what, second) in replays_that_differ() {
+        let second = Arc::new(second);
+        let server = Raw::start(move |n, _| {
+            if n == 1 {
+                cut_at("201 Created", BIG, 1, HALF, &first)
+            } else {
+                (*second).clone()
+            }
+        })
+        .await;
+        let policy = policy().honor_idempotency_key(true).build().unwrap();
+        let res = stack(policy)
+            .oneshot(req(Method::POST, &server.url("/v1/send"), &["k-3"]))
+            .await
+            .expect("answered");
+        let handle = BodyReport::of(&res).cloned().expect("a body report");
+        let (bytes, err) = tokio::time::timeout(HANG, read_all(res.into_body()))
+            .await
+            .expect("no hang");
+        assert_no_splice(what, &bytes, &err, &rep(BIG, 1));
+        let err = err.unwrap_or_else(|| panic!("{what}: the body ends in the error"));
+        let cut = find_cut(&*err).expect("a BodyCutError");
+        assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame), "{what}");
+        assert_eq!(cut.bytes_received(), HALF as u64, "{what}");
+        assert_eq!(server.requests(), 2, "{what}");
+        let report = handle.get().expect("the cut was decided on");
+        assert_eq!(report.attempts(), 2, "{what}");
+        assert_eq!(
+            cut.report().map(RetryReport::attempts),
+            Some(2),
+            "{what}: the error carries the report"
+        );
+    }
+}
+
+/// Answers to the resend that differ from a replay of the first answer in one way each.
+fn replays_that_differ() -> Vec<(&'static str, Vec<Act>)> {
+    vec![
         (
             "not marked",
             whole("201 Created", BIG, 1, &["etag: \"v1\""]),
@@ -186,40 +223,7 @@ async fn a_replay_that_differs_is_never_spliced() {
                 &["etag: \"v1\"", "idempotent-replayed: yes"],
             ),
         ),
-    ];
-    for (what, second) in cases {
-        let second = Arc::new(second);
-        let server = Raw::start(move |n, _| {
-            if n == 1 {
-                cut_at("201 Created", BIG, 1, HALF, &first)
-            } else {
-                (*second).clone()
-            }
-        })
-        .await;
-        let policy = policy().honor_idempotency_key(true).build().unwrap();
-        let res = stack(policy)
-            .oneshot(req(Method::POST, &server.url("/v1/send"), &["k-3"]))
-            .await
-            .expect("answered");
-        let handle = BodyReport::of(&res).cloned().expect("a body report");
-        let (bytes, err) = tokio::time::timeout(HANG, read_all(res.into_body()))
-            .await
-            .expect("no hang");
-        assert_no_splice(what, &bytes, &err, &rep(BIG, 1));
-        let err = err.unwrap_or_else(|| panic!("{what}: the body ends in the error"));
-        let cut = find_cut(&*err).expect("a BodyCutError");
-        assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame), "{what}");
-        assert_eq!(cut.bytes_received(), HALF as u64, "{what}");
-        assert_eq!(server.requests(), 2, "{what}");
-        let report = handle.get().expect("the cut was decided on");
-        assert_eq!(report.attempts(), 2, "{what}");
-        assert_eq!(
-            cut.report().map(RetryReport::attempts),
-            Some(2),
-            "{what}: the error carries the report"
-        );
-    }
+    ]
 }
 
 /// A trusted key on `PATCH` (and `POST`) past the limit, against a server that does not honour

@@ -94,45 +94,7 @@ async fn a_write_that_is_never_repeated_keeps_its_response_under_the_deadline() 
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
 async fn writes_whose_key_makes_nothing_safe_are_sent_once() {
-    let trusted = || policy().honor_idempotency_key(true);
-    let cases: Vec<(&str, Vec<&str>, RetryPolicy, bool)> = vec![
-        ("empty key", vec![""], trusted().build().unwrap(), false),
-        (
-            "empty sf-string",
-            vec!["\"\""],
-            trusted().build().unwrap(),
-            false,
-        ),
-        (
-            "malformed key",
-            vec!["a b"],
-            trusted().build().unwrap(),
-            false,
-        ),
-        ("NoRetry", vec!["k-1"], trusted().build().unwrap(), true),
-        (
-            "max_retries(0)",
-            vec!["k-1"],
-            trusted().max_retries(0).build().unwrap(),
-            false,
-        ),
-        (
-            "untrusted key, spoofed replay mark",
-            vec!["k-1"],
-            policy().build().unwrap(),
-            false,
-        ),
-        (
-            "trusted for another host only",
-            vec!["k-1"],
-            policy()
-                .honor_idempotency_key_for_host("api.example.com")
-                .build()
-                .unwrap(),
-            false,
-        ),
-    ];
-    for (what, keys, policy, no_retry) in cases {
+    for (what, keys, policy, no_retry) in keys_that_make_nothing_safe() {
         for (len, at) in [(1000, 500), (BIG, HALF)] {
             let extra = extra_of(what);
             let server = Raw::start(move |_, _| {
@@ -183,6 +145,49 @@ async fn writes_whose_key_makes_nothing_safe_are_sent_once() {
             assert!(err.is_some(), "reqwest {what} {len}");
         }
     }
+}
+
+/// Keys that make nothing safe: what each is, the keys sent, the policy, and whether the
+/// request is marked `NoRetry`.
+fn keys_that_make_nothing_safe() -> Vec<(&'static str, Vec<&'static str>, RetryPolicy, bool)> {
+    let trusted = || policy().honor_idempotency_key(true);
+    vec![
+        ("empty key", vec![""], trusted().build().unwrap(), false),
+        (
+            "empty sf-string",
+            vec!["\"\""],
+            trusted().build().unwrap(),
+            false,
+        ),
+        (
+            "malformed key",
+            vec!["a b"],
+            trusted().build().unwrap(),
+            false,
+        ),
+        ("NoRetry", vec!["k-1"], trusted().build().unwrap(), true),
+        (
+            "max_retries(0)",
+            vec!["k-1"],
+            trusted().max_retries(0).build().unwrap(),
+            false,
+        ),
+        (
+            "untrusted key, spoofed replay mark",
+            vec!["k-1"],
+            policy().build().unwrap(),
+            false,
+        ),
+        (
+            "trusted for another host only",
+            vec!["k-1"],
+            policy()
+                .honor_idempotency_key_for_host("api.example.com")
+                .build()
+                .unwrap(),
+            false,
+        ),
+    ]
 }
 
 fn extra_of(what: &str) -> Vec<String> {
