@@ -5,13 +5,19 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod client_side_keys;
 mod decision_table;
 mod host_and_path_rule_escapes;
 mod key_trust;
 mod lenient_spellings;
 mod properties;
+mod bodies_replayed_or_sent_once;
 mod request_verdict;
 mod response_class;
 mod response_hook;
 mod route_spellings;
+mod scripted_layer;
+mod stacking_cancelling_and_readiness;
 mod stored_response;
+mod the_error_a_caller_sees;
+mod waits_budget_and_deadline;

@@ -13,7 +13,11 @@ mod support;
 use retry_safety_testing::pg;
 
 mod busy_neighbours;
+mod busy_runtime_scenario;
 mod busy_runtimes;
+mod neighbours_lab;
 mod outages;
+mod ping_pong_tasks;
+mod redis_renewals_from_short_neighbours;
 mod stretches;
 mod tickers;

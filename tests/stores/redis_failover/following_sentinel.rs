@@ -1,85 +1,20 @@
-//! Keys across a Redis failover: a claim and a stored response count as written only once a
-//! replica has them (`WAIT`), and a fleet that connects through Sentinel follows the promotion,
-//! so every keyed write is applied once. Each scenario runs on a topology of its own
-//! (`redis-server` primaries, replicas, a pausable proxy that holds the replication stream back,
-//! a Sentinel) on free loopback ports, killed by pid when the test ends; each has a control that
-//! shows the scenario really loses the key without the guarantee under test.
+//! Keys across a Redis failover, following Sentinel: a fleet that connects through Sentinel
+//! follows the promotion, so a failover mid-handler applies the key once (the control, an owner
+//! on a fixed address, applies it twice); a stale owner on a demoted primary is fenced on the
+//! new one; Sentinel reaches a primary that requires a password, which no error shows.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::{
+    replicated, send, sentinel_field, sentinel_primary, sentinel_sees, Answer, LIMIT, MASTER,
+};
 use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_replicated, wait_until, wait_until_async, Node, Proxy, PATIENT};
+use crate::support::redis::{wait_until, wait_until_async, Node, PATIENT};
 use bytes::Bytes;
-use http::{Request, StatusCode};
-use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http::StatusCode;
 use tower_idempotency_keys::{
     Begin, Entry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
 };
-
-/// How long any state a scenario waits for may take, on a busy machine.
-pub(crate) const LIMIT: Duration = Duration::from_secs(60);
-pub(crate) const MASTER: &str = "idem";
-
-/// What a keyed request got back: its status, and whether it was a stored response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Answer {
-    pub(crate) status: StatusCode,
-    pub(crate) replayed: bool,
-}
-
-pub(crate) async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> Answer {
-    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-    let req = Request::post(format!("http://{to}/{op}"))
-        .header("idempotency-key", key)
-        .header("x-fault", fault.name())
-        .body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))
-        .unwrap();
-    let res = client.request(req).await.expect("the instance answers");
-    Answer {
-        status: res.status(),
-        replayed: res.headers().contains_key("idempotent-replayed"),
-    }
-}
-
-/// `wait_replicated` without blocking the runtime's other tasks (the proxy runs on them).
-pub(crate) fn replicated(primary: &Node, replica: &Node) {
-    tokio::task::block_in_place(|| wait_replicated(primary, replica));
-}
-
-/// A field of `SENTINEL MASTER` as text.
-pub(crate) fn sentinel_field(sentinel: &Node, field: &str) -> Option<String> {
-    let fields: Vec<String> = sentinel
-        .query(redis::cmd("SENTINEL").arg("MASTER").arg(MASTER))
-        .ok()?;
-    fields
-        .chunks(2)
-        .find(|pair| pair[0] == field)
-        .map(|pair| pair[1].clone())
-}
-
-/// The port of the primary the Sentinel names now.
-pub(crate) fn sentinel_primary(sentinel: &Node) -> Option<u16> {
-    let addr: Vec<String> = sentinel
-        .query(
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(MASTER),
-        )
-        .ok()?;
-    addr.get(1)?.parse().ok()
-}
-
-/// Waits until the Sentinel knows `replicas` replicas of the primary.
-pub(crate) fn sentinel_sees(sentinel: &Node, replicas: usize) {
-    tokio::task::block_in_place(|| {
-        wait_until("the Sentinel to find the replicas", LIMIT, || {
-            sentinel_field(sentinel, "num-slaves").and_then(|n| n.parse().ok()) == Some(replicas)
-        })
-    });
-}
 
 /// Waits until the Sentinel names a primary other than `old` that has at least one replica
 /// connected, and returns its port.
@@ -124,116 +59,6 @@ where
         }
     }
     panic!("never fenced");
-}
-
-/// The first request to a key reaches the primary while the replication stream is held back
-/// (a proxy between primary and replica, paused); the primary is killed and its replica
-/// promoted; the repeat goes to a second instance on the promoted replica. Returns how many
-/// times the handler of that key ran, and the first request's answer.
-async fn replica_behind(replicas: u32) -> (u32, Answer) {
-    let mut primary = Node::primary();
-    let proxy = Proxy::start(primary.port).await;
-    let replica = Node::replica_of(proxy.port);
-    replicated(&primary, &replica);
-    let counts = Counts::default();
-    let url = primary.url();
-    let a = Instance::start_with(
-        move || async move {
-            RedisStore::builder(&url)
-                .wait_for_replicas(replicas)
-                .replica_timeout(Duration::from_millis(300))
-                .connect()
-                .await
-        },
-        "failover:",
-        Duration::from_secs(5),
-        counts.clone(),
-    )
-    .await;
-
-    if replicas > 0 {
-        // A key answered while the stream flows: confirmed on the replica before the answer,
-        // it is replayed from the promoted replica below.
-        let answer = send(a.addr, "confirmed", "k-confirmed", Fault::None).await;
-        assert_eq!(answer.status, StatusCode::OK);
-    }
-
-    proxy.pause();
-    let first = send(a.addr, "behind", "k-behind", Fault::None).await;
-    primary.kill();
-    replica.promote();
-
-    // The promoted replica has no replica of its own: waiting for one is refused at connect,
-    // naming the setting.
-    let refused = RedisStore::builder(&replica.url())
-        .wait_for_replicas(1)
-        .connect()
-        .await
-        .expect_err("no replica to wait for");
-    let cause = std::error::Error::source(&refused).map(ToString::to_string);
-    assert!(
-        cause
-            .as_deref()
-            .is_some_and(|c| c.contains("wait_for_replicas(1)")),
-        "{cause:?}"
-    );
-
-    let url = replica.url();
-    let b = Instance::start_with(
-        move || async move {
-            RedisStore::builder(&url)
-                .wait_for_replicas(0)
-                .connect()
-                .await
-        },
-        "failover:",
-        Duration::from_secs(5),
-        counts.clone(),
-    )
-    .await;
-    let again = send(b.addr, "behind", "k-behind", Fault::None).await;
-    assert_eq!(
-        again,
-        Answer {
-            status: StatusCode::OK,
-            replayed: false
-        }
-    );
-    if replicas > 0 {
-        let confirmed = send(b.addr, "confirmed", "k-confirmed", Fault::None).await;
-        assert_eq!(
-            confirmed,
-            Answer {
-                status: StatusCode::OK,
-                replayed: true
-            }
-        );
-        assert_eq!(counts.applied("confirmed"), 1);
-    }
-    (counts.applied("behind"), first)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_no_replica_confirmed_is_refused_and_the_key_runs_once_after_failover() {
-    let (applied, first) = replica_behind(1).await;
-    // Not confirmed within the replica timeout: withdrawn, 503, the handler not run.
-    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(applied, 1, "applied once, on the promoted replica");
-}
-
-/// The control: without waiting, the primary answers before its replica has the claim or the
-/// stored response, and the promoted replica runs the key again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_waiting_a_claim_the_replica_never_received_applies_twice() {
-    let (applied, first) = replica_behind(0).await;
-    assert_eq!(
-        first,
-        Answer {
-            status: StatusCode::OK,
-            replayed: false
-        }
-    );
-    assert_eq!(applied, 2, "the scenario loses the key without waiting");
 }
 
 /// A handler is running when its primary dies; a Sentinel promotes one of two replicas (the
@@ -489,111 +314,6 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
     }
     assert!(causes.iter().any(|c| c.contains("ReadOnly")), "{causes:?}");
     assert!(newer.get("k-fixed").await.unwrap().is_none());
-}
-
-/// A response stored while the replication stream is held back (two replicas, each behind a
-/// paused proxy): the store's clients reach the primary through an address that follows the
-/// promotion (a proxy re-pointed to the promoted replica, as a managed service's name is).
-/// Returns what the promoted replica holds for the key once the owner is done: waiting, the
-/// completion was not confirmed, the key stayed in flight, and the owner sent it again to the
-/// new primary; not waiting, it was acknowledged, and lost.
-async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
-    let mut primary = Node::primary();
-    let links = [
-        Proxy::start(primary.port).await,
-        Proxy::start(primary.port).await,
-    ];
-    let standby = [
-        Node::replica_of(links[0].port),
-        Node::replica_of(links[1].port),
-    ];
-    for replica in &standby {
-        replicated(&primary, replica);
-    }
-    let front = Proxy::start(primary.port).await;
-    let store = RedisStore::builder(&front.url())
-        .wait_for_replicas(replicas)
-        .replica_timeout(Duration::from_millis(300))
-        .prefix("unconfirmed:")
-        .connect()
-        .await
-        .unwrap();
-    let fp = Fingerprint::of(&http::Method::POST, "/v1/send", b"x");
-    let Begin::Started(claim) = store.begin("k", fp, Duration::from_secs(60)).await.unwrap() else {
-        panic!("a fresh key is claimed");
-    };
-    // Both replicas have the claim (the control does not wait for it: it waits here).
-    tokio::task::block_in_place(|| {
-        wait_until("the claim on both replicas", LIMIT, || {
-            standby.iter().all(|r| {
-                r.query::<Option<Vec<u8>>>(redis::cmd("GET").arg("unconfirmed:k"))
-                    .is_ok_and(|v| v.is_some())
-            })
-        })
-    });
-    for link in &links {
-        link.pause();
-    }
-    let response = StoredResponse::new(StatusCode::OK, http::HeaderMap::new(), Bytes::from("sent"));
-    let stored = store
-        .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
-        .await;
-    if replicas > 0 {
-        let err = stored.expect_err("confirmed with the replicas held back");
-        assert!(!err.is_fenced(), "{err}");
-    } else {
-        stored.expect("acknowledged by the primary alone");
-    }
-
-    primary.kill();
-    standby[0].promote();
-    let _: String = standby[1]
-        .query(
-            redis::cmd("REPLICAOF")
-                .arg("127.0.0.1")
-                .arg(standby[0].port),
-        )
-        .unwrap();
-    replicated(&standby[0], &standby[1]);
-    front.point_to(standby[0].port);
-
-    if replicas > 0 {
-        // The owner sends its completion again (the layer does so in the background while the
-        // key stays in flight): the first call may meet the dead primary's connection.
-        let start = std::time::Instant::now();
-        while let Err(err) = store
-            .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
-            .await
-        {
-            assert!(!err.is_fenced(), "{err}");
-            assert!(start.elapsed() < LIMIT, "never confirmed: {err}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    let look = RedisStore::builder(&standby[0].url())
-        .wait_for_replicas(0)
-        .prefix("unconfirmed:")
-        .connect()
-        .await
-        .unwrap();
-    look.get("k").await.unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unconfirmed_response_is_stored_again_on_the_promoted_replica() {
-    match unconfirmed_completion(1).await {
-        Some(Entry::Completed { response, .. }) => assert_eq!(response.body(), "sent"),
-        other => panic!("the stored response was lost: {other:?}"),
-    }
-}
-
-/// The control: not waiting, the primary acknowledges a response its replicas never received;
-/// the promoted replica holds only the claim, so a repeat gets 409 until the lease ends and
-/// then runs the handler again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_waiting_an_acknowledged_response_is_lost_in_a_failover() {
-    let held = unconfirmed_completion(0).await;
-    assert!(matches!(held, Some(Entry::InFlight { .. })), "{held:?}");
 }
 
 /// A primary that requires a password, reached through a Sentinel: the store authenticates

@@ -1,0 +1,96 @@
+//! A TCP proxy on loopback ([`Proxy`]) that can hold a replication stream back, or send new
+//! connections to another port.
+
+/// A TCP proxy on loopback between a replica and its primary that can hold the replication
+/// stream back: paused, it forwards nothing either way (what it read stays in its buffers), so
+/// the replica is really behind — unlike a replica stopped with SIGSTOP, whose socket buffer
+/// holds the writes and which applies them before it is promoted.
+pub struct Proxy {
+    pub port: u16,
+    paused: tokio::sync::watch::Sender<bool>,
+    /// Where new connections go (an address that follows a promotion, as a managed service's
+    /// name does).
+    upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(upstream_port: u16) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind loopback");
+        let port = listener.local_addr().expect("addr").port();
+        let (paused, _) = tokio::sync::watch::channel(false);
+        let pause = paused.clone();
+        let upstream = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(upstream_port));
+        let target = upstream.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let to = target.load(std::sync::atomic::Ordering::SeqCst);
+                let Ok(up) = tokio::net::TcpStream::connect(("127.0.0.1", to)).await else {
+                    continue;
+                };
+                let (down_read, down_write) = down.into_split();
+                let (up_read, up_write) = up.into_split();
+                tokio::spawn(pump(up_read, down_write, pause.subscribe()));
+                tokio::spawn(pump(down_read, up_write, pause.subscribe()));
+            }
+        });
+        Proxy {
+            port,
+            paused,
+            upstream,
+            task,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Sends new connections to `port` from now on (connections made before stay where they
+    /// are).
+    pub fn point_to(&self, port: u16) {
+        self.upstream
+            .store(port, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Holds everything back from now on.
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    pub fn resume(&self) {
+        self.paused.send_replace(false);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut paused: tokio::sync::watch::Receiver<bool>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        let Ok(n) = from.read(&mut buf).await else {
+            return;
+        };
+        if n == 0 {
+            return;
+        }
+        // Read while paused, or before: held until resumed, never forwarded meanwhile.
+        if paused.wait_for(|p| !*p).await.is_err() {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}

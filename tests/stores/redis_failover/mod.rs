@@ -1,0 +1,85 @@
+//! Keys across a Redis failover: a claim and a stored response count as written only once a
+//! replica has them (`WAIT`), and a fleet that connects through Sentinel follows the promotion,
+//! so every keyed write is applied once. Each scenario runs on a topology of its own
+//! (`redis-server` primaries, replicas, a pausable proxy that holds the replication stream back,
+//! a Sentinel) on free loopback ports, killed by pid when the test ends; each has a control that
+//! shows the scenario really loses the key without the guarantee under test.
+//!
+//! This module holds what the scenarios share (also with `redis_owner` and `redis_stalls`):
+//! sending a keyed request, waiting for replication, asking the Sentinel.
+
+mod following_sentinel;
+mod waiting_for_replicas;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::support::fleet::Fault;
+use crate::support::redis::{wait_replicated, wait_until, Node};
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// How long any state a scenario waits for may take, on a busy machine.
+pub(crate) const LIMIT: Duration = Duration::from_secs(60);
+pub(crate) const MASTER: &str = "idem";
+
+/// What a keyed request got back: its status, and whether it was a stored response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) replayed: bool,
+}
+
+pub(crate) async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> Answer {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let req = Request::post(format!("http://{to}/{op}"))
+        .header("idempotency-key", key)
+        .header("x-fault", fault.name())
+        .body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))
+        .unwrap();
+    let res = client.request(req).await.expect("the instance answers");
+    Answer {
+        status: res.status(),
+        replayed: res.headers().contains_key("idempotent-replayed"),
+    }
+}
+
+/// `wait_replicated` without blocking the runtime's other tasks (the proxy runs on them).
+pub(crate) fn replicated(primary: &Node, replica: &Node) {
+    tokio::task::block_in_place(|| wait_replicated(primary, replica));
+}
+
+/// A field of `SENTINEL MASTER` as text.
+pub(crate) fn sentinel_field(sentinel: &Node, field: &str) -> Option<String> {
+    let fields: Vec<String> = sentinel
+        .query(redis::cmd("SENTINEL").arg("MASTER").arg(MASTER))
+        .ok()?;
+    fields
+        .chunks(2)
+        .find(|pair| pair[0] == field)
+        .map(|pair| pair[1].clone())
+}
+
+/// The port of the primary the Sentinel names now.
+pub(crate) fn sentinel_primary(sentinel: &Node) -> Option<u16> {
+    let addr: Vec<String> = sentinel
+        .query(
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(MASTER),
+        )
+        .ok()?;
+    addr.get(1)?.parse().ok()
+}
+
+/// Waits until the Sentinel knows `replicas` replicas of the primary.
+pub(crate) fn sentinel_sees(sentinel: &Node, replicas: usize) {
+    tokio::task::block_in_place(|| {
+        wait_until("the Sentinel to find the replicas", LIMIT, || {
+            sentinel_field(sentinel, "num-slaves").and_then(|n| n.parse().ok()) == Some(replicas)
+        })
+    });
+}
