@@ -11,7 +11,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,79 @@ impl http_body::Body for SlowBody {
     }
 }
 
+/// Does `work` (the handler's body) and returns the response body it answers with.
+async fn do_work(work: Work) -> SlowBody {
+    match work {
+        Work::Busy { stretch, stretches } => {
+            for _ in 0..stretches {
+                std::thread::sleep(stretch);
+                tokio::task::yield_now().await;
+            }
+            SlowBody::full()
+        }
+        Work::Pending { for_ } => {
+            tokio::time::sleep(for_).await;
+            SlowBody::full()
+        }
+        Work::SlowBody {
+            chunks,
+            stretch,
+            gap,
+        } => SlowBody {
+            left: chunks,
+            stretch,
+            gap,
+            sleep: None,
+        },
+    }
+}
+
+/// Two tasks that hand a token back and forth, each working `stretch` before it passes it on:
+/// each wakes the other at once (no `yield_now`), so the run queue is never empty. They stop
+/// once `stop` is set.
+fn spawn_ping_pong(stretch: Duration, stop: &Arc<AtomicBool>) {
+    let (ab_tx, mut ab_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let (ba_tx, mut ba_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let (sa, sb) = (stop.clone(), stop.clone());
+    drop(tokio::spawn(async move {
+        while !sa.load(Ordering::Relaxed) {
+            std::thread::sleep(stretch);
+            if ab_tx.send(()).await.is_err() || ba_rx.recv().await.is_none() {
+                return;
+            }
+        }
+    }));
+    drop(tokio::spawn(async move {
+        while !sb.load(Ordering::Relaxed) {
+            if ab_rx.recv().await.is_none() {
+                return;
+            }
+            std::thread::sleep(stretch);
+            if ba_tx.send(()).await.is_err() {
+                return;
+            }
+        }
+    }));
+}
+
+/// The busy neighbours `busy` asks for on the current runtime: `usize::MAX` is a ping-pong
+/// pair, any other count that many tasks working `busy.1` between yields, until `stop` is set.
+fn spawn_busy(busy: (usize, Duration), stop: &Arc<AtomicBool>) {
+    if busy.0 == usize::MAX {
+        spawn_ping_pong(busy.1, stop);
+        return;
+    }
+    for _ in 0..busy.0 {
+        let (s, stretch) = (stop.clone(), busy.1);
+        drop(tokio::spawn(async move {
+            while !s.load(Ordering::Relaxed) {
+                std::thread::sleep(stretch);
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+}
+
 /// Serves a handler doing `work` (counting its runs in the returned counter) behind an
 /// `IdempotencyLayer` (lease `lease`) over the store `make_store` makes, from a runtime of
 /// `flavour` on a thread of its own; `busy` other tasks there work `stretch` between yields
@@ -123,69 +196,11 @@ where
                 let counter = counter.clone();
                 async move {
                     counter.fetch_add(1, Ordering::SeqCst);
-                    let body = match work {
-                        Work::Busy { stretch, stretches } => {
-                            for _ in 0..stretches {
-                                std::thread::sleep(stretch);
-                                tokio::task::yield_now().await;
-                            }
-                            SlowBody::full()
-                        }
-                        Work::Pending { for_ } => {
-                            tokio::time::sleep(for_).await;
-                            SlowBody::full()
-                        }
-                        Work::SlowBody {
-                            chunks,
-                            stretch,
-                            gap,
-                        } => SlowBody {
-                            left: chunks,
-                            stretch,
-                            gap,
-                            sleep: None,
-                        },
-                    };
-                    Ok::<_, Infallible>(Response::new(body))
+                    Ok::<_, Infallible>(Response::new(do_work(work).await))
                 }
             }));
-            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            if busy.0 == usize::MAX {
-                // Two tasks that hand a token back and forth, each working `busy.1` before it
-                // passes it on: each wakes the other at once (no `yield_now`), so the run queue
-                // is never empty.
-                let (ab_tx, mut ab_rx) = tokio::sync::mpsc::channel::<()>(1);
-                let (ba_tx, mut ba_rx) = tokio::sync::mpsc::channel::<()>(1);
-                let (sa, sb, stretch) = (stop.clone(), stop.clone(), busy.1);
-                drop(tokio::spawn(async move {
-                    while !sa.load(Ordering::Relaxed) {
-                        std::thread::sleep(stretch);
-                        if ab_tx.send(()).await.is_err() || ba_rx.recv().await.is_none() {
-                            return;
-                        }
-                    }
-                }));
-                drop(tokio::spawn(async move {
-                    while !sb.load(Ordering::Relaxed) {
-                        if ab_rx.recv().await.is_none() {
-                            return;
-                        }
-                        std::thread::sleep(stretch);
-                        if ba_tx.send(()).await.is_err() {
-                            return;
-                        }
-                    }
-                }));
-            }
-            for _ in 0..if busy.0 == usize::MAX { 0 } else { busy.0 } {
-                let (s, stretch) = (stop.clone(), busy.1);
-                drop(tokio::spawn(async move {
-                    while !s.load(Ordering::Relaxed) {
-                        std::thread::sleep(stretch);
-                        tokio::task::yield_now().await;
-                    }
-                }));
-            }
+            let stop = Arc::new(AtomicBool::new(false));
+            spawn_busy(busy, &stop);
             let accept = accept(listener, svc);
             tokio::select! {
                 _ = accept => {}

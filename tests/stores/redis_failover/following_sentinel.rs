@@ -3,17 +3,18 @@
 //! on a fixed address, applies it twice); a stale owner on a demoted primary is fenced on the
 //! new one; Sentinel reaches a primary that requires a password, which no error shows.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::{
-    replicated, send, sentinel_field, sentinel_primary, sentinel_sees, Answer, LIMIT, MASTER,
+    assert_refused_naming, fingerprint, ok_response, reader, replicated, send, sentinel_field,
+    sentinel_primary, sentinel_sees, wait_for, Answer, LIMIT, MASTER,
 };
 use crate::support::fleet::{Counts, Fault, Instance};
 use crate::support::redis::{wait_until, wait_until_async, Node, PATIENT};
-use bytes::Bytes;
 use http::StatusCode;
 use tower_idempotency_keys::{
-    Begin, Entry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, RedisStore, StoreError,
 };
 
 /// Waits until the Sentinel names a primary other than `old` that has at least one replica
@@ -61,6 +62,77 @@ where
     panic!("never fenced");
 }
 
+/// A primary with `N` replicas that have its data, and a Sentinel that watches it and knows
+/// them.
+fn watched_primary<const N: usize>() -> (Node, [Node; N], Node) {
+    let primary = Node::primary();
+    let replicas: [Node; N] = std::array::from_fn(|_| Node::replica_of(primary.port));
+    for replica in &replicas {
+        replicated(&primary, replica);
+    }
+    let sentinel = Node::sentinel(MASTER, primary.port);
+    sentinel_sees(&sentinel, N);
+    (primary, replicas, sentinel)
+}
+
+/// An instance's store, patient and waiting for one replica: through the Sentinel at
+/// `sentinel` (`follow`), or on the fixed address `url`.
+async fn connect_store(
+    follow: bool,
+    sentinel: String,
+    url: String,
+) -> Result<RedisStore, StoreError> {
+    let builder = if follow {
+        RedisStore::sentinel([sentinel], MASTER)
+    } else {
+        RedisStore::builder(&url)
+    };
+    builder
+        .wait_for_replicas(1)
+        .timeout(PATIENT)
+        .replica_timeout(PATIENT)
+        .connect()
+        .await
+}
+
+/// Following Sentinel: the owner stores the response on the new primary at `new_url` (a read:
+/// it claims nothing), and a repeat to the instance at `b` is answered from it.
+async fn replayed_from_the_new_primary(new_url: &str, b: SocketAddr) {
+    let look = reader(new_url, "mid:").await;
+    wait_until_async("the response stored on the new primary", LIMIT, || {
+        let look = look.clone();
+        async move { matches!(look.get("k-held").await, Ok(Some(Entry::Completed { .. }))) }
+    })
+    .await;
+    let again = send(b, "held", "k-held", Fault::None).await;
+    assert_eq!(
+        again,
+        Answer {
+            status: StatusCode::OK,
+            replayed: true
+        }
+    );
+}
+
+/// On a fixed address: a repeat to the instance at `b` gets 409 while the dead owner's claim
+/// lasts on the new primary, then a fresh run.
+async fn run_again_once_the_claim_ends(b: SocketAddr) {
+    let mut again = send(b, "held", "k-held", Fault::None).await;
+    let start = std::time::Instant::now();
+    while again.status == StatusCode::CONFLICT {
+        assert!(start.elapsed() < LIMIT, "the claim never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        again = send(b, "held", "k-held", Fault::None).await;
+    }
+    assert_eq!(
+        again,
+        Answer {
+            status: StatusCode::OK,
+            replayed: false
+        }
+    );
+}
+
 /// A handler is running when its primary dies; a Sentinel promotes one of two replicas (the
 /// claim is on both: confirmed before the handler ran). With `follow`, both instances reach
 /// the primary through the Sentinel: the owner stores its response on the new primary and the
@@ -68,33 +140,12 @@ where
 /// response is never stored where the fleet looks, and once its lease ends a repeat runs the
 /// handler again. Returns how many times the handler ran.
 async fn failover_mid_handler(follow: bool) -> u32 {
-    let mut primary = Node::primary();
-    let replicas = [
-        Node::replica_of(primary.port),
-        Node::replica_of(primary.port),
-    ];
-    for replica in &replicas {
-        replicated(&primary, replica);
-    }
-    let sentinel = Node::sentinel(MASTER, primary.port);
-    sentinel_sees(&sentinel, 2);
+    let (mut primary, _replicas, sentinel) = watched_primary::<2>();
     let counts = Counts::default();
     let lease = Duration::from_secs(1);
     let connect = |url: String| {
         let sentinel = sentinel.url();
-        move || async move {
-            let builder = if follow {
-                RedisStore::sentinel([sentinel], MASTER)
-            } else {
-                RedisStore::builder(&url)
-            };
-            builder
-                .wait_for_replicas(1)
-                .timeout(PATIENT)
-                .replica_timeout(PATIENT)
-                .connect()
-                .await
-        }
+        move || connect_store(follow, sentinel, url)
     };
     let a = Instance::start_with(connect(primary.url()), "mid:", lease, counts.clone()).await;
     let first = tokio::spawn(send(a.addr, "held", "k-held", Fault::HeldAfterApply));
@@ -112,42 +163,9 @@ async fn failover_mid_handler(follow: bool) -> u32 {
     );
 
     if follow {
-        // The owner stores the response on the new primary (a read: it claims nothing).
-        let look = RedisStore::builder(&new_url)
-            .wait_for_replicas(0)
-            .prefix("mid:")
-            .connect()
-            .await
-            .unwrap();
-        wait_until_async("the response stored on the new primary", LIMIT, || {
-            let look = look.clone();
-            async move { matches!(look.get("k-held").await, Ok(Some(Entry::Completed { .. }))) }
-        })
-        .await;
-        let again = send(b.addr, "held", "k-held", Fault::None).await;
-        assert_eq!(
-            again,
-            Answer {
-                status: StatusCode::OK,
-                replayed: true
-            }
-        );
+        replayed_from_the_new_primary(&new_url, b.addr).await;
     } else {
-        // 409 while the dead owner's claim lasts on the new primary, then a fresh run.
-        let mut again = send(b.addr, "held", "k-held", Fault::None).await;
-        let start = std::time::Instant::now();
-        while again.status == StatusCode::CONFLICT {
-            assert!(start.elapsed() < LIMIT, "the claim never ended");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            again = send(b.addr, "held", "k-held", Fault::None).await;
-        }
-        assert_eq!(
-            again,
-            Answer {
-                status: StatusCode::OK,
-                replayed: false
-            }
-        );
+        run_again_once_the_claim_ends(b.addr).await;
     }
     counts.applied("held")
 }
@@ -164,24 +182,8 @@ async fn a_failover_mid_handler_on_a_fixed_address_applies_twice() {
     assert_eq!(failover_mid_handler(false).await, 2);
 }
 
-/// A coordinated failover (`SENTINEL FAILOVER`) demotes the primary, which then answers writes
-/// with `READONLY`. A store that follows Sentinel sends its calls to the new primary, where the
-/// fencing token still rules: the stale owner of a claim that lapsed and was taken over
-/// neither renews it nor overwrites the newer owner's record. A store held to the demoted
-/// node's address gets a store error (503), never a fresh claim.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
-    let primary = Node::primary();
-    let replica = Node::replica_of(primary.port);
-    replicated(&primary, &replica);
-    let sentinel = Node::sentinel(MASTER, primary.port);
-    sentinel_sees(&sentinel, 1);
-    let fp = Fingerprint::of(&http::Method::POST, "/v1/send", b"x");
-    let response = |body: &'static str| {
-        StoredResponse::new(StatusCode::OK, http::HeaderMap::new(), Bytes::from(body))
-    };
-
-    // Impossible settings are refused at connect, naming the input.
+/// Impossible settings are refused at connect, naming the input.
+async fn impossible_settings_are_refused(primary: &Node, replica: &Node) {
     for (builder, named) in [
         (
             RedisStore::builder(&primary.url()).wait_for_replicas(2),
@@ -197,13 +199,13 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
         ),
     ] {
         let err = builder.connect().await.expect_err(named);
-        let cause = std::error::Error::source(&err).map(ToString::to_string);
-        assert!(
-            cause.as_deref().is_some_and(|c| c.contains(named)),
-            "{cause:?}"
-        );
+        assert_refused_naming(&err, named);
     }
+}
 
+/// The two stores of the stale owner: one through the Sentinel (it finds the one replica at
+/// connect), one held to the current primary's address.
+async fn stale_owner_stores(sentinel: &Node, primary: &Node) -> (RedisStore, RedisStore) {
     let stale = RedisStore::sentinel([sentinel.url()], MASTER)
         .prefix("stale:")
         .timeout(PATIENT)
@@ -221,40 +223,36 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
         .connect()
         .await
         .unwrap();
-    let Begin::Started(old_claim) = stale
-        .begin("k", fp, Duration::from_millis(300))
-        .await
-        .unwrap()
-    else {
-        panic!("a fresh key is claimed");
-    };
+    (stale, fixed)
+}
 
+/// `SENTINEL FAILOVER`: `replica` is promoted, and `primary` demoted to its replica.
+fn coordinated_failover(sentinel: &Node, primary: &Node, replica: &Node) {
     // Refused (NOGOODSLAVE) until the Sentinel has read the replica's state: asked again.
-    tokio::task::block_in_place(|| {
-        wait_until("the Sentinel to start a failover", LIMIT, || {
-            sentinel
-                .query::<String>(redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER))
-                .is_ok()
-        })
+    wait_for("the Sentinel to start a failover", || {
+        sentinel
+            .query::<String>(redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER))
+            .is_ok()
     });
-    let now = promoted(&sentinel, primary.port);
+    let now = promoted(sentinel, primary.port);
     assert_eq!(now, replica.port);
-    tokio::task::block_in_place(|| {
-        wait_until("the old primary to be demoted", LIMIT, || {
-            primary.replication("role").as_deref() == Some("slave")
-        })
+    wait_for("the old primary to be demoted", || {
+        primary.replication("role").as_deref() == Some("slave")
     });
-    replicated(&replica, &primary);
+    replicated(replica, primary);
+}
+
+/// The newer owner's store on `new_primary`, once it has taken the stale owner's key there and
+/// stored its response.
+async fn a_newer_owner_completes(new_primary: &Node, fp: Fingerprint) -> RedisStore {
     // The stale owner's claim lapses on the new primary (nothing renews it) ...
-    tokio::task::block_in_place(|| {
-        wait_until("the stale claim to lapse", LIMIT, || {
-            replica
-                .query::<Option<Vec<u8>>>(redis::cmd("GET").arg("stale:k"))
-                .is_ok_and(|v| v.is_none())
-        })
+    wait_for("the stale claim to lapse", || {
+        new_primary
+            .query::<Option<Vec<u8>>>(redis::cmd("GET").arg("stale:k"))
+            .is_ok_and(|v| v.is_none())
     });
     // ... and a newer owner takes the key there and stores its response.
-    let newer = RedisStore::builder(&replica.url())
+    let newer = RedisStore::builder(&new_primary.url())
         .prefix("stale:")
         .connect()
         .await
@@ -268,41 +266,35 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
             "k",
             new_claim,
             fp,
-            response("newer"),
+            ok_response("newer"),
             Duration::from_secs(60),
         )
         .await
         .unwrap();
+    newer
+}
 
-    // The stale owner's connection reaches the demoted node (Sentinel closed its clients at
-    // the failover: a call on a connection made before it fails as a store error, and the
-    // connections are made afresh), follows Sentinel to the new primary, and is fenced there:
-    // it neither stores its outcome over the newer one nor renews.
+/// The stale owner (its claim `old_claim`) is fenced, twice over: it neither stores its
+/// outcome nor renews.
+async fn the_stale_owner_is_fenced(stale: &RedisStore, old_claim: FencingToken, fp: Fingerprint) {
     for _ in 0..2 {
         fenced(|| {
             stale.complete(
                 "k",
                 old_claim,
                 fp,
-                response("stale"),
+                ok_response("stale"),
                 Duration::from_secs(60),
             )
         })
         .await;
         fenced(|| stale.renew("k", old_claim, Duration::from_secs(60))).await;
     }
-    match newer.get("k").await.unwrap() {
-        Some(Entry::Completed { response, .. }) => assert_eq!(response.body(), "newer"),
-        other => panic!("the newer record was lost: {other:?}"),
-    }
-    // Through Sentinel, new keys go to the new primary.
-    assert!(matches!(
-        stale.begin("k-new", fp, Duration::from_secs(60)).await,
-        Ok(Begin::Started(_))
-    ));
+}
 
-    // Held to the demoted node's address: READONLY is a store error, not a claim (the first
-    // call may meet the connection Sentinel closed; the next ones reach the demoted node).
+/// Held to the demoted node's address: READONLY is a store error, not a claim (the first
+/// call may meet the connection Sentinel closed; the next ones reach the demoted node).
+async fn the_demoted_address_takes_no_claim(fixed: &RedisStore, fp: Fingerprint) {
     let mut causes = Vec::new();
     for _ in 0..3 {
         let err = fixed
@@ -313,6 +305,47 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
         causes.extend(std::error::Error::source(&err).map(ToString::to_string));
     }
     assert!(causes.iter().any(|c| c.contains("ReadOnly")), "{causes:?}");
+}
+
+/// A coordinated failover (`SENTINEL FAILOVER`) demotes the primary, which then answers writes
+/// with `READONLY`. A store that follows Sentinel sends its calls to the new primary, where the
+/// fencing token still rules: the stale owner of a claim that lapsed and was taken over
+/// neither renews it nor overwrites the newer owner's record. A store held to the demoted
+/// node's address gets a store error (503), never a fresh claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
+    let (primary, [replica], sentinel) = watched_primary::<1>();
+    let fp = fingerprint();
+    impossible_settings_are_refused(&primary, &replica).await;
+
+    let (stale, fixed) = stale_owner_stores(&sentinel, &primary).await;
+    let Begin::Started(old_claim) = stale
+        .begin("k", fp, Duration::from_millis(300))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is claimed");
+    };
+
+    coordinated_failover(&sentinel, &primary, &replica);
+    let newer = a_newer_owner_completes(&replica, fp).await;
+
+    // The stale owner's connection reaches the demoted node (Sentinel closed its clients at
+    // the failover: a call on a connection made before it fails as a store error, and the
+    // connections are made afresh), follows Sentinel to the new primary, and is fenced there:
+    // it neither stores its outcome over the newer one nor renews.
+    the_stale_owner_is_fenced(&stale, old_claim, fp).await;
+    match newer.get("k").await.unwrap() {
+        Some(Entry::Completed { response, .. }) => assert_eq!(response.body(), "newer"),
+        other => panic!("the newer record was lost: {other:?}"),
+    }
+    // Through Sentinel, new keys go to the new primary.
+    assert!(matches!(
+        stale.begin("k-new", fp, Duration::from_secs(60)).await,
+        Ok(Begin::Started(_))
+    ));
+
+    the_demoted_address_takes_no_claim(&fixed, fp).await;
     assert!(newer.get("k-fixed").await.unwrap().is_none());
 }
 

@@ -21,6 +21,7 @@ use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use tower_idempotency_keys::{Fingerprint, RedisStore, StoreError, StoredResponse};
 
 /// How long any state a scenario waits for may take, on a busy machine.
 pub(crate) const LIMIT: Duration = Duration::from_secs(60);
@@ -45,6 +46,41 @@ pub(crate) async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> A
         status: res.status(),
         replayed: res.headers().contains_key("idempotent-replayed"),
     }
+}
+
+/// `wait_until` (within `LIMIT`) without blocking the runtime's other tasks.
+pub(crate) fn wait_for(what: &str, done: impl FnMut() -> bool) {
+    tokio::task::block_in_place(|| wait_until(what, LIMIT, done));
+}
+
+/// The fingerprint of the calls a scenario makes on a store directly.
+pub(crate) fn fingerprint() -> Fingerprint {
+    Fingerprint::of(&http::Method::POST, "/v1/send", b"x")
+}
+
+/// A stored 200 answer with `body`.
+pub(crate) fn ok_response(body: &'static str) -> StoredResponse {
+    StoredResponse::new(StatusCode::OK, http::HeaderMap::new(), Bytes::from(body))
+}
+
+/// A store that looks at what the node at `url` holds under `prefix` (it waits for no
+/// replica, and claims nothing).
+pub(crate) async fn reader(url: &str, prefix: &str) -> RedisStore {
+    RedisStore::builder(url)
+        .wait_for_replicas(0)
+        .prefix(prefix)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Asserts that a connect was refused naming `named` (the setting or input at fault).
+pub(crate) fn assert_refused_naming(err: &StoreError, named: &str) {
+    let cause = std::error::Error::source(err).map(ToString::to_string);
+    assert!(
+        cause.as_deref().is_some_and(|c| c.contains(named)),
+        "{cause:?}"
+    );
 }
 
 /// `wait_replicated` without blocking the runtime's other tasks (the proxy runs on them).
@@ -77,9 +113,7 @@ pub(crate) fn sentinel_primary(sentinel: &Node) -> Option<u16> {
 
 /// Waits until the Sentinel knows `replicas` replicas of the primary.
 pub(crate) fn sentinel_sees(sentinel: &Node, replicas: usize) {
-    tokio::task::block_in_place(|| {
-        wait_until("the Sentinel to find the replicas", LIMIT, || {
-            sentinel_field(sentinel, "num-slaves").and_then(|n| n.parse().ok()) == Some(replicas)
-        })
+    wait_for("the Sentinel to find the replicas", || {
+        sentinel_field(sentinel, "num-slaves").and_then(|n| n.parse().ok()) == Some(replicas)
     });
 }

@@ -6,27 +6,20 @@
 
 use std::time::Duration;
 
-use super::{replicated, send, Answer, LIMIT};
+use super::{
+    assert_refused_naming, fingerprint, ok_response, reader, replicated, send, wait_for, Answer,
+    LIMIT,
+};
 use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_until, Node, Proxy};
-use bytes::Bytes;
+use crate::support::redis::{Node, Proxy};
 use http::StatusCode;
 use tower_idempotency_keys::{
-    Begin, Entry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
+    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
 };
 
-/// The first request to a key reaches the primary while the replication stream is held back
-/// (a proxy between primary and replica, paused); the primary is killed and its replica
-/// promoted; the repeat goes to a second instance on the promoted replica. Returns how many
-/// times the handler of that key ran, and the first request's answer.
-async fn replica_behind(replicas: u32) -> (u32, Answer) {
-    let mut primary = Node::primary();
-    let proxy = Proxy::start(primary.port).await;
-    let replica = Node::replica_of(proxy.port);
-    replicated(&primary, &replica);
-    let counts = Counts::default();
-    let url = primary.url();
-    let a = Instance::start_with(
+/// An instance on the primary at `url` whose store waits for `replicas` replicas (300 ms).
+async fn instance_on_the_primary(url: String, replicas: u32, counts: &Counts) -> Instance {
+    Instance::start_with(
         move || async move {
             RedisStore::builder(&url)
                 .wait_for_replicas(replicas)
@@ -38,7 +31,45 @@ async fn replica_behind(replicas: u32) -> (u32, Answer) {
         Duration::from_secs(5),
         counts.clone(),
     )
-    .await;
+    .await
+}
+
+/// An instance on the promoted replica at `url`, whose store waits for no replica. The
+/// promoted replica has no replica of its own: waiting for one is refused at connect, naming
+/// the setting.
+async fn instance_on_the_promoted_replica(url: String, counts: &Counts) -> Instance {
+    let refused = RedisStore::builder(&url)
+        .wait_for_replicas(1)
+        .connect()
+        .await
+        .expect_err("no replica to wait for");
+    assert_refused_naming(&refused, "wait_for_replicas(1)");
+
+    Instance::start_with(
+        move || async move {
+            RedisStore::builder(&url)
+                .wait_for_replicas(0)
+                .connect()
+                .await
+        },
+        "failover:",
+        Duration::from_secs(5),
+        counts.clone(),
+    )
+    .await
+}
+
+/// The first request to a key reaches the primary while the replication stream is held back
+/// (a proxy between primary and replica, paused); the primary is killed and its replica
+/// promoted; the repeat goes to a second instance on the promoted replica. Returns how many
+/// times the handler of that key ran, and the first request's answer.
+async fn replica_behind(replicas: u32) -> (u32, Answer) {
+    let mut primary = Node::primary();
+    let proxy = Proxy::start(primary.port).await;
+    let replica = Node::replica_of(proxy.port);
+    replicated(&primary, &replica);
+    let counts = Counts::default();
+    let a = instance_on_the_primary(primary.url(), replicas, &counts).await;
 
     if replicas > 0 {
         // A key answered while the stream flows: confirmed on the replica before the answer,
@@ -52,34 +83,7 @@ async fn replica_behind(replicas: u32) -> (u32, Answer) {
     primary.kill();
     replica.promote();
 
-    // The promoted replica has no replica of its own: waiting for one is refused at connect,
-    // naming the setting.
-    let refused = RedisStore::builder(&replica.url())
-        .wait_for_replicas(1)
-        .connect()
-        .await
-        .expect_err("no replica to wait for");
-    let cause = std::error::Error::source(&refused).map(ToString::to_string);
-    assert!(
-        cause
-            .as_deref()
-            .is_some_and(|c| c.contains("wait_for_replicas(1)")),
-        "{cause:?}"
-    );
-
-    let url = replica.url();
-    let b = Instance::start_with(
-        move || async move {
-            RedisStore::builder(&url)
-                .wait_for_replicas(0)
-                .connect()
-                .await
-        },
-        "failover:",
-        Duration::from_secs(5),
-        counts.clone(),
-    )
-    .await;
+    let b = instance_on_the_promoted_replica(replica.url(), &counts).await;
     let again = send(b.addr, "behind", "k-behind", Fault::None).await;
     assert_eq!(
         again,
@@ -125,14 +129,8 @@ async fn without_waiting_a_claim_the_replica_never_received_applies_twice() {
     assert_eq!(applied, 2, "the scenario loses the key without waiting");
 }
 
-/// A response stored while the replication stream is held back (two replicas, each behind a
-/// paused proxy): the store's clients reach the primary through an address that follows the
-/// promotion (a proxy re-pointed to the promoted replica, as a managed service's name is).
-/// Returns what the promoted replica holds for the key once the owner is done: waiting, the
-/// completion was not confirmed, the key stayed in flight, and the owner sent it again to the
-/// new primary; not waiting, it was acknowledged, and lost.
-async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
-    let mut primary = Node::primary();
+/// Two replicas of `primary` that have its data, each behind a proxy (its link, to pause).
+async fn two_replicas_behind_links(primary: &Node) -> ([Proxy; 2], [Node; 2]) {
     let links = [
         Proxy::start(primary.port).await,
         Proxy::start(primary.port).await,
@@ -142,43 +140,14 @@ async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
         Node::replica_of(links[1].port),
     ];
     for replica in &standby {
-        replicated(&primary, replica);
+        replicated(primary, replica);
     }
-    let front = Proxy::start(primary.port).await;
-    let store = RedisStore::builder(&front.url())
-        .wait_for_replicas(replicas)
-        .replica_timeout(Duration::from_millis(300))
-        .prefix("unconfirmed:")
-        .connect()
-        .await
-        .unwrap();
-    let fp = Fingerprint::of(&http::Method::POST, "/v1/send", b"x");
-    let Begin::Started(claim) = store.begin("k", fp, Duration::from_secs(60)).await.unwrap() else {
-        panic!("a fresh key is claimed");
-    };
-    // Both replicas have the claim (the control does not wait for it: it waits here).
-    tokio::task::block_in_place(|| {
-        wait_until("the claim on both replicas", LIMIT, || {
-            standby.iter().all(|r| {
-                r.query::<Option<Vec<u8>>>(redis::cmd("GET").arg("unconfirmed:k"))
-                    .is_ok_and(|v| v.is_some())
-            })
-        })
-    });
-    for link in &links {
-        link.pause();
-    }
-    let response = StoredResponse::new(StatusCode::OK, http::HeaderMap::new(), Bytes::from("sent"));
-    let stored = store
-        .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
-        .await;
-    if replicas > 0 {
-        let err = stored.expect_err("confirmed with the replicas held back");
-        assert!(!err.is_fenced(), "{err}");
-    } else {
-        stored.expect("acknowledged by the primary alone");
-    }
+    (links, standby)
+}
 
+/// The primary dies and the first replica is promoted: the second replicates from it, and
+/// `front` points to it.
+fn fail_over_to_the_first(primary: &mut Node, standby: &[Node; 2], front: &Proxy) {
     primary.kill();
     standby[0].promote();
     let _: String = standby[1]
@@ -190,26 +159,75 @@ async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
         .unwrap();
     replicated(&standby[0], &standby[1]);
     front.point_to(standby[0].port);
+}
 
-    if replicas > 0 {
-        // The owner sends its completion again (the layer does so in the background while the
-        // key stays in flight): the first call may meet the dead primary's connection.
-        let start = std::time::Instant::now();
-        while let Err(err) = store
-            .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
-            .await
-        {
-            assert!(!err.is_fenced(), "{err}");
-            assert!(start.elapsed() < LIMIT, "never confirmed: {err}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+/// The owner sends its completion again (the layer does so in the background while the key
+/// stays in flight) until it is confirmed: the first call may meet the dead primary's
+/// connection.
+async fn complete_until_confirmed(
+    store: &RedisStore,
+    claim: FencingToken,
+    fp: Fingerprint,
+    response: &StoredResponse,
+) {
+    let start = std::time::Instant::now();
+    while let Err(err) = store
+        .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
+        .await
+    {
+        assert!(!err.is_fenced(), "{err}");
+        assert!(start.elapsed() < LIMIT, "never confirmed: {err}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let look = RedisStore::builder(&standby[0].url())
-        .wait_for_replicas(0)
+}
+
+/// A response stored while the replication stream is held back (two replicas, each behind a
+/// paused proxy): the store's clients reach the primary through an address that follows the
+/// promotion (a proxy re-pointed to the promoted replica, as a managed service's name is).
+/// Returns what the promoted replica holds for the key once the owner is done: waiting, the
+/// completion was not confirmed, the key stayed in flight, and the owner sent it again to the
+/// new primary; not waiting, it was acknowledged, and lost.
+async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
+    let mut primary = Node::primary();
+    let (links, standby) = two_replicas_behind_links(&primary).await;
+    let front = Proxy::start(primary.port).await;
+    let store = RedisStore::builder(&front.url())
+        .wait_for_replicas(replicas)
+        .replica_timeout(Duration::from_millis(300))
         .prefix("unconfirmed:")
         .connect()
         .await
         .unwrap();
+    let fp = fingerprint();
+    let Begin::Started(claim) = store.begin("k", fp, Duration::from_secs(60)).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    // Both replicas have the claim (the control does not wait for it: it waits here).
+    wait_for("the claim on both replicas", || {
+        standby.iter().all(|r| {
+            r.query::<Option<Vec<u8>>>(redis::cmd("GET").arg("unconfirmed:k"))
+                .is_ok_and(|v| v.is_some())
+        })
+    });
+    for link in &links {
+        link.pause();
+    }
+    let response = ok_response("sent");
+    let stored = store
+        .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
+        .await;
+    if replicas > 0 {
+        let err = stored.expect_err("confirmed with the replicas held back");
+        assert!(!err.is_fenced(), "{err}");
+    } else {
+        stored.expect("acknowledged by the primary alone");
+    }
+
+    fail_over_to_the_first(&mut primary, &standby, &front);
+    if replicas > 0 {
+        complete_until_confirmed(&store, claim, fp, &response).await;
+    }
+    let look = reader(&standby[0].url(), "unconfirmed:").await;
     look.get("k").await.unwrap()
 }
 
