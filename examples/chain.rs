@@ -13,7 +13,7 @@
 //! the derived key: the provider replays), and the server's first answer is lost after it
 //! committed (the client repeats its key: the server replays). A server that crashed instead
 //! would have rolled the order back, and its re-run would send the provider the same derived
-//! key: `tests/postgres/crash.rs` kills a real process at each point.
+//! key: `server/tests/postgres/crash.rs` kills a real process at each point.
 //!
 //! Run: `cargo run --example chain --features postgres` (PostgreSQL at `DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`; the example works in a schema of its own and

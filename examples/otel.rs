@@ -8,8 +8,7 @@
 //! Run: `cargo run --example otel` (spans), `cargo run --example otel --features opentelemetry`
 //! (spans and metrics)
 
-#[path = "../tests/support/fault_server.rs"]
-mod fault_server;
+use retry_safety_testing::fault_server;
 
 use std::time::Duration;
 

@@ -2,8 +2,7 @@
 //!
 //! Run: `cargo run --example reqwest --features reqwest-middleware`
 
-#[path = "../tests/support/fault_server.rs"]
-mod fault_server;
+use retry_safety_testing::fault_server;
 
 use std::time::Duration;
 

@@ -7,8 +7,7 @@
 //!
 //! Run: `cargo run --example sdk_client`. It talks to the fault server on loopback.
 
-#[path = "../tests/support/fault_server.rs"]
-mod fault_server;
+use retry_safety_testing::fault_server;
 
 use std::time::Duration;
 

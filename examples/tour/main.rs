@@ -18,8 +18,7 @@
 mod cut_reads;
 #[path = "../../tests/support/cut_server.rs"]
 mod cut_server;
-#[path = "../../tests/support/fault_server.rs"]
-mod fault_server;
+use retry_safety_testing::fault_server;
 mod stacks;
 mod suppressed;
 

@@ -2,7 +2,7 @@
 //! `RedisStore` connection to one Redis, each on its own tokio runtime (so stopping one ends
 //! every task it runs, as a crashed process would), behind a forwarder that sends an
 //! operation's consecutive attempts to different instances. Side effects are counted per
-//! operation across the fleet. Shared by `tests/stores/redis_fleet.rs` and `examples/fleet.rs`.
+//! operation across the fleet. Shared by `server/tests/stores/redis_fleet.rs` and `examples/fleet.rs`.
 #![allow(dead_code)]
 
 use std::collections::HashMap;

@@ -5,13 +5,13 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bodies_replayed_or_sent_once;
 mod client_side_keys;
 mod decision_table;
 mod host_and_path_rule_escapes;
 mod key_trust;
 mod lenient_spellings;
 mod properties;
-mod bodies_replayed_or_sent_once;
 mod request_verdict;
 mod response_class;
 mod response_hook;

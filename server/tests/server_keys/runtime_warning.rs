@@ -4,10 +4,10 @@
 
 use std::convert::Infallible;
 
-use crate::support::logs::capture;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
+use retry_safety_testing::logs::capture;
 use tower::{Layer, ServiceExt};
 use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 

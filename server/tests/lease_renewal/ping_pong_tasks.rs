@@ -4,7 +4,7 @@
 //! drivers polled every 4 task polls. From the review, round 2, of lease renewal (08a8b2f).
 
 use crate::busy_runtime_scenario::{memory, scenario, Work, LEASE};
-use crate::support::runtime_server::Flavour;
+use retry_safety_testing::runtime_server::Flavour;
 use std::time::Duration;
 
 // DEFECT (renewal, current-thread). A keyed handler waiting on I/O (here a timer; a socket is

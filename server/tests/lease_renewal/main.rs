@@ -7,9 +7,6 @@ use std::sync::Mutex;
 /// The renewal tests time real work against real leases: one at a time, in every module.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-#[path = "../support/mod.rs"]
-mod support;
-
 use retry_safety_testing::pg;
 
 mod busy_neighbours;
@@ -19,5 +16,6 @@ mod neighbours_lab;
 mod outages;
 mod ping_pong_tasks;
 mod redis_renewals_from_short_neighbours;
+mod slow_begin;
 mod stretches;
 mod tickers;

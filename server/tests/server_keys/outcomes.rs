@@ -8,13 +8,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::fault_server::FaultServer;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use retry_safety_testing::fault_server::FaultServer;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::{ServiceBuilder, ServiceExt};
@@ -76,7 +76,6 @@ async fn tower_client_timing_out_mid_handler_gets_the_replay_of_one_run() {
 }
 
 /// The same through reqwest-middleware, with reqwest's per-request timeout.
-#[cfg(feature = "reqwest-middleware")]
 #[tokio::test]
 async fn reqwest_client_timing_out_mid_handler_gets_the_replay_of_one_run() {
     use tower_retry_safety::RetrySafetyMiddleware;

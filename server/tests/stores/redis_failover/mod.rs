@@ -14,13 +14,13 @@ mod waiting_for_replicas;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::support::fleet::Fault;
-use crate::support::redis::{wait_replicated, wait_until, Node};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fleet::Fault;
+use retry_safety_testing::redis::{wait_replicated, wait_until, Node};
 use tower_idempotency_keys::{Fingerprint, RedisStore, StoreError, StoredResponse};
 
 /// How long any state a scenario waits for may take, on a busy machine.

@@ -8,13 +8,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_until, Cluster, Node, PATIENT};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fleet::{Counts, Fault, Instance};
+use retry_safety_testing::redis::{wait_until, Cluster, Node, PATIENT};
 use tower_idempotency_keys::RedisStore;
 
 const LIMIT: Duration = Duration::from_secs(60);

@@ -19,7 +19,7 @@ impl Write for Buffer {
 /// Every event at debug or above, formatted, while `f` runs. Tests that capture share their
 /// binary with others that do not (one binary per area): see `spans::keep_interest_per_event`.
 pub fn capture<T>(f: impl FnOnce() -> T) -> (String, T) {
-    super::spans::keep_interest_per_event();
+    crate::spans::keep_interest_per_event();
     let buf = Buffer::default();
     let writer = buf.clone();
     let subscriber = tracing_subscriber::fmt()

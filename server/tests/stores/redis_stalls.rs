@@ -11,8 +11,8 @@ use http::StatusCode;
 use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore};
 
 use super::redis_failover::{replicated, send, Answer, LIMIT};
-use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{
+use retry_safety_testing::fleet::{Counts, Fault, Instance};
+use retry_safety_testing::redis::{
     free_port, wait_until, wait_until_async, Node, Proxy, INSTALL, PATIENT,
 };
 

@@ -10,9 +10,9 @@ use super::{
     assert_refused_naming, fingerprint, ok_response, reader, replicated, send, wait_for, Answer,
     LIMIT,
 };
-use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{Node, Proxy};
 use http::StatusCode;
+use retry_safety_testing::fleet::{Counts, Fault, Instance};
+use retry_safety_testing::redis::{Node, Proxy};
 use tower_idempotency_keys::{
     Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
 };

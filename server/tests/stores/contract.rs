@@ -203,7 +203,7 @@ async fn redis_store_keeps_the_contract() {
     use tower_idempotency_keys::RedisStore;
     // REDIS_URL, else 127.0.0.1:6379, else a redis-server of its own; its keys are deleted
     // when it ends.
-    let redis = crate::support::redis::TestRedis::start("contract");
+    let redis = retry_safety_testing::redis::TestRedis::start("contract");
     let store = RedisStore::connect(redis.url())
         .await
         .expect("the test's Redis answered PING");

@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::runtime_server::{serve_on, Flavour, Server};
 use crate::SERIAL;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::runtime_server::{serve_on, Flavour, Server};
 use tower::Layer;
 use tower_idempotency_keys::{
     Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, StoreError,

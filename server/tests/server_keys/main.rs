@@ -1,9 +1,6 @@
 //! The server's `IdempotencyLayer`: what it stores, frees and refuses, its edge cases and
 //! outcomes through real sockets, minted keys, `RequestKey`, and its runtime warning.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod claims_kept_while_handlers_run;
 mod in_process;
 mod keyed_requests;

@@ -3,8 +3,6 @@
 //! Sentinel, a Redis Cluster), each on topologies the tests start on free loopback ports.
 
 use retry_safety_testing::pg;
-#[path = "../support/mod.rs"]
-mod support;
 
 mod contract;
 mod late_renewals;

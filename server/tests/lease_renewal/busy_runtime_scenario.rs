@@ -5,8 +5,8 @@
 //! the check that each key ran once. Over `MemoryStore` or `RedisStore` (a Redis case's keys are
 //! deleted when it ends).
 
-use crate::support::runtime_server::{accept, listener, runtime, Flavour, Server};
 use crate::SERIAL;
+use retry_safety_testing::runtime_server::{accept, listener, runtime, Flavour, Server};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -12,8 +12,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::runtime_server::{runtime, Flavour};
 use http::StatusCode;
+use retry_safety_testing::runtime_server::{runtime, Flavour};
 use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 
 /// Two hundred claims on one current-thread runtime, each handler busy in 2 ms stretches (a

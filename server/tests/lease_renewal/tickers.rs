@@ -3,8 +3,8 @@
 //! on the commit under review (66b4554); each passes since its fix. From the review of issue
 //! 19's fixes.
 
+use crate::slow_begin::SlowBegin;
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -16,13 +16,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
-use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
-    StoreError, StoredResponse,
-};
+use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore, MemoryStore};
 
-use crate::support::runtime_server::{serve_on, Flavour, Server};
 use crate::SERIAL;
+use retry_safety_testing::runtime_server::{serve_on, Flavour, Server};
 
 /// Serves the layer `make_layer` builds (on the server's runtime: multi-thread, two workers)
 /// over a handler that applies its write, then works for `work` in steps of `step`, each an
@@ -130,58 +127,6 @@ fn a_ticker_stranded_on_another_runtime_renews_nothing() {
         "the handler ran twice (the repeat got {during})"
     );
     assert_eq!(during, StatusCode::CONFLICT);
-}
-
-/// A store that answers `begin` late, after taking the claim (a slow network, a store that
-/// just reconnected).
-struct SlowBegin<St> {
-    inner: St,
-    reply_after: Duration,
-}
-
-impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
-    fn begin(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let claimed = self.inner.begin(key, fingerprint, lease);
-        let wait = self.reply_after;
-        async move {
-            let out = claimed.await;
-            tokio::time::sleep(wait).await;
-            out
-        }
-    }
-    fn renew(
-        &self,
-        key: &str,
-        claim: FencingToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.renew(key, claim, lease)
-    }
-    fn complete(
-        &self,
-        key: &str,
-        claim: FencingToken,
-        fingerprint: Fingerprint,
-        response: StoredResponse,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.complete(key, claim, fingerprint, response, ttl)
-    }
-    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send {
-        self.inner.get(key)
-    }
-    fn release(
-        &self,
-        key: &str,
-        claim: FencingToken,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(key, claim)
-    }
 }
 
 /// "A slow reply from the store eats none of the margin" holds only once a ticker runs: the

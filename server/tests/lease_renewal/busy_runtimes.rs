@@ -4,7 +4,7 @@
 //! 2, of lease renewal (08a8b2f).
 
 use crate::busy_runtime_scenario::{busy_for, memory, redis_store, scenario, Work, LEASE};
-use crate::support::runtime_server::Flavour;
+use retry_safety_testing::runtime_server::Flavour;
 use std::time::Duration;
 
 // HELD. Twelve keyed handlers on one thread, each working 15 ms (0.0375 lease) between yields:

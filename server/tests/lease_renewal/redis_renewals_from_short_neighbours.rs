@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::redis::TestRedis;
-use crate::support::runtime_server::{runtime, Flavour};
+use retry_safety_testing::redis::TestRedis;
+use retry_safety_testing::runtime_server::{runtime, Flavour};
 use tower_idempotency_keys::{IdempotencyLayer, RedisStore};
 
 /// This test's time unit. Redis keeps a lease in its own real time, so no paused clock can

@@ -4,12 +4,12 @@
 
 use std::time::Duration;
 
-use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};

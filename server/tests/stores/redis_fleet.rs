@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use crate::support::fleet::{forwarder, Counts, Fault, Instance, OwnRedis};
-use crate::support::redis::TestRedis;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fleet::{forwarder, Counts, Fault, Instance, OwnRedis};
+use retry_safety_testing::redis::TestRedis;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore};
 use tower_retry_safety::{RetryPolicy, RetryReport};

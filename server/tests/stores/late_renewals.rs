@@ -101,7 +101,7 @@ async fn memory_store_refuses_late_renewals() {
 async fn redis_store_refuses_late_renewals() {
     use tower_idempotency_keys::RedisStore;
     // Deletes every key under the test's prefix when it ends, also when it fails.
-    let redis = crate::support::redis::TestRedis::start("late-renewals");
+    let redis = retry_safety_testing::redis::TestRedis::start("late-renewals");
     let store = RedisStore::connect(redis.url())
         .await
         .expect("the test's Redis")

@@ -11,6 +11,7 @@
 //! with `RedisStore` (a renewal there takes a second turn of the runtime, for redis-rs's
 //! connection task). `redis_one_thread_needs_a_yield_per_quarter_lease` shows that floor.
 
+use crate::slow_begin::SlowBegin;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -24,15 +25,12 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Layer;
-use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
-    StoreError, StoredResponse,
-};
+use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore, MemoryStore};
 
 const LEASE: Duration = Duration::from_millis(400);
 
-use crate::support::runtime_server::{serve_on, Flavour, Server};
 use crate::SERIAL;
+use retry_safety_testing::runtime_server::{serve_on, Flavour, Server};
 
 /// A handler that applies its write, then works `stretches` times for `stretch` without
 /// yielding, yielding once between stretches.
@@ -197,58 +195,6 @@ fn memory_multi_thread_a_handler_that_never_yields() {
     memory_case(Flavour::MultiThread, 2.5);
 }
 
-/// A store that answers `begin` late (after taking the claim): the lease runs from the claim,
-/// so renewals are timed from the request to `begin`, not from its reply.
-struct SlowBegin<St> {
-    inner: St,
-    reply_after: Duration,
-}
-
-impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
-    fn begin(
-        &self,
-        key: &str,
-        fingerprint: Fingerprint,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
-        let claimed = self.inner.begin(key, fingerprint, lease);
-        let wait = self.reply_after;
-        async move {
-            let out = claimed.await;
-            tokio::time::sleep(wait).await;
-            out
-        }
-    }
-    fn renew(
-        &self,
-        key: &str,
-        claim: FencingToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.renew(key, claim, lease)
-    }
-    fn complete(
-        &self,
-        key: &str,
-        claim: FencingToken,
-        fingerprint: Fingerprint,
-        response: StoredResponse,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.complete(key, claim, fingerprint, response, ttl)
-    }
-    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send {
-        self.inner.get(key)
-    }
-    fn release(
-        &self,
-        key: &str,
-        claim: FencingToken,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(key, claim)
-    }
-}
-
 /// `begin` answers half a lease after it took the claim, then the handler works in stretches
 /// of 0.4 × the lease: its first yield comes at 0.9 lease after the claim. Renewal timed from
 /// `begin`'s reply (as it was) comes only after the next stretch, past the lease.
@@ -269,7 +215,7 @@ fn a_slow_reply_to_begin_eats_none_of_the_margin() {
 
 mod redis_store {
     use super::*;
-    use crate::support::redis::TestRedis;
+    use retry_safety_testing::redis::TestRedis;
     use tower_idempotency_keys::RedisStore;
 
     pub(super) fn case(flavour: Flavour, fraction: f64) -> Outcome {

@@ -109,8 +109,8 @@ async fn a_response_over_the_limit_passes_through_and_its_head_is_kept() {
 /// The scope (here an API key header) never reaches a log.
 #[test]
 fn a_store_that_refuses_the_record_holds_the_key_past_its_lease() {
-    let (logs, ()) = crate::support::logs::capture(|| {
-        crate::support::logs::block_on(async {
+    let (logs, ()) = retry_safety_testing::logs::capture(|| {
+        retry_safety_testing::logs::block_on(async {
             let runs = Arc::new(AtomicU32::new(0));
             // Room for a claim (key + 64 bytes), not for any record.
             let layer = IdempotencyLayer::new(MemoryStore::with_limits(16, 200))

@@ -10,9 +10,9 @@ use super::{
     assert_refused_naming, fingerprint, ok_response, reader, replicated, send, sentinel_field,
     sentinel_primary, sentinel_sees, wait_for, Answer, LIMIT, MASTER,
 };
-use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_until, wait_until_async, Node, PATIENT};
 use http::StatusCode;
+use retry_safety_testing::fleet::{Counts, Fault, Instance};
+use retry_safety_testing::redis::{wait_until, wait_until_async, Node, PATIENT};
 use tower_idempotency_keys::{
     Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, RedisStore, StoreError,
 };

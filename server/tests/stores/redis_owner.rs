@@ -12,8 +12,8 @@ use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore, StoreError};
 use super::redis_failover::{
     replicated, send, sentinel_field, sentinel_primary, sentinel_sees, Answer, LIMIT, MASTER,
 };
-use crate::support::fleet::{Counts, Fault, Instance};
-use crate::support::redis::{wait_until, wait_until_async, Node, PATIENT};
+use retry_safety_testing::fleet::{Counts, Fault, Instance};
+use retry_safety_testing::redis::{wait_until, wait_until_async, Node, PATIENT};
 
 /// Waits until the Sentinel names (settled, flags `master`) a primary other than `old`, with
 /// or without replicas, and returns its port.
