@@ -1,4 +1,4 @@
-//! The Redis tests' harness (testing/src/redis.rs) keeps the README's promise: a test's keys
+//! The Redis tests' harness (testing/src/redis/) keeps the README's promise: a test's keys
 //! are gone when it ends, and where no Redis can be found the failure is one line that says
 //! what to install. A binary of its own: it sets `REDIS_URL`, which the other Redis tests read.
 

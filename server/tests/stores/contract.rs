@@ -1,6 +1,6 @@
 //! One contract, every store: what `IdempotencyLayer` relies on, checked against
 //! `MemoryStore` and (feature `redis`) `RedisStore` on the test's Redis (`REDIS_URL`, else
-//! 127.0.0.1:6379, else a `redis-server` of its own: `testing/src/redis.rs`).
+//! 127.0.0.1:6379, else a `redis-server` of its own: `testing/src/redis/`).
 //! Leases and TTLs are short and real: the checks wait them out, they never time anything.
 
 use std::sync::Arc;
