@@ -5,8 +5,8 @@
 //! 2026-12-04.
 
 use crate::neighbours_lab::{
-    client, conflicts, fresh, keys, post_all, replays, serial, serve, wait_started, Counting, Lab,
-    Shared, LEASE,
+    client, conflicts, fresh, keys, post_all, serial, serve, stored_responses, wait_started,
+    Counting, Lab, Shared, LEASE,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,11 +16,11 @@ use http::StatusCode;
 use retry_safety_testing::runtime_server::{runtime, Flavour};
 use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 
-/// Two hundred claims on one current-thread runtime, each handler busy in 2 ms stretches (a
-/// round of every handler is then ~0.4 s, a whole lease, so no claim survives on its own
-/// handler's polls alone): held over 4 leases, each key runs once, every repeat during its
-/// handler gets 409 (twice: at once and after 4 leases), after it a replay; the store refuses
-/// no renewal (none is sent for a claim whose outcome is stored, on one thread).
+/// Two hundred claims on one current-thread runtime, each handler busy in 2 ms stretches (a round
+/// of every handler is then ~0.4 s, a whole lease, so no claim survives on its own handler's polls
+/// alone): held over 4 leases, each key runs once, every repeat during its handler gets 409 (twice:
+/// at once and after 4 leases), after it the stored response; the store refuses no renewal (none is
+/// sent for a claim whose outcome is stored, on one thread).
 ///
 /// Found by the review of 2026-12-04.
 #[test]
@@ -54,7 +54,7 @@ fn two_hundred_claims_on_one_thread_each_run_once() {
         let firsts = firsts.await.unwrap();
         assert_eq!(fresh(&firsts), 200);
         let after = post_all(&client, &[addr], &ks).await;
-        assert_eq!(replays(&after), 200, "{after:?}");
+        assert_eq!(stored_responses(&after), 200, "{after:?}");
     });
     drop(server);
     for k in &ks {
@@ -71,9 +71,9 @@ fn two_hundred_claims_on_one_thread_each_run_once() {
     );
 }
 
-/// One layer (one store, one `Renewals`) served from a multi-thread and a current-thread
-/// runtime at once: 40 keys, half claimed on each; each key's repeats go to the other runtime.
-/// Each key runs once; every repeat during gets 409, after 4 leases too; after, a replay.
+/// One layer (one store, one `Renewals`) served from a multi-thread and a current-thread runtime at
+/// once: 40 keys, half claimed on each; each key's repeats go to the other runtime. Each key runs
+/// once; every repeat during gets 409, after 4 leases too; after, the stored response.
 ///
 /// Found by the review of 2026-12-04.
 #[test]
@@ -113,7 +113,7 @@ fn one_layer_on_two_runtimes_each_key_once() {
         let firsts = firsts.await.unwrap();
         assert_eq!(fresh(&firsts), 40);
         let after = post_all(&client, &[b, a], &ks).await;
-        assert_eq!(replays(&after), 40, "{after:?}");
+        assert_eq!(stored_responses(&after), 40, "{after:?}");
     });
     drop((sa, sb));
     for k in &ks {

@@ -295,7 +295,7 @@ impl Seen {
             "runs; during {:?} after {:?}",
             self.during, self.after
         );
-        // 409 while it runs; a replay if it ended meanwhile; never a fresh answer.
+        // 409 while it runs; the stored response if it ended meanwhile; never a fresh answer.
         assert!(
             self.during
                 .iter()

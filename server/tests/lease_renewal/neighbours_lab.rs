@@ -197,7 +197,7 @@ pub(crate) fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
-/// A keyed POST: its status and whether it was a replay.
+/// A keyed POST: its status and whether it was a stored response (`idempotent-replayed`).
 async fn post(client: &HttpClient, addr: SocketAddr, key: &str) -> (StatusCode, bool) {
     let req = Request::post(format!("http://{addr}/v1/writes"))
         .header("idempotency-key", format!("\"{key}\""))
@@ -254,7 +254,7 @@ pub(crate) fn conflicts(answers: &[(StatusCode, bool)]) -> usize {
         .count()
 }
 
-/// How many of `answers` are a fresh 200 (the handler's own, not a replay).
+/// How many of `answers` are a fresh 200 (the handler's own, not a stored response).
 pub(crate) fn fresh(answers: &[(StatusCode, bool)]) -> usize {
     answers
         .iter()
@@ -262,8 +262,8 @@ pub(crate) fn fresh(answers: &[(StatusCode, bool)]) -> usize {
         .count()
 }
 
-/// How many of `answers` are a replayed 200.
-pub(crate) fn replays(answers: &[(StatusCode, bool)]) -> usize {
+/// How many of `answers` are a stored 200 (`idempotent-replayed`).
+pub(crate) fn stored_responses(answers: &[(StatusCode, bool)]) -> usize {
     answers
         .iter()
         .filter(|(s, r)| *s == StatusCode::OK && *r)

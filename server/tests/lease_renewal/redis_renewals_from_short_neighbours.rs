@@ -5,7 +5,7 @@
 //! 2026-12-04.
 
 use crate::neighbours_lab::{
-    client, conflicts, fresh, keys, post_all, replays, serial, serve, wait_started, Lab,
+    client, conflicts, fresh, keys, post_all, serial, serve, stored_responses, wait_started, Lab,
 };
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -43,7 +43,7 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// 0.025 lease) while 60 short keyed requests come and go; the short handlers' tasks renew
 /// the long claims (the renewal's reply is awaited from a task spawned from theirs) and
 /// end. Each key runs once; the long keys' repeats get 409 at once and after 3 leases;
-/// after, replays. The keys are deleted when the test ends, passed or failed.
+/// after, stored responses. The keys are deleted when the test ends, passed or failed.
 ///
 /// Found by the review of 2026-12-04.
 #[test]
@@ -90,7 +90,7 @@ fn redis_renewals_from_short_neighbours_keep_long_claims() {
         let firsts = firsts.await.unwrap();
         assert_eq!(fresh(&firsts), LONG);
         let after = post_all(&client, &[addr], &long).await;
-        assert_eq!(replays(&after), LONG, "{after:?}");
+        assert_eq!(stored_responses(&after), LONG, "{after:?}");
     });
     drop(server);
     for k in long.iter().chain(short.iter()) {

@@ -2,7 +2,7 @@
 //! `.await`s: real sockets on loopback, the stores' real clocks, both runtime flavours, and
 //! handlers that apply their write and then work in stretches of 0.4, 0.6 and 0.9 × the lease
 //! without yielding inside a stretch. Each run: the handler runs once, a repeat during it gets
-//! 409, a repeat after it gets the replay.
+//! 409, a repeat after it gets the stored response.
 //!
 //! The bound the server docs state ("Leases and fencing"): on a multi-thread runtime renewal
 //! needs nothing of the handler while another worker is free; on a current-thread runtime the
@@ -146,7 +146,10 @@ fn assert_once(o: &Outcome, case: &str) {
         "{case}: a repeat during the handler"
     );
     assert_eq!(o.after, StatusCode::OK, "{case}: a repeat after it");
-    assert!(o.after_replayed, "{case}: the repeat after it is a replay");
+    assert!(
+        o.after_replayed,
+        "{case}: the repeat after it is the stored response"
+    );
 }
 
 fn memory_case(flavour: Flavour, fraction: f64) {

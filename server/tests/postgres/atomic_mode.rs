@@ -131,7 +131,7 @@ async fn keys(db: &TestDb) -> i64 {
 }
 
 #[tokio::test]
-async fn a_key_runs_once_and_repeats_get_the_replay_or_422() {
+async fn a_key_runs_once_and_repeats_get_the_stored_response_or_422() {
     let db = TestDb::new().await;
     let addr = server(&db, Arc::default()).await;
     let c = client();
@@ -148,7 +148,7 @@ async fn a_key_runs_once_and_repeats_get_the_replay_or_422() {
     assert_eq!(keys(&db).await, 1);
 }
 
-/// A refused claim (a replay, a 422) fails its statement before `BEGIN` takes effect: the
+/// A refused claim (a stored response, a 422) fails its statement before `BEGIN` takes effect: the
 /// connection goes back to the pool idle and clean. With one connection, every request after
 /// the refusals reuses it.
 #[tokio::test]
@@ -194,10 +194,10 @@ async fn a_concurrent_repeat_gets_409_at_once_never_waits() {
     );
     let first = first.await.unwrap().unwrap();
     assert_eq!((first.0, first.1), (201, false));
-    let replay = post(&c, addr, "/orders?sleep=800", &key, "x")
+    let repeat = post(&c, addr, "/orders?sleep=800", &key, "x")
         .await
         .unwrap();
-    assert_eq!(replay, (201, true, first.2));
+    assert_eq!(repeat, (201, true, first.2));
     assert_eq!(orders(&db, &key).await, 1);
     println!("409 for a concurrent repeat in {waited:?}");
 }
@@ -324,7 +324,7 @@ async fn bad_input_gets_a_clear_4xx_and_touches_nothing() {
 }
 
 #[tokio::test]
-async fn one_tenants_key_never_replays_anothers_response() {
+async fn one_tenants_key_never_gets_anothers_stored_response() {
     let db = TestDb::new().await;
     let addr = server(&db, Arc::default()).await;
     let c = client();
@@ -353,7 +353,7 @@ async fn one_tenants_key_never_replays_anothers_response() {
 }
 
 /// 64 concurrent repeats of one key, spread over two instances (two layers, two pools, two
-/// sockets): one run; every other caller gets 409 at first, then the replay.
+/// sockets): one run; every other caller gets 409 at first, then the stored response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
     let db = TestDb::new().await;
@@ -382,12 +382,12 @@ async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
             }
         });
     }
-    let (mut runs, mut replays, mut saw_409) = (0, 0, 0);
+    let (mut runs, mut stored, mut saw_409) = (0, 0, 0);
     let mut bodies = std::collections::HashSet::new();
     while let Some(done) = tasks.join_next().await {
         let (replayed, conflicts, body) = done.unwrap();
         if replayed {
-            replays += 1;
+            stored += 1;
         } else {
             runs += 1;
         }
@@ -396,7 +396,7 @@ async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
         }
         bodies.insert(body);
     }
-    assert_eq!((runs, replays), (1, 63));
+    assert_eq!((runs, stored), (1, 63));
     assert_eq!(saw_409, 63, "every repeat met the run in flight first");
     assert_eq!(bodies.len(), 1, "every caller got the same response");
     assert_eq!(orders(&db, &key).await, 1);
@@ -438,7 +438,10 @@ async fn axum_extractors_take_the_key_and_the_transaction() {
     let c = client();
     let key = fresh("k");
     assert_eq!(post(&c, addr, "/", &key, "x").await.unwrap().0, 200);
-    assert!(post(&c, addr, "/", &key, "x").await.unwrap().1, "replayed");
+    assert!(
+        post(&c, addr, "/", &key, "x").await.unwrap().1,
+        "a stored response"
+    );
     assert_eq!(orders(&db, &key).await, 1);
     // Without a key: the extractor's 400.
     let req = Request::post(format!("http://{addr}/"))

@@ -8,7 +8,7 @@
 //! Points: after the handler's write and before the commit; after the provider's charge, its
 //! response lost with the process; after the commit and before the response is written.
 //! Each time: one order row, one charge applied, and the client ends with a success (the
-//! replay, or the clean re-run).
+//! stored response, or the clean re-run).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
@@ -305,7 +305,7 @@ async fn killed_after_the_write_before_the_commit_runs_again_on_a_clean_slate() 
 }
 
 #[tokio::test]
-async fn killed_after_the_providers_charge_runs_again_and_the_provider_replays() {
+async fn killed_after_the_providers_charge_runs_again_and_the_provider_answers_from_its_store() {
     let out = crash_at("after-provider").await;
     assert_eq!((out.last.0, out.last.1), (201, false), "the clean re-run");
     assert!(out.last.2.ends_with("charge 1"), "{}", out.last.2);
@@ -313,14 +313,14 @@ async fn killed_after_the_providers_charge_runs_again_and_the_provider_replays()
     assert_eq!(out.applied, 1, "the provider applied the charge once");
     assert_eq!(
         out.reached, 2,
-        "the re-run's charge reached the provider, replayed"
+        "the re-run's charge reached the provider, answered from its store"
     );
 }
 
 #[tokio::test]
-async fn killed_after_the_commit_before_the_response_gets_the_replay() {
+async fn killed_after_the_commit_before_the_response_gets_the_stored_response() {
     let out = crash_at("after-commit").await;
-    assert_eq!((out.last.0, out.last.1), (201, true), "the replay");
+    assert_eq!((out.last.0, out.last.1), (201, true), "the stored response");
     assert!(out.last.2.ends_with("charge 1"), "{}", out.last.2);
     assert_eq!(out.orders, 1);
     assert_eq!((out.applied, out.reached), (1, 1));

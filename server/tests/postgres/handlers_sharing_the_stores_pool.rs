@@ -79,7 +79,10 @@ async fn session_level_search_path_on_a_reused_connection() {
         (1, 1, 0),
         "{first:?} {second:?} {third:?}"
     );
-    assert!(second.1 && third.1, "replays: {second:?} {third:?}");
+    assert!(
+        second.1 && third.1,
+        "stored responses: {second:?} {third:?}"
+    );
 }
 
 // DEFECT. Two stores over one pool (the application's pool, handed to `from_pool` twice: one

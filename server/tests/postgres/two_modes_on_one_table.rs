@@ -168,9 +168,9 @@ async fn post_as(
 
 // HELD. Scoped keys across modes: an atomic-mode and a lease-mode server over one table, both
 // scoping by `x-client`. Client A's key runs once whichever server it reaches (the lease server
-// sees the atomic record and replays it); client B's same key is its own (one more run); a
-// keyed request without the header is refused, nothing runs; a response over
-// max_response_bytes (64 bytes here) is kept as its head and replayed as such, still once.
+// sees the atomic entry and answers with its stored response); client B's same key is its own (one
+// more run); a keyed request without the header is refused, nothing runs; a response over
+// max_response_bytes (64 bytes here) is kept as its head and sent to repeats as such, still once.
 /// Found by the adversarial review, round 2, of the PostgreSQL store's modes.
 #[tokio::test]
 async fn scoped_keys_across_modes_and_an_oversized_response() {

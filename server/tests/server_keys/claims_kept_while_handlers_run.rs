@@ -15,8 +15,8 @@ use http_body_util::Full;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 
-/// Dropped before the first renewal, then detached: the keeper in the detached task still
-/// renews a 30 ms lease through a 500 ms handler; 409 meanwhile, one run, replay after.
+/// Dropped before the first renewal, then detached: the keeper in the detached task still renews a
+/// 30 ms lease through a 500 ms handler; 409 meanwhile, one run, the stored response after.
 #[tokio::test(start_paused = true)]
 async fn a_detached_handler_longer_than_its_lease_keeps_its_claim() {
     for drop_at in [1u64, 5, 15, 45, 300] {
@@ -91,7 +91,7 @@ async fn a_slow_response_body_keeps_the_claim() {
 }
 
 /// 64 callers at once on one key, handler slower than the lease: one run; every other caller
-/// gets 409 or the replay, byte for byte.
+/// gets 409 or the stored response, byte for byte.
 ///
 /// On paused time (the memory store's leases and the renewals run on tokio's clock): on a
 /// real clock with a 30 ms lease, a stall of 30 ms of the whole process (three builds beside

@@ -48,7 +48,7 @@ fn handler(
 }
 
 #[tokio::test]
-async fn every_status_is_stored_and_replayed_byte_for_byte() {
+async fn every_status_is_stored_and_sent_again_byte_for_byte() {
     let runs = Arc::new(AtomicU32::new(0));
     let layer = IdempotencyLayer::new(MemoryStore::new());
     let svc = layer.layer(handler(runs.clone(), 500, 10));

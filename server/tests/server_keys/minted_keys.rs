@@ -71,11 +71,11 @@ async fn every_write_applied_exactly_once_and_every_lost_response_recovered() {
         assert!(report.idempotency_key().is_some(), "{op}");
         let replayed = res.headers().get("idempotent-replayed").is_some();
         // A lost, delayed or replaced response is recovered from the store, not re-run.
-        let expect_replay = matches!(
+        let expect_stored = matches!(
             fault,
             Fault::DropAfterApply | Fault::SlowAfterApply | Fault::UnavailableAfterApply
         );
-        assert_eq!(replayed, expect_replay, "{op}");
+        assert_eq!(replayed, expect_stored, "{op}");
         assert_eq!(
             report.attempts(),
             if fault == Fault::None { 1 } else { 2 },
@@ -96,7 +96,7 @@ async fn every_write_applied_exactly_once_and_every_lost_response_recovered() {
 }
 
 #[tokio::test]
-async fn concurrent_duplicates_get_409_and_a_retrying_client_gets_the_replay() {
+async fn concurrent_duplicates_get_409_and_a_retrying_client_gets_the_stored_response() {
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
     let url = server.url("slow-write");
     let keyed = || {
@@ -117,7 +117,7 @@ async fn concurrent_duplicates_get_409_and_a_retrying_client_gets_the_replay() {
     assert_eq!(b.headers()["retry-after"], "1");
     assert_eq!(server.applied("slow-write"), 1);
 
-    // Through the layer, a 409 on a keyed request is retried until the replay arrives.
+    // Through the layer, a 409 on a keyed request is retried until the stored response arrives.
     let url2 = server.url("slow-write-2");
     let keyed2 = |url: &str| {
         Request::post(url)

@@ -52,7 +52,7 @@ fn slow_post(url: &str) -> Request<Full<Bytes>> {
 /// The Composio case over hyper-util: the email is sent, the rest of the handler is slower
 /// than the client's timeout; the client drops the connection and retries with the same key.
 #[tokio::test]
-async fn tower_client_timing_out_mid_handler_gets_the_replay_of_one_run() {
+async fn tower_client_timing_out_mid_handler_gets_the_stored_response_of_one_run() {
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
     let svc = ServiceBuilder::new()
         .layer(policy())
@@ -77,7 +77,7 @@ async fn tower_client_timing_out_mid_handler_gets_the_replay_of_one_run() {
 
 /// The same through reqwest-middleware, with reqwest's per-request timeout.
 #[tokio::test]
-async fn reqwest_client_timing_out_mid_handler_gets_the_replay_of_one_run() {
+async fn reqwest_client_timing_out_mid_handler_gets_the_stored_response_of_one_run() {
     use tower_retry_safety::RetrySafetyMiddleware;
 
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;

@@ -36,8 +36,8 @@ async fn a_completed_record_lives_for_its_ttl() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-/// A request body in one chunk and the same in many give one fingerprint (replay, not 422);
-/// a different query is a 422.
+/// A request body in one chunk and the same in many give one fingerprint (the stored response, not
+/// 422); a different query is a 422.
 #[tokio::test]
 async fn one_chunk_and_many_chunks_are_one_request() {
     let layer = IdempotencyLayer::new(MemoryStore::new());

@@ -130,7 +130,8 @@ async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
     let counts = Counts::default();
     let a = cluster_instance(seed, "cluster:", Duration::from_secs(5), counts.clone()).await;
 
-    // Keys across the slots (and so the primaries): each runs once, then is replayed.
+    // Keys across the slots (and so the primaries): each runs once, then answers from its stored
+    // response.
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..KEYS {
         let addr = a.addr;
@@ -159,7 +160,7 @@ async fn a_cluster_runs_each_key_once_across_slots_and_a_shard_failover() {
     assert_eq!(replicas.len(), 3);
     fail_over_one_shard_at_a_time(&cluster, &replicas);
 
-    // Every key's record is on the new primaries: replayed, never run again.
+    // Every key's entry is on the new primaries: answered from it, never run again.
     for i in 0..KEYS {
         let answer = send(a.addr, &format!("op-{i}"), &format!("key-{i}")).await;
         assert_eq!(answer, (StatusCode::OK, true), "key-{i}");

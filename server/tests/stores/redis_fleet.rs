@@ -72,7 +72,8 @@ async fn every_fault_on_either_instance_applies_each_write_once() {
     for fault in Fault::RECOVERABLE {
         for i in 0..OPS_PER_FAULT {
             let op = format!("{}-{i}", fault.name());
-            // Faults before apply are retried into one run; faults after apply replayed.
+            // Faults before apply are retried into one run; faults after apply answered from the
+            // store.
             assert_eq!(counts.applied(&op), 1, "{op}");
         }
     }
@@ -222,7 +223,7 @@ async fn redis_stopped_answers_503_and_runs_nothing_until_it_is_back() {
 
 /// A handler busy past its lease without yielding (a blocking call before its first await:
 /// no renewal can run) on a real Redis and real sockets: its lease lapses while no one else
-/// holds the key, and its outcome is still stored, so a repeat gets the replay instead of
+/// holds the key, and its outcome is still stored, so a repeat gets the stored response instead of
 /// running it again. Before `complete` accepted a lapsed claim, the repeat ran it twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_busy_past_its_lease_without_yielding_runs_once() {

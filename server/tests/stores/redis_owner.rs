@@ -134,13 +134,12 @@ async fn an_owner_cut_off_with_the_old_primary_follows_sentinel_to_the_new_one()
 }
 
 /// Keys in flight when the primary dies; Sentinel promotes its one replica, which then has no
-/// replica of its own: every `WAIT` for one would take its whole timeout. The owner's
-/// renewals and stored responses must still reach the new primary (unconfirmed: there is
-/// nothing to confirm them): repeats during the handlers, a lease after the promotion, get
-/// 409, and once the handlers answer their responses are stored and replayed. Before the fix
-/// the `WAIT`s held the store's connections, renewals queued behind them and timed out, the
-/// claims lapsed, and the repeats ran the handlers again (the review saw 92–100 of 100 at a
-/// 60 s lease).
+/// replica of its own: every `WAIT` for one would take its whole timeout. The owner's renewals and
+/// stored responses must still reach the new primary (unconfirmed: there is nothing to confirm
+/// them): repeats during the handlers, a lease after the promotion, get 409, and once the handlers
+/// answer their responses are stored and sent to the repeats. Before the fix the `WAIT`s held the
+/// store's connections, renewals queued behind them and timed out, the claims lapsed, and the
+/// repeats ran the handlers again (the review saw 92–100 of 100 at a 60 s lease).
 ///
 /// Margins: the lease is 8 s. The claim on the new primary lasts a lease from its last renewal
 /// before the primary died (at most a third of a lease before): 5.3 s at worst for a failover

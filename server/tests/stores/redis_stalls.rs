@@ -100,7 +100,7 @@ async fn completed_at(url: &str, prefix: &str, key: &str) {
 }
 
 /// The repeat during the handler gets 409 (applied once so far); once the handler answers,
-/// its response is stored and replayed. Checked through `b`, whose store reaches `url`.
+/// its response is stored and sent to the repeats. Checked through `b`, whose store reaches `url`.
 async fn runs_once(counts: &Counts, b: std::net::SocketAddr, url: &str, prefix: &str) {
     let during = send(b, "held", "k-held", Fault::None).await;
     assert_eq!(

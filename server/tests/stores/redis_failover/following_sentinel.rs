@@ -97,7 +97,7 @@ async fn connect_store(
 
 /// Following Sentinel: the owner stores the response on the new primary at `new_url` (a read:
 /// it claims nothing), and a repeat to the instance at `b` is answered from it.
-async fn replayed_from_the_new_primary(new_url: &str, b: SocketAddr) {
+async fn stored_response_from_the_new_primary(new_url: &str, b: SocketAddr) {
     let look = reader(new_url, "mid:").await;
     wait_until_async("the response stored on the new primary", LIMIT, || {
         let look = look.clone();
@@ -163,7 +163,7 @@ async fn failover_mid_handler(follow: bool) -> u32 {
     );
 
     if follow {
-        replayed_from_the_new_primary(&new_url, b.addr).await;
+        stored_response_from_the_new_primary(&new_url, b.addr).await;
     } else {
         run_again_once_the_claim_ends(b.addr).await;
     }

@@ -73,7 +73,7 @@ async fn replica_behind(replicas: u32) -> (u32, Answer) {
 
     if replicas > 0 {
         // A key answered while the stream flows: confirmed on the replica before the answer,
-        // it is replayed from the promoted replica below.
+        // it is the stored response read from the promoted replica below.
         let answer = send(a.addr, "confirmed", "k-confirmed", Fault::None).await;
         assert_eq!(answer.status, StatusCode::OK);
     }
