@@ -1,6 +1,6 @@
 //! A real hyper server on 127.0.0.1 that counts side effects per operation and injects one
-//! fault into each operation's first attempt. Shared by the tests, the examples and the
-//! benches (`#[path]`-included), so every claim is measured against the same faults.
+//! fault into each operation's first attempt. Shared by the client's and the server's tests
+//! and the examples, so every claim is measured against the same faults.
 //!
 //! Protocol: `METHOD /ops/{op}` (or any other path, which is then the op) with an `x-fault`
 //! header naming the fault for the op's first attempt. Non-GET requests "apply" a side effect
