@@ -12,6 +12,7 @@ use tower_retry_safety::RetryPolicy;
 
 mod common;
 use common::median;
+use retry_safety_testing::batch;
 
 #[path = "../tests/support/grpc/mod.rs"]
 mod grpc_lab;

@@ -32,6 +32,7 @@ use tower_retry_safety::{ReadWhole, ReadWholeLayer, RetryPolicy, RetrySafety};
 
 mod common;
 use common::{median, print_ratio, CloneNeverRetry};
+use retry_safety_testing::batch;
 
 async fn server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per keyed request for each variant of benches/server/, counted by callgrind:
+# Instructions per keyed request for each variant of server/benches/server/, counted by callgrind:
 # (instructions for 20 + N requests − instructions for 20) / N, all of the process (client,
 # server and layer share one thread). Needs valgrind; the Redis rows need Redis at REDIS_URL.
 #
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-2000}
 variants=${VARIANTS:-bare memory floor redis}
-bin=$(scripts/bench-bin.sh server --features redis)
+bin=$(scripts/bench-bin.sh server -p tower-idempotency-keys --all-features)
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 # Prints the run's instructions, and those of SHA-256's compression (inclusive).

@@ -37,7 +37,7 @@ struct State {
 
 /// A key's entry. The response is kept inline rather than boxed: a box is one more allocation
 /// per key that outlives the request, which costs more than the larger table
-/// (`benches/server/` measures it).
+/// (`benches/server/` of this package measures it).
 #[derive(Debug)]
 struct Slot {
     fingerprint: Fingerprint,

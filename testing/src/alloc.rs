@@ -85,3 +85,22 @@ pub fn allocations(f: impl FnOnce()) -> u64 {
 pub fn on_allocation(hook: Option<fn(usize)>) {
     HOOK.with(|h| h.set(hook));
 }
+
+/// Prints where an allocation of `size` bytes came from: the hook a test passes to
+/// [`on_allocation`] while it runs with `ALLOC_TRACE=1` (how the keyed path's sites were found).
+/// Shows the first four frames of this workspace's crates, closures and `http`.
+pub fn trace(size: usize) {
+    let frames = std::backtrace::Backtrace::force_capture().to_string();
+    let ours: Vec<&str> = frames
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            l.contains("tower_retry_safety")
+                || l.contains("tower_idempotency_keys")
+                || l.contains("::{{closure}}")
+                || l.contains(" http")
+        })
+        .take(4)
+        .collect();
+    eprintln!("allocation of {size} bytes: {}", ours.join(" < "));
+}

@@ -8,7 +8,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use retry_safety_lab::{Fault, Proxy, ProxyConfig};
+use retry_safety_lab::{Fault, Proxy, ProxyConfig, Report, RouteCounts};
 use tokio::task::JoinSet;
 
 use crate::raw_upstream::{RawUpstream, Then, GUARD};
@@ -55,11 +55,26 @@ async fn a_hedged_read_answered_by_an_earlier_hedge_is_recovered() {
         .expect("the hedge is answered")
         .expect("the hedge runs");
     assert_eq!(status, StatusCode::OK);
-    let report = proxy.report();
+    // The proxy may finish its side of the released hedge's exchange just after the client
+    // has the answer: the counts are read once they have settled (bounded by GUARD).
+    let report = settled(&proxy, |row| row.pending == 1).await;
     let row = &report.routes()[0];
     assert_eq!(row.operations, 1);
     assert_eq!(row.attempts, 3);
     assert_eq!(row.answered_ok, 1, "{}", report.table(0));
     assert_eq!(report.reads_recovered(), 1);
     assert_eq!(row.pending, 1);
+}
+
+/// The proxy's report once `done` holds for its first route, polled every 10 ms; the last
+/// report after `GUARD` (whose assertions then say what did not settle).
+async fn settled(proxy: &Proxy, done: impl Fn(&RouteCounts) -> bool) -> Report {
+    let deadline = tokio::time::Instant::now() + GUARD;
+    loop {
+        let report = proxy.report();
+        if report.routes().first().is_some_and(&done) || tokio::time::Instant::now() >= deadline {
+            return report;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

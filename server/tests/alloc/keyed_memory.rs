@@ -46,7 +46,7 @@ where
     }
     let traced = std::env::var_os("ALLOC_TRACE").is_some();
     allocations(|| {
-        let hook: fn(usize) = crate::trace;
+        let hook: fn(usize) = retry_safety_testing::alloc::trace;
         retry_safety_testing::alloc::on_allocation(traced.then_some(hook));
         std::hint::black_box(rt.block_on(send(20)));
         retry_safety_testing::alloc::on_allocation(None);

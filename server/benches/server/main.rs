@@ -46,15 +46,13 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
 
-#[path = "../common/mod.rs"]
-mod common;
 mod pg;
-#[path = "../server_counts/proxy.rs"]
-mod proxy;
 mod redis_stores;
+mod round_trips;
 
-use common::{median, print_ratio};
 use redis_stores::{print_redis_counts, redis_pair, redis_variants, Pair, RedisVariants};
+use retry_safety_testing::batch;
+use retry_safety_testing::bench::{median, print_ratio};
 
 /// Serves `handle` on a fresh loopback port; returns its base URL.
 async fn serve<F, Fut, B>(handle: F) -> String

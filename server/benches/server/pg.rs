@@ -14,7 +14,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tower::ServiceExt;
 use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore};
 
-use super::proxy;
+use super::round_trips;
 
 const INSERT: &str = "INSERT INTO bench_orders (body) VALUES ($1)";
 
@@ -140,7 +140,7 @@ impl Variants {
         const N: u64 = 200;
         let options = options(&self.url, &self.schema);
         let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        let (port, tally) = proxy::start(upstream).await;
+        let (port, tally) = round_trips::start(upstream).await;
         let (floor, layered) = pair(pool(options.clone().host("127.0.0.1").port(port)).await).await;
         let admin = pool(options).await;
         let lsn = || async {
