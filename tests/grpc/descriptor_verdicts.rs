@@ -5,7 +5,7 @@
 //! write rule lost to the proto's exact paths.
 #![cfg(feature = "tonic")]
 
-use crate::review_harness::builder;
+use crate::misbehaving_server::builder;
 use http::Method;
 use prost::Message;
 use tower_retry_safety::{Idempotency, RetryPolicy};

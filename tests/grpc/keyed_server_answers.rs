@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use crate::grpc_lab::{request, serve_keyed, Fault};
-use crate::review_harness::{builder, client, entry, within, Rev};
+use crate::misbehaving_server::{builder, client, entry, within, Rev};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 use tonic::Code;

@@ -17,8 +17,8 @@ mod with_origin;
 // The adversarial review of the gRPC support (issue 24): servers that misbehave.
 mod descriptor_verdicts;
 mod keyed_server_answers;
+mod misbehaving_server;
 mod reads_recovered;
-mod review_harness;
 mod statuses_and_plain_http;
 mod writes_sent_once;
 

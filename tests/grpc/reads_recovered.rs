@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::grpc_lab::lab::{CountRequest, Entry};
 use crate::grpc_lab::{request, serve, Fault};
-use crate::review_harness::{builder, client, entry, rev_request, serve_rev, within};
+use crate::misbehaving_server::{builder, client, entry, rev_request, serve_rev, within};
 use http::HeaderValue;
 use tonic::Code;
 

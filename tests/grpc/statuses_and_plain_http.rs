@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::grpc_lab::lab::Entry;
 use crate::grpc_lab::{request, serve, Fault};
-use crate::review_harness::{builder, client, within};
+use crate::misbehaving_server::{builder, client, within};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::Full;

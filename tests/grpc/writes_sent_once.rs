@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::grpc_lab::lab::ledger_client::LedgerClient;
 use crate::grpc_lab::lab::{CountRequest, Entry};
 use crate::grpc_lab::{request, serve, Fault};
-use crate::review_harness::{builder, client, entry, rev_request, serve_rev, within};
+use crate::misbehaving_server::{builder, client, entry, rev_request, serve_rev, within};
 use tonic::Code;
 use tower::ServiceBuilder;
 use tower_retry_safety::grpc::MAY_HAVE_BEEN_APPLIED_KEY;

@@ -8,7 +8,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::review_harness::{fast, get, report, run, scripted, Script, Seen};
+use crate::hedging_stacks::{fast, get, report, run, scripted, Script, Seen};
 use http::Request;
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy};

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::review_harness::{get, run};
+use crate::hedging_stacks::{get, run};
 use crate::support::fault_server::{Fault, FaultServer};
 use http::Request;
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::review_harness::{fast, get, report, run, scripted, Fut, Seen};
+use crate::hedging_stacks::{fast, get, report, run, scripted, Fut, Seen};
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy};

@@ -6,7 +6,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::review_harness::{fast, get, report, run};
+use crate::hedging_stacks::{fast, get, report, run};
 use http::{Request, Response};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy};

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::review_harness::{Guard, HttpClient};
+use crate::hedging_stacks::{Guard, HttpClient};
 use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

@@ -16,12 +16,12 @@ mod hedge_limits_and_settings;
 #[cfg(feature = "reqwest-middleware")]
 mod hedge_spans;
 #[cfg(feature = "reqwest-middleware")]
+mod hedging_stacks;
+#[cfg(feature = "reqwest-middleware")]
 mod held_and_unready_hedges;
 #[cfg(feature = "reqwest-middleware")]
 mod learned_delay_per_host;
 #[cfg(feature = "reqwest-middleware")]
 mod losers_on_loopback;
-#[cfg(feature = "reqwest-middleware")]
-mod review_harness;
 #[cfg(feature = "reqwest-middleware")]
 mod writes_never_hedged_twice;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::review_harness::{eager, hedging, loopback_req, send};
+use crate::hedging_stacks::{eager, hedging, loopback_req, send};
 use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};

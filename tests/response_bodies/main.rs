@@ -19,7 +19,7 @@ mod read_whole;
 #[cfg(feature = "reqwest-middleware")]
 mod read_whole_keyed;
 #[cfg(feature = "reqwest-middleware")]
-mod read_whole_review;
+mod read_whole_reqwest;
 mod response_body_hook;
 mod resume_properties;
 mod resume_range;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::REPLAYED;
-use crate::read_whole_review::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
+use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
 use crate::support::raw_server::{cl, head, Act, Raw};
 use crate::support::read_whole::{find_cut, policy, read_all, stack};
 use bytes::Bytes;

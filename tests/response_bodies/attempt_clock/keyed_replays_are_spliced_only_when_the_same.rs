@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use super::{assert_no_splice, cut_at, req, whole, HANG, REPLAYED};
-use crate::read_whole_review::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
+use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
 use crate::support::raw_server::{cl, head, rep, Act, Raw};
 use crate::support::read_whole::{find_cut, policy, read_all, stack};
 use bytes::Bytes;

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::{assert_no_splice, req, slow, stall_at, whole, HANG, SMALL};
-use crate::read_whole_review::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
+use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
 use crate::support::raw_server::{cl, head, rep, Act, Raw};
 use crate::support::read_whole::{find_cut, policy, read_all, stack};
 use bytes::Bytes;

@@ -12,7 +12,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use super::req;
-use crate::read_whole_review::all_said;
+use crate::read_whole_reqwest::all_said;
 use crate::support::raw_server::rep;
 use crate::support::read_whole::{policy, read_all};
 use bytes::Bytes;

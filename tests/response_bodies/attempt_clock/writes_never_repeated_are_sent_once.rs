@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::{cut_at, req, slow, HANG, REPLAYED, SMALL};
-use crate::read_whole_review::{reqwest_client, reqwest_read_all, BIG, HALF};
+use crate::read_whole_reqwest::{reqwest_client, reqwest_read_all, BIG, HALF};
 use crate::support::cut_server::{Cut, CutServer, Options};
 use crate::support::raw_server::{rep, Raw};
 use crate::support::read_whole::{find_cut, policy, read_all, stack};

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::{chunked, cut_write, policy, req, resume_against};
-use crate::read_whole_review::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
+use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
 use crate::support::raw_server::{cl, head, rep, Act, Raw};
 use crate::support::read_whole::{find_cut, read_all, stack};
 use bytes::Bytes;

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::{cut_write, policy, req};
-use crate::read_whole_review::{reqwest_client, reqwest_read_all, BIG, HALF};
+use crate::read_whole_reqwest::{reqwest_client, reqwest_read_all, BIG, HALF};
 use crate::support::raw_server::{cl, head, rep, Act, Raw};
 use crate::support::read_whole::{find_cut, read_all, stack};
 use http::Method;

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::{policy, req};
-use crate::read_whole_review::{BIG, HALF};
+use crate::read_whole_reqwest::{BIG, HALF};
 use crate::support::raw_server::{rep, RawCounts};
 use crate::support::read_whole::read_all;
 use bytes::Bytes;

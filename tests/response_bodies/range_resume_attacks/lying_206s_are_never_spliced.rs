@@ -5,7 +5,7 @@
 //! Found by the adversarial review of reading whole bodies (issue 23).
 
 use super::{assert_no_splice, chunked, policy, req};
-use crate::read_whole_review::{reqwest_client, reqwest_read_all, BIG, HALF};
+use crate::read_whole_reqwest::{reqwest_client, reqwest_read_all, BIG, HALF};
 use crate::support::raw_server::{cl, head, rep, Act, Raw};
 use crate::support::read_whole::{read_all, stack};
 use http::Method;

@@ -22,7 +22,7 @@ mod slow_small_bodies_are_read_whole;
 
 use std::time::Duration;
 
-use crate::read_whole_review::{BIG, HALF};
+use crate::read_whole_reqwest::{BIG, HALF};
 use crate::support::raw_server::{cl, head, rep, Act, Raw, Seen};
 use crate::support::read_whole::{read_all, stack};
 use bytes::Bytes;

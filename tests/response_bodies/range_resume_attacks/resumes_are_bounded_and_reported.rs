@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{policy, req};
-use crate::read_whole_review::{reqwest_client, BIG, HALF};
+use crate::read_whole_reqwest::{reqwest_client, BIG, HALF};
 use crate::support::raw_server::{cl, head, rep, Act, Raw};
 use crate::support::read_whole::{find_cut, read_all, stack};
 use http::Method;

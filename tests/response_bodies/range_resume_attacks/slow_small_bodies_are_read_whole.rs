@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use super::{policy, req};
-use crate::read_whole_review::reqwest_client;
+use crate::read_whole_reqwest::reqwest_client;
 use crate::support::cut_server::{Cut, CutServer, Options};
 use crate::support::raw_server::rep;
 use crate::support::read_whole::{find_cut, read_all, stack};

@@ -1,8 +1,10 @@
-//! The harness of the adversarial review of the gRPC support (issue 24): a lab client through
-//! the layer, a time limit on every call (a hang is a defect), and the reviewer's layer
-//! (`Rev`) in front of the real tonic server on 127.0.0.1, which answers as a misbehaving or
-//! unusual server would (odd `grpc-status` spellings, a status after messages, a stream
-//! answered before its end, custom trailers, a handler's own UNAVAILABLE).
+//! A misbehaving gRPC server and a client for it: a layer (`Rev`) in front of the real tonic
+//! server on 127.0.0.1 that answers as a misbehaving or unusual server would (odd
+//! `grpc-status` spellings, a status after messages, a stream answered before its end, custom
+//! trailers, a handler's own UNAVAILABLE), a lab client through the retry layer, and a time
+//! limit on every call (a hang is a defect).
+//!
+//! Written for the adversarial review of the gRPC support (issue 24).
 #![cfg(feature = "tonic")]
 
 use std::collections::{HashMap, HashSet};

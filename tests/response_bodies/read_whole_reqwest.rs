@@ -1,6 +1,9 @@
-//! What the two adversarial reviews of reading whole bodies share (`range_resume_attacks`,
-//! `attempt_clock`): the body sizes around the 64 KiB read limit, the reqwest client with both
-//! middlewares, reading a reqwest body to its end, and everything an error says.
+//! The reqwest stack that reads bodies whole (`RetrySafetyMiddleware` and
+//! `ReadWholeMiddleware`), the body sizes around its 64 KiB read limit, reading a reqwest body
+//! to its end, and everything an error says.
+//!
+//! Shared by the two adversarial reviews of reading whole bodies (issue 23):
+//! `range_resume_attacks` and `attempt_clock`.
 
 use std::error::Error as StdError;
 

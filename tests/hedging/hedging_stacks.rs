@@ -1,7 +1,8 @@
-//! The harness of the adversarial review of safe hedging and the per-attempt spans (issue 25):
-//! a scripted inner service on paused tokio time for the timing logic, and a hyper client,
-//! requests and eager hedging policies against the fault server on 127.0.0.1, which counts
-//! side effects.
+//! The stacks the hedging tests drive: a scripted inner service on paused tokio time for the
+//! timing logic, and a hyper client, requests and eager hedging policies against the fault
+//! server on 127.0.0.1, which counts side effects.
+//!
+//! Written for the adversarial review of safe hedging and the per-attempt spans (issue 25).
 
 use std::future::Future;
 use std::pin::Pin;
