@@ -130,12 +130,37 @@
 //! | one Redis, AOF `appendfsync everysec` | up to a second of claims and entries lost | — |
 //! | one Redis, AOF `appendfsync always` | nothing acknowledged is lost | — |
 //! | Redis primary + replicas, not waiting (`wait_for_replicas(0)`) | as the primary's persistence | a write the promoted replica lacked is lost: the key runs again |
-//! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice); while fewer than *n* replicas are connected, new keys get 503 at once and run nothing, and keys in flight keep their claims (renewals wait for no replica) and have their outcomes stored on the primary, sent again until replicas confirm them |
+//! | primary + replicas, waiting for *n* (`RedisStore`'s default: 1 when the primary has a replica) | as the primary's persistence | nothing acknowledged is lost if the promoted replica is one that confirmed (Sentinel and managed services promote the most up-to-date; wait for every replica to cover any choice), renewals excepted (they are not confirmed: see *A replica that receives nothing* below); while fewer than *n* replicas are connected, new keys get 503 at once and run nothing, and keys in flight keep their claims (renewals wait for no replica) and have their outcomes stored on the primary, sent again until replicas confirm them |
 //! | the same through Sentinel (`RedisStore::sentinel`), or an address that follows the promotion | as above | as above, and a claim's owner renews and stores its outcome on the new primary, also when the new one has no replica yet, and when the old one is cut off from Sentinel but not from the owner (a primary found short of replicas is resolved again); on an address held to the old node, its outcome is lost and the key runs again once its lease ends |
+//! | a replica that stays connected but receives nothing (its replication stream held: a stuck link, loss one way) for longer than the lease, then promoted | — | renewals are written on the primary alone, so a key whose handler outlasts the lease can run again: see below (`tests/stores/redis_failover/stream_held_past_the_lease.rs`: a 2 s lease, 2 runs; a 60 s one, 1 run) |
 //! | a partitioned old primary still taking writes (split brain) | — | waiting, it cannot confirm (its replicas follow the new primary): 503, nothing run; not waiting, its writes are discarded when it rejoins |
 //! | Redis Cluster (`RedisStore::cluster`), waiting for *n* replicas of the key's primary (default: 1 when every primary has one) | as each primary's persistence | per shard, as a primary with replicas waited for: the cluster promotes a replica of the failed primary and the client follows (`MOVED`); not waiting, a write the promoted replica lacked is lost |
 //! | PostgreSQL, lease mode | nothing committed is lost (`synchronous_commit` on) | asynchronous standby: the last commits can be lost, like a replica not waited for; synchronous standby: nothing committed is lost |
 //! | PostgreSQL, atomic mode | a crash before commit rolls back the key and the handler's writes together: nothing runs twice, no lease window | asynchronous standby: a lost commit loses the key *and* the effects in the same transaction (consistent, but an effect outside the database — an email — can repeat); synchronous standby: nothing committed is lost |
+//!
+//! **A replica that receives nothing.** A claim is confirmed by the replicas (`WAIT`) with the
+//! expiry it had then; its renewals are not (see `RedisStore`). A replica whose replication
+//! stream is held while it stays connected keeps the last expiry it received: once that has
+//! passed, it reads the key as free. If it is promoted then, before the owner has stored the
+//! outcome on it, a repeat of a key whose handler is still running (or whose outcome the old
+//! primary alone had) runs the handler again. It takes a handler (plus storing its outcome on
+//! the new primary) longer than the lease *and* a replica that received nothing for longer than
+//! the lease before the primary failed *and* that replica chosen. What narrows it:
+//!
+//! - **a lease longer than the longest handler plus a failover**: the confirmed claim outlives
+//!   both, the owner stores its outcome on the new primary, and repeats wait for it (409) and
+//!   get it. A server that dies mid-handler then holds its keys for that lease.
+//! - `repl-timeout` on the replicas below the lease: a replica that receives nothing (not even
+//!   the primary's pings, every `repl-ping-replica-period`) drops its link within it (measured
+//!   with 2 s: dropped within 3 s, and the primary counted it gone). The primary then has fewer
+//!   replicas (new keys get 503, as above), and Sentinel does not promote a replica disconnected
+//!   for longer than ten times `down-after-milliseconds` plus the time the primary has been down
+//!   (Sentinel's documented rule): this narrows the window, it does not close it.
+//! - `min-replicas-to-write` / `min-replicas-max-lag` do **not**: the lag they measure is the
+//!   time since the replica's last acknowledgement, which it sends every second while it
+//!   receives nothing (measured: lag 0–1 s for as long as the stream was held, writes taken;
+//!   the test runs its primary with `min-replicas-max-lag 2`). Only when acknowledgements stop
+//!   too does the primary refuse writes, renewals included, which saves no claim either.
 //!
 //! `WAIT` makes a write reach the replicas' memory, not their disks: a failover together with
 //! a crash of the confirming replica can still lose it (Redis 7.2's `WAITAOF` covers disks; this

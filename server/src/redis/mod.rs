@@ -73,7 +73,11 @@ return 1";
 ///   either way). Each is sent with the script's text (`EVAL`: no node lacks it), on a
 ///   connection of its own that no `WAIT` blocks, so it lands within a round trip whatever the
 ///   replicas do; the primary's role (`ROLE`) is read beside it. A renewal that fails is sent
-///   again every 1/48 of the lease.
+///   again every 1/48 of the lease. So replicas keep a claim's expiry as the last write they
+///   received set it: one that stays connected but receives nothing for longer than the lease
+///   reads the key as free, and promoted then, it runs a repeat of a key whose handler still
+///   runs (see the crate docs' "A replica that receives nothing": a lease longer than
+///   the longest handler plus a failover narrows it; `min-replicas-max-lag` does not).
 /// - **Replicas gone or stalled.** While the primary has fewer replicas connected than the
 ///   store waits for (a `WAIT` not confirmed, or its role, says so), nothing waits for them: a
 ///   claim is refused at once (503, nothing written), a stored response is written without

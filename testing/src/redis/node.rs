@@ -23,6 +23,12 @@ impl Node {
         Node::spawn(free_port(), &[], None)
     }
 
+    /// A primary on a free port, without persistence, with more options
+    /// (`--min-replicas-to-write`, …).
+    pub fn primary_with(args: &[&str]) -> Node {
+        Node::spawn(free_port(), args, None)
+    }
+
     /// A node for a Redis Cluster (`cluster-enabled yes`), its nodes file in the temp dir.
     pub fn cluster_node() -> Node {
         let port = free_port();

@@ -1,13 +1,24 @@
-//! A TCP proxy on loopback ([`Proxy`]) that can hold a replication stream back, or send new
-//! connections to another port.
+//! A TCP proxy on loopback ([`Proxy`]) that can hold a replication stream back (both ways, or
+//! only the primary's side), or send new connections to another port.
+
+/// What the proxy holds back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    Nothing,
+    /// What the upstream (a primary) sends; what the downstream (its replica) sends flows.
+    Upstream,
+    Both,
+}
 
 /// A TCP proxy on loopback between a replica and its primary that can hold the replication
 /// stream back: paused, it forwards nothing either way (what it read stays in its buffers), so
 /// the replica is really behind — unlike a replica stopped with SIGSTOP, whose socket buffer
-/// holds the writes and which applies them before it is promoted.
+/// holds the writes and which applies them before it is promoted. [`Proxy::hold_stream`] holds
+/// only the primary's side: the replica's acknowledgements (`REPLCONF ACK`, every second) still
+/// reach the primary, which sees it connected and not lagging while it receives nothing.
 pub struct Proxy {
     pub port: u16,
-    paused: tokio::sync::watch::Sender<bool>,
+    hold: tokio::sync::watch::Sender<Hold>,
     /// Where new connections go (an address that follows a promotion, as a managed service's
     /// name does).
     upstream: std::sync::Arc<std::sync::atomic::AtomicU16>,
@@ -20,8 +31,8 @@ impl Proxy {
             .await
             .expect("bind loopback");
         let port = listener.local_addr().expect("addr").port();
-        let (paused, _) = tokio::sync::watch::channel(false);
-        let pause = paused.clone();
+        let (hold, _) = tokio::sync::watch::channel(Hold::Nothing);
+        let holds = hold.clone();
         let upstream = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(upstream_port));
         let target = upstream.clone();
         let task = tokio::spawn(async move {
@@ -32,13 +43,13 @@ impl Proxy {
                 };
                 let (down_read, down_write) = down.into_split();
                 let (up_read, up_write) = up.into_split();
-                tokio::spawn(pump(up_read, down_write, pause.subscribe()));
-                tokio::spawn(pump(down_read, up_write, pause.subscribe()));
+                tokio::spawn(pump(up_read, down_write, holds.subscribe(), true));
+                tokio::spawn(pump(down_read, up_write, holds.subscribe(), false));
             }
         });
         Proxy {
             port,
-            paused,
+            hold,
             upstream,
             task,
         }
@@ -57,11 +68,17 @@ impl Proxy {
 
     /// Holds everything back from now on.
     pub fn pause(&self) {
-        self.paused.send_replace(true);
+        self.hold.send_replace(Hold::Both);
+    }
+
+    /// Holds back what the upstream (the primary) sends from now on, and only that: the
+    /// replica gets no write, while its acknowledgements keep reaching the primary.
+    pub fn hold_stream(&self) {
+        self.hold.send_replace(Hold::Upstream);
     }
 
     pub fn resume(&self) {
-        self.paused.send_replace(false);
+        self.hold.send_replace(Hold::Nothing);
     }
 }
 
@@ -74,7 +91,8 @@ impl Drop for Proxy {
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut paused: tokio::sync::watch::Receiver<bool>,
+    mut hold: tokio::sync::watch::Receiver<Hold>,
+    from_upstream: bool,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0; 64 * 1024];
@@ -85,8 +103,13 @@ async fn pump(
         if n == 0 {
             return;
         }
-        // Read while paused, or before: held until resumed, never forwarded meanwhile.
-        if paused.wait_for(|p| !*p).await.is_err() {
+        // Read while held, or before: held until resumed, never forwarded meanwhile.
+        let flows = |h: &Hold| match h {
+            Hold::Nothing => true,
+            Hold::Upstream => !from_upstream,
+            Hold::Both => false,
+        };
+        if hold.wait_for(flows).await.is_err() {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {

@@ -3,12 +3,14 @@
 //! so every keyed write is applied once. Each scenario runs on a topology of its own
 //! (`redis-server` primaries, replicas, a pausable proxy that holds the replication stream back,
 //! a Sentinel) on free loopback ports, killed by pid when the test ends; each has a control that
-//! shows the scenario really loses the key without the guarantee under test.
+//! shows the scenario really loses the key without the guarantee under test. One scenario is a
+//! documented limit instead (`stream_held_past_the_lease`), beside the setting that narrows it.
 //!
 //! This module holds what the scenarios share (also with `redis_owner` and `redis_stalls`):
 //! sending a keyed request, waiting for replication, asking the Sentinel.
 
 mod following_sentinel;
+mod stream_held_past_the_lease;
 mod waiting_for_replicas;
 
 use std::net::SocketAddr;
