@@ -19,7 +19,7 @@ USAGE
   retry-safety-lab proxy --upstream URL [--listen ADDR] [--faults LIST] [--op-header NAME]
                          [--op-id /json/pointer] [--write 'POST /v1/{*rest}']... [--read 'GET /v1/{id}']...
                          [--slow-ms N] [--max-body BYTES] [--json] [--max-applied-twice N] [--drain-ms N]
-                         [--key-header NAME] [--replayed-header NAME]
+                         [--key-header NAME] [--replayed-header NAME] [--stop-on-stdin-close]
       Forward to URL; fault each operation's first attempt; on SIGINT (ctrl-c) or SIGTERM stop
       forwarding, wait up to --drain-ms (default 5000) for requests still at the upstream, print
       the counts per route and exit 1 if more writes than N (default 0) may have been applied twice
@@ -37,8 +37,9 @@ USAGE
       none,drop-after-apply,slow-after-apply,503-after-apply,429-before-apply,500-before-apply
       (also: reset-before-forwarding, refused-stream, goaway-before-forwarding,
       goaway-after-apply: the last three HTTP/2's, connection closes for HTTP/1.1);
-      --slow-ms to 30000.
-  retry-safety-lab serve [--listen ADDR]
+      --slow-ms to 30000. --stop-on-stdin-close: stdin's end stops it as SIGTERM does (a test
+      harness closes the pipe, on any OS, or dies: the lab never outlives it).
+  retry-safety-lab serve [--listen ADDR] [--stop-on-stdin-close]
       An upstream answering any route with a small JSON body, honouring Idempotency-Key
       (this crate's IdempotencyLayer, in memory). --listen defaults to 127.0.0.1:4010.
   retry-safety-lab demo
@@ -52,6 +53,9 @@ USAGE
       as do a key compared without case and a key forgotten before --keep-ms (default 3000). --header is sent with every
       request (credentials; never printed); --body replaces the check's own JSON, each
       {variant} in it made different per request (without one, the other-payload rule skips).
+
+  retry-safety-lab --version
+      Prints `retry-safety-lab VERSION`.
 
 Exit status: 0 pass, 1 a check failed, 2 bad input.
 ";
@@ -70,6 +74,10 @@ where
     };
     if let Command::Help = command {
         print!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    if let Command::Version = command {
+        println!("retry-safety-lab {}", env!("CARGO_PKG_VERSION"));
         return ExitCode::SUCCESS;
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -95,15 +103,18 @@ where
 #[derive(Debug)]
 enum Command {
     Help,
+    Version,
     Proxy {
         config: Box<ProxyConfig>,
         listen: SocketAddr,
         json: bool,
         max_applied_twice: u64,
         drain: Duration,
+        stdin_stops: bool,
     },
     Serve {
         listen: SocketAddr,
+        stdin_stops: bool,
     },
     Demo,
     Keys {
@@ -172,16 +183,22 @@ where
     let mut args = Args { rest, position: 2 };
     match command.as_str() {
         "help" | "--help" | "-h" => Ok(Command::Help),
+        "--version" | "-V" | "version" => Ok(Command::Version),
         "proxy" => parse_proxy(&mut args),
         "serve" => {
             let mut listen = default_addr(4010);
-            while let Some((flag, value)) = args.next_flag(&|_| true)? {
+            let mut stdin_stops = false;
+            while let Some((flag, value)) = args.next_flag(&|f| f != STDIN_STOPS)? {
                 match flag.as_str() {
                     "--listen" => listen = parse_addr(&flag, &value)?,
+                    STDIN_STOPS => stdin_stops = true,
                     _ => return Err(unknown(&flag, "serve")),
                 }
             }
-            Ok(Command::Serve { listen })
+            Ok(Command::Serve {
+                listen,
+                stdin_stops,
+            })
         }
         "demo" => match args.next_flag(&|_| false)? {
             None => Ok(Command::Demo),
@@ -194,6 +211,9 @@ where
         )),
     }
 }
+
+/// The flag that makes stdin's end stop `proxy` or `serve`.
+const STDIN_STOPS: &str = "--stop-on-stdin-close";
 
 fn default_addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
@@ -230,7 +250,8 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
     let mut max_applied_twice = 0;
     let mut drain = Duration::from_secs(5);
     let mut replayed_header = None;
-    while let Some((flag, value)) = args.next_flag(&|flag| flag != "--json")? {
+    let mut stdin_stops = false;
+    while let Some((flag, value)) = args.next_flag(&|f| f != "--json" && f != STDIN_STOPS)? {
         match flag.as_str() {
             "--upstream" => upstream = Some(value),
             "--listen" => listen = parse_addr(&flag, &value)?,
@@ -244,6 +265,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
             "--slow-ms" => slow = Duration::from_millis(parse_number(&flag, &value)?),
             "--max-body" => max_body = Some(parse_number(&flag, &value)?),
             "--json" => json = true,
+            STDIN_STOPS => stdin_stops = true,
             "--max-applied-twice" => max_applied_twice = parse_number(&flag, &value)?,
             "--drain-ms" => drain = Duration::from_millis(parse_number(&flag, &value)?),
             _ => return Err(unknown(&flag, "proxy")),
@@ -269,6 +291,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
         json,
         max_applied_twice,
         drain,
+        stdin_stops,
     })
 }
 
@@ -315,8 +338,34 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
     })
 }
 
+/// Waits for SIGINT (ctrl-c), on Unix SIGTERM, and with `stdin_stops` stdin's end.
+async fn stopped(stdin_stops: bool) {
+    if stdin_stops {
+        tokio::select! {
+            _ = signalled() => {}
+            _ = stdin_closed() => {}
+        }
+    } else {
+        signalled().await;
+    }
+}
+
+/// Resolves when stdin reaches its end or fails to read. A thread, as tokio's stdin is a
+/// feature the lab does not build with; whatever comes in is ignored.
+async fn stdin_closed() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        use std::io::Read as _;
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = [0u8; 256];
+        while matches!(stdin.read(&mut buf), Ok(n) if n > 0) {}
+        let _ = tx.send(());
+    });
+    let _ = rx.await;
+}
+
 /// Waits for SIGINT (ctrl-c) or, on Unix, SIGTERM.
-async fn stopped() {
+async fn signalled() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -334,20 +383,21 @@ async fn stopped() {
 /// Runs a command; `Ok(false)` when its check failed.
 async fn run(command: Command) -> Result<bool, LabError> {
     match command {
-        Command::Help => Ok(true),
+        Command::Help | Command::Version => Ok(true),
         Command::Proxy {
             config,
             listen,
             json,
             max_applied_twice,
             drain,
+            stdin_stops,
         } => {
             let proxy = Proxy::start(*config, listen).await?;
             eprintln!(
                 "retry-safety-lab: proxy listening on http://{}; SIGINT (ctrl-c) or SIGTERM prints the counts",
                 proxy.addr()
             );
-            stopped().await;
+            stopped(stdin_stops).await;
             // Nothing new is forwarded from here; what is still at the upstream may yet be
             // answered as a stored response, and is waited for (counted as applied meanwhile).
             let report = proxy.drain(drain).await;
@@ -364,13 +414,16 @@ async fn run(command: Command) -> Result<bool, LabError> {
             }
             Ok(report.passes(max_applied_twice))
         }
-        Command::Serve { listen } => {
+        Command::Serve {
+            listen,
+            stdin_stops,
+        } => {
             let upstream = Upstream::start(listen).await?;
             eprintln!(
                 "retry-safety-lab: upstream listening on http://{}; SIGINT (ctrl-c) or SIGTERM stops it",
                 upstream.addr()
             );
-            stopped().await;
+            stopped(stdin_stops).await;
             eprintln!(
                 "retry-safety-lab: the handler ran {} times",
                 upstream.handler_runs()

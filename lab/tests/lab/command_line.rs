@@ -234,3 +234,67 @@ async fn the_proxy_prints_its_counts_on_sigint_and_fails_when_a_write_was_applie
     assert_eq!(json["routes"][0]["attempts"], 5);
     assert_eq!(upstream.handler_runs(), 4);
 }
+
+/// `--version`: what the Python and npm packages' version checks compare with the crate's.
+#[test]
+fn version_prints_the_crates_version() {
+    let out = run(&["--version"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("retry-safety-lab {}\n", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+/// `--stop-on-stdin-close`: a harness stops the lab by closing its stdin, on any OS (Windows
+/// has no SIGTERM to send), and a harness that dies takes the lab with it. The proxy prints
+/// its counts as on SIGTERM; `serve` stops.
+#[test]
+fn stdin_closing_stops_the_proxy_with_its_counts_and_the_upstream() {
+    use std::io::{BufRead as _, BufReader};
+    let start = |args: &[&str]| {
+        let mut child = Command::new(LAB)
+            .args(args)
+            .arg("--stop-on-stdin-close")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the binary starts");
+        // The announced address: `--listen 127.0.0.1:0` takes a free port.
+        let mut line = String::new();
+        BufReader::new(child.stderr.as_mut().expect("piped"))
+            .read_line(&mut line)
+            .expect("a line on stderr");
+        let url = line
+            .split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split(';').next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned();
+        (ProxyProcess(Some(child)), url)
+    };
+    let (upstream, upstream_url) = start(&["serve", "--listen", "127.0.0.1:0"]);
+    let (proxy, _) = start(&[
+        "proxy",
+        "--upstream",
+        &upstream_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--json",
+    ]);
+    for mut process in [proxy, upstream] {
+        drop(process.0.as_mut().and_then(|child| child.stdin.take()));
+        let child = process.0.take().expect("running");
+        let out = child.wait_with_output().expect("it ends");
+        if out.stdout.is_empty() {
+            assert_eq!(out.status.code(), Some(0), "serve: {out:?}");
+        } else {
+            // No write reached the proxy: nothing was verified, so it fails.
+            assert_eq!(out.status.code(), Some(1), "proxy: {out:?}");
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+            assert_eq!(json["writes"], 0);
+            assert_eq!(json["pass"], false);
+        }
+    }
+}

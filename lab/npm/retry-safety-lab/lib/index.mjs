@@ -1,0 +1,5 @@
+// `import` of the CommonJS helper: one implementation for both module systems.
+import lab from "./index.js";
+
+export const { startLab, startUpstream, findBinary, failureMessage, LabError, LabFailed } = lab;
+export default lab;
