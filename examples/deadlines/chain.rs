@@ -24,16 +24,21 @@ pub(crate) enum Row {
     Today,
     Deadlines,
     OneLayer,
+    /// The first caller speaks like a Stainless-generated SDK (OpenAI's): a read timeout per
+    /// attempt in `x-stainless-read-timeout`, `x-stainless-retry-count` on its retries, its
+    /// own backoff; the hops as in [`Row::Deadlines`].
+    Stainless,
 }
 
 impl Row {
-    pub(crate) const ALL: [Row; 3] = [Row::Today, Row::Deadlines, Row::OneLayer];
+    pub(crate) const ALL: [Row; 4] = [Row::Today, Row::Deadlines, Row::OneLayer, Row::Stainless];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
             Row::Today => "today",
             Row::Deadlines => "deadlines",
             Row::OneLayer => "deadlines+one-layer",
+            Row::Stainless => "stainless-sdk",
         }
     }
 
@@ -62,7 +67,7 @@ impl Row {
         let base = base.deadline(Duration::from_secs(2));
         match self {
             Row::Today => base.inherit_deadline(None),
-            Row::Deadlines => base
+            Row::Deadlines | Row::Stainless => base
                 .send_deadline_to("127.0.0.1")
                 .inherit_deadline(Some(MARGIN)),
             Row::OneLayer => base
@@ -119,18 +124,14 @@ pub(crate) async fn run(row: Row, calls: u32, direct: bool) -> Result<Tally, Box
     let sdk = hop::outbound(row.policy(false).build()?);
     let mut tasks = tokio::task::JoinSet::new();
     for call in 0..calls {
+        if row == Row::Stainless {
+            let ledger = ledger.clone();
+            tasks.spawn(async move { crate::stainless::call(&ledger, entry, call).await });
+            continue;
+        }
         let deadline = Instant::now() + SDK_DEADLINE;
-        ledger.set_deadline(call, deadline);
-        let mut req = Request::builder()
-            .uri(format!("http://{entry}/work"))
-            .header("x-call", call);
-        req = if call % 2 == 1 {
-            req.method("POST")
-                .header("idempotency-key", format!("\"call-{call}\""))
-        } else {
-            req.method("GET")
-        };
-        let req = req.body(Full::new(Bytes::from_static(b"{}")))?;
+        ledger.set_deadline(call, 0, deadline);
+        let req = request(entry, call, 0).body(Full::new(Bytes::from_static(b"{}")))?;
         let sdk = sdk.clone();
         let call = tower_retry_safety::deadline::scope(Inbound::at(deadline), sdk.oneshot(req));
         tasks.spawn(async move {
@@ -156,6 +157,25 @@ pub(crate) async fn run(row: Row, calls: u32, direct: bool) -> Result<Tally, Box
         attempts_at_c: ledger.attempts_at_c.load(Ordering::SeqCst),
         wasted: Duration::from_micros(ledger.wasted_us.load(Ordering::SeqCst)),
     })
+}
+
+/// The SDK's request for `call`, its attempt `attempt` (from 0): even calls are reads, odd
+/// ones writes with a key.
+pub(crate) fn request(
+    entry: std::net::SocketAddr,
+    call: u32,
+    attempt: u32,
+) -> http::request::Builder {
+    let req = Request::builder()
+        .uri(format!("http://{entry}/work"))
+        .header("x-call", call)
+        .header("x-sdk-attempt", attempt);
+    if call % 2 == 1 {
+        req.method("POST")
+            .header("idempotency-key", format!("\"call-{call}\""))
+    } else {
+        req.method("GET")
+    }
 }
 
 /// Waits until no hop is working and none has started anything for a while: the resends a

@@ -36,10 +36,11 @@ const SLOW: Duration = Duration::from_millis(700);
 /// while.
 const FAILING_ATTEMPTS: u32 = 3;
 
-/// What the hops share with the driver: each call's deadline, and what was counted.
+/// What the hops share with the driver: each call's deadline (per attempt of a caller that
+/// gives up on each attempt, as an SDK with a read timeout does), and what was counted.
 #[derive(Default)]
 pub(crate) struct Ledger {
-    deadlines: Mutex<HashMap<u32, Instant>>,
+    deadlines: Mutex<HashMap<(u32, u32), Instant>>,
     pub(crate) started_late: AtomicU32,
     pub(crate) attempts_at_c: AtomicU32,
     applied: Mutex<HashMap<u32, u32>>,
@@ -50,12 +51,20 @@ pub(crate) struct Ledger {
 }
 
 impl Ledger {
-    pub(crate) fn set_deadline(&self, call: u32, at: Instant) {
-        self.deadlines.lock().expect("ledger").insert(call, at);
+    /// When the caller stops waiting for its attempt `attempt` (from 0) of `call`.
+    pub(crate) fn set_deadline(&self, call: u32, attempt: u32, at: Instant) {
+        self.deadlines
+            .lock()
+            .expect("ledger")
+            .insert((call, attempt), at);
     }
 
-    fn deadline(&self, call: u32) -> Option<Instant> {
-        self.deadlines.lock().expect("ledger").get(&call).copied()
+    fn deadline(&self, call: u32, attempt: u32) -> Option<Instant> {
+        self.deadlines
+            .lock()
+            .expect("ledger")
+            .get(&(call, attempt))
+            .copied()
     }
 
     pub(crate) fn applied_twice(&self) -> u32 {
@@ -80,12 +89,12 @@ impl Ledger {
             .or_default() += 1;
     }
 
-    /// A handler starts: counted, late if the call's caller has gone.
-    fn start(self: &Arc<Self>, call: u32) -> Running {
+    /// A handler starts: counted, late if the caller of the call's attempt has gone.
+    fn start(self: &Arc<Self>, (call, attempt): (u32, u32)) -> Running {
         let now = Instant::now();
         self.starts.fetch_add(1, Ordering::SeqCst);
         self.running.fetch_add(1, Ordering::SeqCst);
-        let deadline = self.deadline(call);
+        let deadline = self.deadline(call, attempt);
         if deadline.is_some_and(|d| now > d) {
             self.started_late.fetch_add(1, Ordering::SeqCst);
         }
@@ -118,10 +127,17 @@ impl Drop for Running {
 
 /// The call's number, from the `x-call` header.
 fn call_of<B>(req: &Request<B>) -> u32 {
-    req.headers()
-        .get("x-call")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-        .unwrap_or(u32::MAX)
+    number(req, "x-call").unwrap_or(u32::MAX)
+}
+
+/// The call and the originating caller's attempt (from 0: `x-sdk-attempt`, which every hop
+/// passes on; the ledger's deadlines are kept per attempt).
+fn attempt_of<B>(req: &Request<B>) -> (u32, u32) {
+    (call_of(req), number(req, "x-sdk-attempt").unwrap_or(0))
+}
+
+fn number<B>(req: &Request<B>, name: &str) -> Option<u32> {
+    req.headers().get(name)?.to_str().ok()?.parse().ok()
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Body> {
@@ -136,8 +152,8 @@ fn text(status: StatusCode, body: &'static str) -> Response<Body> {
 
 /// C's work for one attempt of `call`: a write is applied, then (a slow call) the answer
 /// waits.
-async fn work(ledger: Arc<Ledger>, call: u32, write: bool) -> Response<Body> {
-    let _running = ledger.start(call);
+async fn work(ledger: Arc<Ledger>, (call, attempt): (u32, u32), write: bool) -> Response<Body> {
+    let _running = ledger.start((call, attempt));
     if write {
         ledger.apply(call);
     }
@@ -154,12 +170,13 @@ async fn forward<B>(
     next: SocketAddr,
     req: Request<B>,
 ) -> Response<Body> {
-    let call = call_of(&req);
-    let _running = ledger.start(call);
+    let (call, attempt) = attempt_of(&req);
+    let _running = ledger.start((call, attempt));
     let mut out = Request::builder()
         .method(req.method().clone())
         .uri(format!("http://{next}/work"))
-        .header("x-call", call);
+        .header("x-call", call)
+        .header("x-sdk-attempt", attempt);
     if let Some(key) = req.headers().get("idempotency-key") {
         out = out.header("idempotency-key", key.clone());
     }
@@ -197,7 +214,7 @@ pub(crate) async fn serve(
                         Some((addr, outbound)) => forward(ledger, outbound, addr, req).await,
                         None => {
                             let write = req.method() == http::Method::POST;
-                            work(ledger, call_of(&req), write).await
+                            work(ledger, attempt_of(&req), write).await
                         }
                     };
                     Ok::<_, BoxError>(res)

@@ -1,20 +1,26 @@
 //! Deadlines that cross hops, measured: an SDK-style client calls A, whose handler calls B,
 //! whose handler calls C, all on loopback, every hop behind this crate's layers. C is slow or
-//! failing on a schedule. Three rows, each beside the same calls made directly to C:
+//! failing on a schedule. Four rows, each beside the same calls made directly to C:
 //!
 //! - **today**: no deadline on the wire; each hop has only its own timeouts and retries;
 //! - **deadlines**: each hop hands the time left on (`send_deadline_to`), each server reads it
 //!   (`DeadlineLayer`), and nested calls inherit it;
 //! - **deadlines + one layer**: the same, and a nested call whose caller retries makes no
-//!   resends of its own (`retries_when_caller_retries(0)`).
+//!   resends of its own (`retries_when_caller_retries(0)`);
+//! - **stainless-sdk**: the hops as in the deadlines row, the first caller a client
+//!   that speaks like a Stainless-generated SDK (OpenAI's), with none of this crate: a read
+//!   timeout per attempt in `x-stainless-read-timeout`, `x-stainless-retry-count` on its
+//!   retries, its own backoff. The server reads those as they are sent.
 //!
-//! Counted: handlers (at any hop) started after the originating call's deadline, writes
+//! Counted: handlers (at any hop) started after the originating caller gave up (on that
+//! attempt, for the SDK that gives up on each one), writes
 //! applied twice at C, attempts that reached C, and the work done after the deadline.
 //!
 //! Run with `cargo run --example deadlines`.
 
 mod chain;
 mod hop;
+mod stainless;
 
 use chain::{Row, Tally};
 

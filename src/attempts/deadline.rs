@@ -95,25 +95,50 @@ impl Attempts {
         }
     }
 
-    /// Writes the time left and the attempt's number for a host that reads them.
-    pub(super) fn mark_deadline(&self, headers: &mut HeaderMap, number: u32) {
-        use crate::deadline::{ATTEMPT_HEADER, TIMEOUT_HEADER};
-        if let Some(left) = self.time_left() {
-            headers.insert(TIMEOUT_HEADER, crate::deadline::timeout_value(left));
-        }
-        // The first attempts' numbers without an allocation each.
-        const SMALL: [HeaderValue; 4] = [
-            HeaderValue::from_static("1"),
-            HeaderValue::from_static("2"),
-            HeaderValue::from_static("3"),
-            HeaderValue::from_static("4"),
-        ];
-        let value = match SMALL.get(number.wrapping_sub(1) as usize) {
-            Some(value) => value.clone(),
-            None => HeaderValue::from(number),
-        };
-        headers.insert(ATTEMPT_HEADER, value);
+    /// Whether the attempts carry the deadline headers of an HTTP host that asked for them.
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn sends_deadline(&self) -> bool {
+        self.sends_deadline.is_some()
     }
+
+    /// How long the client waits for the attempt about to be sent: its attempt timeout or
+    /// the deadline, whichever comes first. What goes on the wire: a callee that works past
+    /// it works for nobody.
+    #[inline]
+    pub(super) fn attempt_wait(&self) -> Option<Duration> {
+        self.attempt_limit().map(|(limit, _)| limit)
+    }
+}
+
+/// Writes the attempt's wait and its number in `convention`'s headers, for a host that reads
+/// them.
+pub(super) fn mark(
+    headers: &mut HeaderMap,
+    convention: crate::deadline::Convention,
+    number: u32,
+    wait: Option<Duration>,
+) {
+    if let Some(wait) = wait {
+        headers.insert(
+            convention.timeout_header(),
+            crate::deadline::timeout_value(wait),
+        );
+    }
+    let Some(name) = convention.attempt_header() else {
+        return;
+    };
+    // The first attempts' numbers without an allocation each.
+    const SMALL: [HeaderValue; 4] = [
+        HeaderValue::from_static("1"),
+        HeaderValue::from_static("2"),
+        HeaderValue::from_static("3"),
+        HeaderValue::from_static("4"),
+    ];
+    let value = match SMALL.get(number.wrapping_sub(1) as usize) {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(number),
+    };
+    headers.insert(name, value);
 }
 
 /// The error of a request not sent because its caller's deadline had passed.

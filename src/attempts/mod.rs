@@ -142,7 +142,7 @@ pub(crate) struct Attempts {
     /// Not even the first attempt was sent: the caller's deadline had passed.
     never_sent: bool,
     /// Each attempt carries the time left and its number (an HTTP host that asked).
-    sends_deadline: bool,
+    sends_deadline: Option<crate::deadline::Convention>,
     /// What the client stack's own errors say (the front end's hook).
     stack: &'static StackErrors,
     /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
@@ -227,7 +227,7 @@ impl Attempts {
             grpc: grpc.is_some() && !outer_layer,
             caller_deadline,
             never_sent: false,
-            sends_deadline: sends_deadline && !outer_layer,
+            sends_deadline: sends_deadline.filter(|_| !outer_layer),
             stack,
             hedge: None,
             span: None,
@@ -374,9 +374,9 @@ impl Attempts {
             headers.insert(name.clone(), HeaderValue::from(number));
         }
         if self.grpc {
-            crate::classify::grpc::mark_attempt(headers, number, self.time_left());
-        } else if self.sends_deadline {
-            self.mark_deadline(headers, number);
+            crate::classify::grpc::mark_attempt(headers, number, self.attempt_wait());
+        } else if let Some(convention) = self.sends_deadline {
+            deadline::mark(headers, convention, number, self.attempt_wait());
         }
         number
     }

@@ -98,8 +98,9 @@ pub(crate) struct Plan {
     pub(super) grpc: Option<Option<std::time::Duration>>,
     /// What the client stack's own errors say (the front end's hook; none by default).
     pub(super) stack: &'static StackErrors,
-    /// The request hands its deadline and attempt number on (an HTTP host that asked).
-    pub(super) sends_deadline: bool,
+    /// The convention the request hands its deadline and attempt number on in (an HTTP host
+    /// that asked), if it does.
+    pub(super) sends_deadline: Option<crate::deadline::Convention>,
     /// The deadline the task this runs in arrived with, if the policy inherits it.
     pub(super) inbound: Option<crate::deadline::Inbound>,
 }
@@ -157,8 +158,13 @@ impl Plan {
             }),
             stack: &StackErrors::NONE,
             sends_deadline,
+            // The request's own `Inbound` first: a call that runs in another task (a
+            // `Buffer`'s worker) carries its caller's deadline with it.
             inbound: if hops.inherit {
-                crate::deadline::current()
+                extensions
+                    .get::<crate::deadline::Inbound>()
+                    .copied()
+                    .or_else(crate::deadline::current)
             } else {
                 None
             },

@@ -7,21 +7,34 @@
 //! when C is slow the SDK gives up while A and B go on resending to C — work whose answer
 //! nobody reads, and writes that land after the SDK was told "failed, may have been applied".
 //!
-//! - **On the wire.** A gRPC call carries the time left as `grpc-timeout` and, on a resend,
-//!   `grpc-previous-rpc-attempts` (gRFC A6). An HTTP request carries them in two headers
-//!   ([`TIMEOUT_HEADER`], [`ATTEMPT_HEADER`]), but only to the hosts a policy names
-//!   ([`send_deadline_to`](crate::RetryPolicyBuilder::send_deadline_to)): a client does not
-//!   send unknown headers to an API that did not ask for them. The time on the wire is the
-//!   time left when the attempt is sent, rounded down: never longer than the client waits.
+//! - **On the wire.** A gRPC call carries the time the client waits for the attempt as
+//!   `grpc-timeout` and, on a resend, `grpc-previous-rpc-attempts` (gRFC A6). An HTTP request
+//!   carries them in two headers, but only to the hosts a policy names
+//!   ([`send_deadline_to`](crate::RetryPolicyBuilder::send_deadline_to)), in the
+//!   [`Convention`] each host's server reads (this crate's own [`TIMEOUT_HEADER`] and
+//!   [`ATTEMPT_HEADER`] by default, Envoy's, or Connect's): a client does not send unknown
+//!   headers to an API that did not ask for them. The time on the wire is how long the client
+//!   waits for *that* attempt — the earlier of its attempt timeout and the deadline — when
+//!   it is sent, rounded down: never longer than the client waits.
+//! - **Redirects.** A redirect followed below the layer copies the request's headers: a
+//!   stale time left, perhaps to a host that never asked. With reqwest, build the client
+//!   with `RetrySafetyMiddleware::redirect_policy`
+//!   (feature `reqwest-middleware`); with tower-http's `FollowRedirect`, put it *above* the
+//!   policy's layer, so that each redirected request goes through the layer again and gets
+//!   fresh values, and none for a host not named.
 //! - **Inbound.** A server reads them (the server crate's deadline layer does), caps them by
 //!   its own maximum, and runs the handler inside [`scope`] with the [`Inbound`] deadline.
 //! - **Nested calls inherit it**, without glue: a policy's layer used inside that handler
-//!   reads [`current`] and never waits past the inbound deadline less a margin for the way
-//!   back ([`inherit_deadline`](crate::RetryPolicyBuilder::inherit_deadline)); an attempt
-//!   that cannot start before it is not sent, and the report says so
-//!   ([`StopReason::CallerDeadline`](crate::StopReason::CallerDeadline)). A task the handler
-//!   spawns does not inherit a task-local: read the [`Inbound`] from the request's extensions
-//!   and [`scope`] the task with it.
+//!   reads the deadline and never waits past it less a margin for the way back
+//!   ([`inherit_deadline`](crate::RetryPolicyBuilder::inherit_deadline)); an attempt that
+//!   cannot start before it is not sent, and the report says so
+//!   ([`StopReason::CallerDeadline`](crate::StopReason::CallerDeadline)). The deadline is
+//!   read from the nested request's extensions (an [`Inbound`] put there), else from
+//!   [`current`]: a call whose policy runs in another task — behind a
+//!   `tower::buffer::Buffer`, whose worker calls the layer — carries it in the request:
+//!   `req.extensions_mut().insert(inbound)`. A task the handler spawns does not inherit a
+//!   task-local: spawn `future.in_current_deadline()` ([`InheritDeadline`]), as `tracing`'s
+//!   `in_current_span` does for spans.
 //! - **Retry at one layer**, on request: when the caller retries (its request carried an
 //!   attempt number), a policy can spend fewer resends on nested calls, or none
 //!   ([`retries_when_caller_retries`](crate::RetryPolicyBuilder::retries_when_caller_retries)),
@@ -43,6 +56,8 @@
 //! # }
 //! ```
 
+mod convention;
+mod inherit;
 mod wire;
 
 use std::future::Future;
@@ -51,6 +66,10 @@ use std::time::Duration;
 use tokio::task::futures::TaskLocalFuture;
 use tokio::time::Instant;
 
+pub use convention::{
+    Convention, CONNECT_TIMEOUT_HEADER, ENVOY_ATTEMPT_HEADER, ENVOY_TIMEOUT_HEADER,
+};
+pub use inherit::{InCurrentDeadline, InheritDeadline};
 pub(crate) use wire::timeout_value;
 pub use wire::{
     parse_attempt, parse_grpc_timeout, parse_timeout_ms, BadDeadline, ATTEMPT_HEADER,

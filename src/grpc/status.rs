@@ -19,8 +19,9 @@ pub const MARK_KEY: &str = "retry-safety-mark";
 /// The `tonic::Status` a caller gets for `err`.
 ///
 /// The code says what a caller's own retry loop may do: `UNAVAILABLE` only when no attempt
-/// reached the server (a repeat is harmless); `DEADLINE_EXCEEDED` when the call timed out
-/// after it may have been applied; `UNKNOWN` for any other call that may have been applied,
+/// reached the server (a repeat is harmless) and time was left; `DEADLINE_EXCEEDED` when the
+/// call timed out after it may have been applied, or its deadline (or its caller's) passed
+/// before an attempt could be sent; `UNKNOWN` for any other call that may have been applied,
 /// and `INTERNAL` for an error retrying cannot fix. The message is the error's `Display`:
 /// the method, whether the call may have been applied and what to check, never a header value
 /// or a body byte. The metadata carries [`ATTEMPTS_KEY`] and [`MAY_HAVE_BEEN_APPLIED_KEY`].
@@ -43,7 +44,15 @@ pub const MARK_KEY: &str = "retry-safety-mark";
 pub fn status_of(err: &Error) -> Status {
     let code = if !err.is_ambiguous() {
         // Nothing reached the server (or the service failed before any attempt).
-        if err.failure_class() == Some(crate::FailureClass::Final) {
+        if matches!(
+            err.stop_reason(),
+            crate::StopReason::CallerDeadline | crate::StopReason::Deadline
+        ) {
+            // The deadline passed before an attempt could be sent: what gRPC says of a call
+            // past its deadline, and a code retry policies do not retry (UNAVAILABLE is one
+            // they do). The metadata still says nothing was applied.
+            Code::DeadlineExceeded
+        } else if err.failure_class() == Some(crate::FailureClass::Final) {
             Code::Internal
         } else {
             Code::Unavailable

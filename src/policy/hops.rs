@@ -7,14 +7,16 @@ use std::time::Duration;
 use super::host_routes::host_scope;
 use crate::build_error::BuildError;
 use crate::classify::host::{HostScope, HostSeen};
+use crate::deadline::Convention;
 
 /// The margin kept for the way back when a nested call inherits an inbound deadline.
 pub(crate) const DEFAULT_MARGIN: Duration = Duration::from_millis(5);
 
 #[derive(Clone, Debug)]
 pub(crate) struct Hops {
-    /// Hosts (and ports) an HTTP request hands its deadline and attempt number to.
-    pub(crate) hosts: Vec<HostScope>,
+    /// Hosts (and ports) an HTTP request hands its deadline and attempt number to, each in
+    /// the convention its server reads.
+    pub(crate) hosts: Vec<(HostScope, Convention)>,
     /// Nested calls read the inbound deadline of the task they run in.
     pub(crate) inherit: bool,
     /// Kept for the way back: a nested call's deadline is the inbound one less this.
@@ -35,26 +37,33 @@ impl Default for Hops {
 }
 
 impl Hops {
-    pub(crate) fn add_host(&mut self, host: &str) -> Result<(), BuildError> {
-        self.hosts.push(host_scope("send_deadline_to", host)?);
+    pub(crate) fn add_host(
+        &mut self,
+        host: &str,
+        convention: Convention,
+    ) -> Result<(), BuildError> {
+        self.hosts
+            .push((host_scope("send_deadline_to", host)?, convention));
         Ok(())
     }
 
-    /// Whether a request whose host is `seen` (an origin the layer was told aside) carries
-    /// the deadline headers; `seen` is asked only when the policy names hosts. A host that is
-    /// not known gets none: the headers are for hosts that asked for them.
+    /// The convention a request whose host is `seen` (an origin the layer was told aside)
+    /// carries the deadline headers in, if it carries them; `seen` is asked only when the
+    /// policy names hosts. A host that is not known gets none: the headers are for hosts that
+    /// asked for them. The first host named that covers it decides.
     #[inline]
     pub(crate) fn sends_to<'h>(
         &self,
         seen: impl FnOnce() -> HostSeen<'h>,
         origin: Option<&HostScope>,
-    ) -> bool {
+    ) -> Option<Convention> {
         if self.hosts.is_empty() {
-            return false;
+            return None;
         }
-        let Some(host) = seen().target(origin) else {
-            return false;
-        };
-        self.hosts.iter().any(|h| h.covers(&host.host, host.port))
+        let host = seen().target(origin)?;
+        self.hosts
+            .iter()
+            .find(|(h, _)| h.covers(&host.host, host.port))
+            .map(|(_, convention)| *convention)
     }
 }

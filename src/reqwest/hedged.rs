@@ -54,6 +54,9 @@ pub(super) async fn run(
         let send = match event {
             Event::Done(number, (result, ext), span) => {
                 attempts.use_span(span);
+                if let (true, Ok(res)) = (attempts.sends_deadline(), &result) {
+                    super::redirect::warn_if_followed(copy.url(), res);
+                }
                 let others = !in_flight.is_empty();
                 match attempts.on_hedged_outcome(number, outcome(&result), others) {
                     HedgeStep::Stop(reason) => {

@@ -5,6 +5,7 @@ mod hedged;
 mod lookup;
 mod peek;
 mod read_whole;
+mod redirect;
 
 pub use peek::PeekBodyMiddleware;
 pub use read_whole::ReadWholeMiddleware;
@@ -109,6 +110,34 @@ impl RetrySafetyMiddleware {
     /// The policy.
     pub fn policy(&self) -> &RetryPolicy {
         &self.policy
+    }
+
+    /// The redirect policy to build the `reqwest::Client` under this middleware with, when
+    /// the policy hands deadlines on
+    /// ([`send_deadline_to`](crate::RetryPolicyBuilder::send_deadline_to)). reqwest follows
+    /// redirects below the middleware and copies every header of the request it redirects:
+    /// the deadline headers would go on with a stale time left, perhaps to a host that never
+    /// asked for them. This policy follows redirects as reqwest's default does (at most ten),
+    /// except one from a host the policy sends its deadline to: that 3xx comes back to the
+    /// caller, who follows it through the same client (each request then carries fresh
+    /// values, and none to a host not named). A response that arrives from another URL than
+    /// the one a deadline was sent to is logged as an error naming this setup.
+    ///
+    /// ```
+    /// use reqwest_middleware::ClientBuilder;
+    /// use tower_retry_safety::{RetryPolicy, RetrySafetyMiddleware};
+    ///
+    /// let policy = RetryPolicy::builder().send_deadline_to("api.internal").build()?;
+    /// let middleware = RetrySafetyMiddleware::new(policy);
+    /// let client = reqwest::Client::builder()
+    ///     .redirect(middleware.redirect_policy())
+    ///     .build()?;
+    /// let client = ClientBuilder::new(client).with(middleware).build();
+    /// # drop(client);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn redirect_policy(&self) -> reqwest::redirect::Policy {
+        redirect::policy_for(&self.policy)
     }
 }
 
@@ -235,16 +264,22 @@ async fn send_attempt(
     } else {
         extensions.remove::<AttemptClock>();
     }
+    // A redirect the client follows below would carry the deadline on: said loudly.
+    let sent = attempts.sends_deadline().then(|| req.url().clone());
     let attempt = next
         .run(req, extensions)
         .instrument(attempts.span().clone());
-    match limit {
+    let result = match limit {
         None => attempt.await,
         // Cut by the policy's clock: the attempt may have been sent.
         Some((limit, why)) => timed(attempt, limit, why, clock.as_ref(), || attempts.time_left())
             .await
             .unwrap_or_else(|why| Err(reqwest_middleware::Error::middleware(why))),
+    };
+    if let (Some(sent), Ok(res)) = (&sent, &result) {
+        redirect::warn_if_followed(sent, res);
     }
+    result
 }
 
 /// How an attempt ended, as the decision reads it.

@@ -8,6 +8,7 @@ use retry_safety_testing::pg;
 mod support;
 
 mod client_calls;
+mod deadlines_on_calls;
 mod host_metadata;
 mod hosts;
 mod server_layer;

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod deadline_headers_per_attempt;
 mod deadlines_across_hops;
 mod deadlines_and_timeouts;
 mod grpc_timeout_under_a_policy_deadline;

@@ -4,18 +4,33 @@ use super::*;
 
 impl RetryPolicyBuilder {
     /// Hands each HTTP request's deadline and attempt number on to `host` (`api.internal`,
-    /// `api.internal:8443`, or a URL's origin): the time left when the attempt is sent, in
-    /// whole milliseconds rounded down, in
-    /// [`TIMEOUT_HEADER`](crate::deadline::TIMEOUT_HEADER), and the attempt's number in
-    /// [`ATTEMPT_HEADER`](crate::deadline::ATTEMPT_HEADER) — for a server that reads them
-    /// (the server crate's deadline layer does). Call it once per host. A request whose host
-    /// is not known sends neither. gRPC calls always carry `grpc-timeout` and, on a resend,
-    /// `grpc-previous-rpc-attempts`, which every gRPC server reads.
+    /// `api.internal:8443`, or a URL's origin), in this crate's own headers
+    /// ([`Convention::Own`](crate::deadline::Convention::Own)): the time the client waits for
+    /// that attempt (the earlier of its attempt timeout and the deadline), in whole
+    /// milliseconds rounded down, in [`TIMEOUT_HEADER`](crate::deadline::TIMEOUT_HEADER), and
+    /// the attempt's number in [`ATTEMPT_HEADER`](crate::deadline::ATTEMPT_HEADER) — for a
+    /// server that reads them (the server crate's deadline layer does). Call it once per
+    /// host; [`send_deadline_to_as`](Self::send_deadline_to_as) picks another convention. A
+    /// request whose host is not known sends neither, and neither goes to a host a redirect
+    /// points at (see the [`deadline`](crate::deadline) module). gRPC calls always carry
+    /// `grpc-timeout` and, on a resend, `grpc-previous-rpc-attempts`, which every gRPC server
+    /// reads.
     ///
     /// Defaults to no host: a client does not send headers an API did not ask for.
     /// [`build`](Self::build) refuses a host that is not one.
-    pub fn send_deadline_to(mut self, host: &str) -> Self {
-        self.hops.hosts.push(host.to_owned());
+    pub fn send_deadline_to(self, host: &str) -> Self {
+        self.send_deadline_to_as(host, crate::deadline::Convention::Own)
+    }
+
+    /// [`send_deadline_to`](Self::send_deadline_to) in the headers `convention` names:
+    /// this crate's own, Envoy's or the Connect protocol's, whichever the host's server reads.
+    /// The first call that names a host decides its convention.
+    pub fn send_deadline_to_as(
+        mut self,
+        host: &str,
+        convention: crate::deadline::Convention,
+    ) -> Self {
+        self.hops.hosts.push((host.to_owned(), convention));
         self
     }
 
@@ -56,7 +71,7 @@ impl RetryPolicyBuilder {
 /// The settings as given, checked in `build`.
 #[derive(Debug, Default)]
 pub(super) struct HopSettings {
-    pub(super) hosts: Vec<String>,
+    pub(super) hosts: Vec<(String, crate::deadline::Convention)>,
     pub(super) inherit: bool,
     pub(super) margin: Duration,
     pub(super) retries_when_caller_retries: Option<u32>,
@@ -79,8 +94,8 @@ impl HopSettings {
             retries_when_caller_retries: self.retries_when_caller_retries,
             ..Default::default()
         };
-        for host in &self.hosts {
-            hops.add_host(host)?;
+        for (host, convention) in &self.hosts {
+            hops.add_host(host, *convention)?;
         }
         Ok(hops)
     }
