@@ -25,6 +25,7 @@ use super::outcome;
 use super::renewal::Renewal;
 use super::store::{IdempotencyStore, StoreError, StoredResponse};
 use super::ResponseBody;
+use crate::deadline::NothingRan;
 use crate::text::cap;
 use tower_retry_safety::deadline::{self, Inbound};
 use tower_retry_safety::BoxError;
@@ -116,14 +117,27 @@ where
         }
         let called = renewal
             .during(async {
-                let (parts, body) = inner.call(req).await?.into_parts();
-                Ok((parts, buffer(body, limit).await))
+                let res = inner.call(req).await?;
+                // A deadline layer inside this one answered for the handler, which it did
+                // not call: that answer is not the key's.
+                if res.extensions().get::<NothingRan>().is_some() {
+                    return Ok(Err(res));
+                }
+                let (parts, body) = res.into_parts();
+                Ok(Ok((parts, buffer(body, limit).await)))
             })
             .await;
         // The lease is no longer renewed once the outcome is being stored.
         renewal.stop();
         let (parts, buffered) = match called {
-            Ok(answered) => answered,
+            Ok(Ok(answered)) => answered,
+            Ok(Err(nothing_ran)) => {
+                // Freed, not stored: a retry in time runs the handler.
+                pending.release().await;
+                return Ok(
+                    nothing_ran.map(|body| ResponseBody::stream(Bytes::new(), None, None, body))
+                );
+            }
             Err(err) => {
                 // Called, then no response: it may have applied. Keep an entry that says so
                 // rather than free the key for a second run.
@@ -247,12 +261,13 @@ impl<St: IdempotencyStore> Pending<St> {
         settle(c, record);
     }
 
-    /// Frees the key: the handler answered a server error and the layer was told not to keep
-    /// those (`store_server_errors(false)`: the handler promises a 5xx applied nothing).
+    /// Frees the key: the handler did not run (its caller's deadline had passed), or it
+    /// answered a server error and the layer was told not to keep those
+    /// (`store_server_errors(false)`: the handler promises a 5xx applied nothing).
     async fn release(&mut self) {
         if let Some(c) = self.claimed.take() {
             if let Err(err) = c.store.release(&c.key, c.claim).await {
-                tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "could not free an idempotency key after a server error; it is freed when its lease ends");
+                tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "could not free an idempotency key whose handler did not run or declined; it is freed when its lease ends");
             }
         }
     }

@@ -1,7 +1,10 @@
 //! Deadlines that cross hops (issue 43): the server's half — a request whose caller has gone
 //! is answered at once and nothing runs, a keyed one frees its key, bad deadline headers are
 //! ignored or capped and the answer says which — and the chain lab of
-//! `cargo run --example deadlines`, whose goals are asserted here.
+//! `cargo run --example deadlines`, whose goals are asserted here; and issue 48's: a wait for
+//! readiness counts against the deadline, a streamed body's nested calls inherit it, either
+//! order of the deadline and idempotency layers frees a late key, and the deadlines real
+//! clients send are read.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -12,6 +15,14 @@ mod chain;
 #[path = "../../examples/deadlines/hop.rs"]
 #[allow(dead_code)]
 mod hop;
+#[path = "../../examples/deadlines/stainless.rs"]
+#[allow(dead_code)]
+mod stainless;
 
 mod chain_lab;
+mod conventions;
+mod layer_order;
+mod loopback;
+mod readiness_waits;
 mod server_layer;
+mod streamed_bodies;

@@ -1,25 +1,25 @@
-//! The layer and its service: read, cap, answer or scope.
+//! The layer and its service: read the conventions, cap, answer or call.
 
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, Request};
+use http::{HeaderName, Request};
 use tower::{Layer, Service};
-use tower_retry_safety::deadline::{self, BadDeadline, Inbound, ATTEMPT_HEADER, TIMEOUT_HEADER};
+use tower_retry_safety::deadline::Inbound;
 
-use super::answer::Note;
+use super::body::ResponseBody;
+use super::conventions::Conventions;
 use super::future::ResponseFuture;
 
 /// Reads each request's deadline, caps it, and runs the request inside it (see the
-/// [module docs](super)).
+/// [module docs](super)). Place it outermost: a wait above it cannot be counted.
 ///
 /// # Clone
 /// Cloning is cheap: the settings are a few words.
 #[derive(Clone, Debug)]
 pub struct DeadlineLayer {
     max: Duration,
-    timeout_header: HeaderName,
-    attempt_header: HeaderName,
+    conventions: Conventions,
 }
 
 impl DeadlineLayer {
@@ -28,25 +28,28 @@ impl DeadlineLayer {
     pub fn new(max: Duration) -> Self {
         DeadlineLayer {
             max,
-            timeout_header: TIMEOUT_HEADER,
-            attempt_header: ATTEMPT_HEADER,
+            conventions: Conventions::default(),
         }
     }
 
-    /// The header an HTTP request's time left comes in, in milliseconds.
+    /// The server's own header for an HTTP request's time left, in milliseconds, read beside
+    /// the other conventions (the [module docs](super)' table); a note on it is the bare
+    /// value. Naming another convention's header here reads that header once, as this one.
     ///
-    /// Defaults to [`TIMEOUT_HEADER`] (`request-timeout-ms`).
+    /// Defaults to [`TIMEOUT_HEADER`](tower_retry_safety::deadline::TIMEOUT_HEADER)
+    /// (`request-timeout-ms`).
     pub fn timeout_header(mut self, name: HeaderName) -> Self {
-        self.timeout_header = name;
+        self.conventions = self.conventions.with_timeout_header(name);
         self
     }
 
-    /// The header an HTTP request's attempt number comes in: its presence says the caller
-    /// retries.
+    /// The server's own header for an HTTP request's attempt number (from 1), read beside
+    /// the other conventions: its presence says the caller retries.
     ///
-    /// Defaults to [`ATTEMPT_HEADER`] (`request-attempt`).
+    /// Defaults to [`ATTEMPT_HEADER`](tower_retry_safety::deadline::ATTEMPT_HEADER)
+    /// (`request-attempt`).
     pub fn attempt_header(mut self, name: HeaderName) -> Self {
-        self.attempt_header = name;
+        self.conventions = self.conventions.with_attempt_header(name);
         self
     }
 }
@@ -63,6 +66,10 @@ impl<S> Layer<S> for DeadlineLayer {
 }
 
 /// The service of [`DeadlineLayer`].
+///
+/// Its inner service must be `Clone`: each request waits for its own clone to be ready,
+/// inside its response future, where the wait is timed by the caller's deadline (tower's
+/// `Buffer` and `Oneshot` do the same).
 #[derive(Clone, Debug)]
 pub struct Deadline<S> {
     inner: S,
@@ -88,58 +95,31 @@ impl<S> Deadline<S> {
 
 impl<S, B, ResBody> Service<Request<B>> for Deadline<S>
 where
-    S: Service<Request<B>, Response = http::Response<ResBody>>,
+    S: Service<Request<B>, Response = http::Response<ResBody>> + Clone,
 {
-    type Response =
-        http::Response<http_body_util::Either<ResBody, http_body_util::Empty<bytes::Bytes>>>;
+    type Response = http::Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future>;
+    type Future = ResponseFuture<S, Request<B>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
+    /// Always ready: a request's deadline counts from its arrival (its `call`), so the wait
+    /// for the inner service happens in the response future, where it is timed.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        // The arrival: the deadline counts from here.
+        let read = self.layer.conventions.read(req.headers(), self.layer.max);
+        let inbound = Inbound::within(read.timeout).with_caller_retries(read.caller_retries);
         let grpc = tower_retry_safety::wire::grpc::is_call(req.method(), req.headers());
-        let (inbound, note) = self.layer.read(req.headers(), grpc);
-        // Read when the inner service is about to be called: a wait for it to be ready
-        // counts against the caller's deadline too.
         if inbound.has_passed() {
-            return ResponseFuture::gone(grpc, note);
+            return ResponseFuture::gone(inbound, read.notes, grpc);
         }
         req.extensions_mut().insert(inbound);
-        ResponseFuture::scoped(deadline::scope(inbound, self.inner.call(req)), note)
-    }
-}
-
-impl DeadlineLayer {
-    /// The request's deadline, capped, and what the answer says of the header.
-    fn read(&self, headers: &HeaderMap, grpc: bool) -> (Inbound, Option<Note>) {
-        let asked = if grpc {
-            headers
-                .get(tower_retry_safety::wire::grpc::GRPC_TIMEOUT)
-                .map(deadline::parse_grpc_timeout)
-        } else {
-            headers
-                .get(&self.timeout_header)
-                .map(deadline::parse_timeout_ms)
-        };
-        let (timeout, note) = match asked {
-            None => (self.max, None),
-            Some(Ok(timeout)) if timeout > self.max => (self.max, Some(Note::Capped)),
-            Some(Ok(timeout)) => (timeout, None),
-            Some(Err(BadDeadline::TooLong)) => (self.max, Some(Note::TooLong)),
-            Some(Err(_)) => (self.max, Some(Note::Malformed)),
-        };
-        let retries = if grpc {
-            headers.contains_key(tower_retry_safety::wire::grpc::PREVIOUS_ATTEMPTS)
-                || headers.contains_key(&self.attempt_header)
-        } else {
-            headers
-                .get(&self.attempt_header)
-                .and_then(deadline::parse_attempt)
-                .is_some()
-        };
-        (Inbound::within(timeout).with_caller_retries(retries), note)
+        // The service that was given (it may have been readied through `get_mut`) goes with
+        // the request; a clone stays for the next.
+        let clone = self.inner.clone();
+        let service = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::waiting(service, req, inbound, read.notes, grpc)
     }
 }

@@ -7,4 +7,5 @@ use retry_safety_testing::alloc::Counting;
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+mod deadline_reading;
 mod keyed_memory;

@@ -1,0 +1,72 @@
+//! What the deadline tests share: a server on loopback, a hyper client, and a ledger of the
+//! handler's calls.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tower::{BoxError, Service};
+
+use crate::support::runtime_server::{accept, listener};
+
+/// Serves `svc` on a fresh loopback port from the test's runtime.
+pub(crate) fn serve<S, B>(svc: S) -> SocketAddr
+where
+    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let (socket, addr) = listener();
+    tokio::spawn(accept(socket, svc));
+    addr
+}
+
+/// Sends `req` through hyper's client: the answer's head and its body as text.
+pub(crate) async fn send(req: Request<Full<Bytes>>) -> (Response<()>, String) {
+    let client = Client::builder(TokioExecutor::new()).build_http();
+    let res = client.request(req).await.expect("a response");
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    (
+        Response::from_parts(parts, ()),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// The handler's calls, by the request's `idempotency-key` (or `-` without one).
+#[derive(Clone, Default)]
+pub(crate) struct Ledger(Arc<Mutex<HashMap<String, u32>>>);
+
+impl Ledger {
+    pub(crate) fn record<B>(&self, req: &Request<B>) {
+        let key = req
+            .headers()
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned();
+        *self.0.lock().expect("ledger").entry(key).or_default() += 1;
+    }
+
+    pub(crate) fn runs(&self, key: &str) -> u32 {
+        self.0
+            .lock()
+            .expect("ledger")
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub(crate) fn total(&self) -> u32 {
+        self.0.lock().expect("ledger").values().sum()
+    }
+}
