@@ -20,8 +20,31 @@ pub(crate) enum Answer {
     Pending,
     /// A response with this status.
     Status(u16),
-    /// No response: a fault closed the connection or reset the stream.
+    /// A response with this status, given on an HTTP/1.1 connection whose client had sent
+    /// bytes not yet read (requests it pipelined): a close behind them cannot be seen, so it
+    /// may never have arrived. [`Ledger::confirm`] makes it a `Status` once a later look at
+    /// that connection finds the client there.
+    Unconfirmed(u16),
+    /// No response: a fault closed the connection or reset the stream, or its client had
+    /// gone.
     Lost,
+}
+
+impl Answer {
+    fn is_2xx(self) -> bool {
+        matches!(self, Answer::Status(s) | Answer::Unconfirmed(s) if (200..300).contains(&s))
+    }
+
+    /// How much of an answer the client holds: a 2xx, over a 2xx it may hold, over another
+    /// response, over none. A later answer replaces one of no higher rank.
+    fn rank(self) -> u8 {
+        match self {
+            Answer::Pending | Answer::Lost => 0,
+            _ if !self.is_2xx() => 1,
+            Answer::Unconfirmed(_) => 2,
+            Answer::Status(_) => 3,
+        }
+    }
 }
 
 /// How an attempt handed to the upstream ended.
@@ -58,7 +81,8 @@ struct OpState {
 }
 
 impl OpState {
-    /// Whether a resend may still come: its client has not been given a 2xx.
+    /// Whether a resend may still come: its client has not been given a 2xx (one it may not
+    /// have received leaves it open).
     fn open(&self) -> bool {
         !matches!(self.answer, Answer::Status(s) if (200..300).contains(&s))
     }
@@ -154,6 +178,16 @@ pub(crate) struct Attempt {
     op: usize,
     /// The fault to inject: the mix's next on an operation's first attempt, else none.
     pub(crate) fault: Fault,
+}
+
+/// The operation of an attempt given an unconfirmed 2xx, kept to [`Ledger::confirm`] it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Unconfirmed(usize);
+
+impl Attempt {
+    pub(crate) fn unconfirmed(&self) -> Unconfirmed {
+        Unconfirmed(self.op)
+    }
 }
 
 /// Shared by every connection of a proxy; a short lock per event. Its `Debug` shows counts,
@@ -309,12 +343,30 @@ impl Ledger {
     }
 
     /// What the client was given for the attempt, recorded as answers complete: the latest
-    /// to complete is the operation's. A hedged request's 2xx counts even when a later hedge
-    /// was begun after it; an answer held and abandoned by the client never completes, so
-    /// never records.
+    /// is the operation's, unless it holds less than the client already had (see
+    /// [`Answer::rank`]): a 2xx given stays, and nothing given (`Lost`) does not replace a
+    /// response. A client that has its 2xx is not taken back by an attempt it abandoned
+    /// ending later: a hedge, or on pipelined HTTP/1.1 an answer held on a connection it
+    /// left, which hyper does not see close behind the requests it buffered, so the hold
+    /// ends and records the answer lost after the client had the resend's 2xx.
     pub(crate) fn answered(&self, attempt: &Attempt, answer: Answer) {
         if let Some(state) = self.books().ops.get_mut(attempt.op) {
-            state.answer = answer;
+            if answer.rank() >= state.answer.rank() {
+                state.answer = answer;
+            }
+        }
+    }
+
+    /// Unconfirmed 2xx answers, given on a connection a later look found the client still
+    /// on: they reached it (it had not closed), as any answer given.
+    pub(crate) fn confirm(&self, given: impl IntoIterator<Item = Unconfirmed>) {
+        let mut books = self.books();
+        for Unconfirmed(op) in given {
+            if let Some(state) = books.ops.get_mut(op) {
+                if let Answer::Unconfirmed(status @ 200..=299) = state.answer {
+                    state.answer = Answer::Status(status);
+                }
+            }
         }
     }
 
@@ -340,8 +392,11 @@ impl Ledger {
             if row.kind == Kind::Write && state.uncertain {
                 row.uncertain += 1;
             }
+            if matches!(state.answer, Answer::Unconfirmed(200..=299)) {
+                row.answered_ok_unconfirmed += 1;
+            }
             match state.answer {
-                Answer::Status(status) if (200..300).contains(&status) => row.answered_ok += 1,
+                answer if answer.is_2xx() => row.answered_ok += 1,
                 _ if state.upstream_answers > 0 => row.failed_after_upstream += 1,
                 _ if state.sent > 0 => row.failed_sent_no_answer += 1,
                 _ => row.failed_provably_unsent += 1,

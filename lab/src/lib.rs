@@ -79,12 +79,16 @@
 //! 400, 409 or 422 to a keyed request (`Idempotency-Key`, or `--key-header`), or a 429 (RFC
 //! 6585: refused for its rate) ran nothing. A 503, even with `Retry-After`, counts as applied:
 //! nothing says the handler did not run first. A write is *applied twice* when two or more of its attempts may have
-//! applied. What the client got is the answer that completed last for the operation (a hedged
-//! request's 2xx counts even if a later hedge was begun); an answer held for the slow fault
-//! records nothing unless the client waited it out. An answer is counted only if the client
-//! is still there to take it: an HTTP/1.1 client that closed its connection (behind
-//! requests it pipelined, which hide the close from hyper) is given nothing, and its
-//! operation counts as not answered.
+//! applied. What the client got is the answer that completed last for the operation, except
+//! that a 2xx, once given, stays (a hedged request's 2xx counts even if a later hedge was
+//! begun, and an attempt the client abandoned does not take it back by ending later), and
+//! that no answer does not replace one given; an answer held for the slow fault records
+//! nothing unless the client waited it out. An answer is counted only if the client is
+//! still there to take it: an HTTP/1.1 client that closed its connection (behind requests
+//! it pipelined, which hide the close from hyper) is given nothing. When requests it
+//! pipelined are still unread, a close behind them cannot be seen: a 2xx given then counts
+//! as answered but *unconfirmed* (the lab cannot know that it arrived) until the proxy
+//! finds the client still there on that connection.
 //!
 //! Failed operations are split three ways: the upstream answered one of their attempts
 //! (`failed, answered`); an attempt was sent and none answered (`failed, no answer`); none

@@ -30,8 +30,15 @@ pub struct RouteCounts {
     /// that changed its key on a resend, or two calls with one body): those applied twice
     /// are counted in `applied_twice`; `--op-header` tells them apart.
     pub uncertain: u64,
-    /// Operations whose client was last given a 2xx: for reads, the reads recovered.
+    /// Operations whose client was given a 2xx (a later attempt's failure does not take it
+    /// back): for reads, the reads recovered. Includes `answered_ok_unconfirmed`.
     pub answered_ok: u64,
+    /// Of `answered_ok`, operations whose 2xx may not have arrived: it was given on an
+    /// HTTP/1.1 connection whose client had pipelined requests the proxy had not read yet,
+    /// behind which a close cannot be seen, and no later look at that connection found the
+    /// client still there. The lab cannot know whether these clients received their 2xx:
+    /// the true count is between `answered_ok - answered_ok_unconfirmed` and `answered_ok`.
+    pub answered_ok_unconfirmed: u64,
     /// Operations whose client was last given an error or a failed response, after the
     /// upstream answered one of its attempts.
     pub failed_after_upstream: u64,
@@ -57,6 +64,7 @@ impl RouteCounts {
             applied_twice: 0,
             uncertain: 0,
             answered_ok: 0,
+            answered_ok_unconfirmed: 0,
             failed_after_upstream: 0,
             failed_sent_no_answer: 0,
             failed_provably_unsent: 0,
@@ -143,14 +151,26 @@ impl Report {
         self.sum(Kind::Write, |r| r.applied_twice)
     }
 
-    /// Reads whose client was last given a 2xx.
+    /// Reads whose client was given a 2xx.
     pub fn reads_recovered(&self) -> u64 {
         self.sum(Kind::Read, |r| r.answered_ok)
     }
 
-    /// Writes whose client was last given a 2xx.
+    /// Of [`reads_recovered`](Report::reads_recovered), those whose 2xx the lab cannot know
+    /// arrived (see [`RouteCounts::answered_ok_unconfirmed`]).
+    pub fn reads_recovered_unconfirmed(&self) -> u64 {
+        self.sum(Kind::Read, |r| r.answered_ok_unconfirmed)
+    }
+
+    /// Writes whose client was given a 2xx.
     pub fn writes_answered(&self) -> u64 {
         self.sum(Kind::Write, |r| r.answered_ok)
+    }
+
+    /// Of [`writes_answered`](Report::writes_answered), those whose 2xx the lab cannot know
+    /// arrived (see [`RouteCounts::answered_ok_unconfirmed`]).
+    pub fn writes_answered_unconfirmed(&self) -> u64 {
+        self.sum(Kind::Write, |r| r.answered_ok_unconfirmed)
     }
 
     /// Attempts seen by the proxy, on every route.
@@ -184,10 +204,20 @@ impl Report {
             .max()
             .unwrap_or(0)
             .clamp(5, 48);
+        // Says how many 2xx the lab cannot know arrived, when any: the column widens for it.
+        let answered: Vec<String> = self
+            .routes
+            .iter()
+            .map(|r| match r.answered_ok_unconfirmed {
+                0 => format!("{} / {}", r.answered_ok, r.operations),
+                n => format!("{} / {} ({n} unconfirmed)", r.answered_ok, r.operations),
+            })
+            .collect();
+        let ok_width = answered.iter().map(String::len).max().unwrap_or(0).max(13);
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>9} {:>13} {:>16} {:>17} {:>18}",
+            "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>9} {:>ok_width$} {:>16} {:>17} {:>18}",
             "route",
             "kind",
             "ops",
@@ -201,7 +231,7 @@ impl Report {
             "failed, no answer",
             "failed, never sent",
         );
-        for r in &self.routes {
+        for (r, answered) in self.routes.iter().zip(answered) {
             let twice = match r.kind {
                 Kind::Write => format!("{} / {}", r.applied_twice, r.operations),
                 Kind::Read => "-".to_owned(),
@@ -209,7 +239,7 @@ impl Report {
             let route: String = r.route.chars().take(width).collect();
             let _ = writeln!(
                 out,
-                "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>9} {:>13} {:>16} {:>17} {:>18}",
+                "{:<width$} {:<5} {:>6} {:>8} {:>8} {:>7} {:>13} {:>9} {:>ok_width$} {:>16} {:>17} {:>18}",
                 route,
                 r.kind.name(),
                 r.operations,
@@ -218,7 +248,7 @@ impl Report {
                 r.pending,
                 twice,
                 r.uncertain,
-                format!("{} / {}", r.answered_ok, r.operations),
+                answered,
                 r.failed_after_upstream,
                 r.failed_sent_no_answer,
                 r.failed_provably_unsent,
@@ -230,9 +260,13 @@ impl Report {
         } else {
             format!("FAIL: {}", failures.join("; "))
         };
+        let reads_unconfirmed = match self.reads_recovered_unconfirmed() {
+            0 => String::new(),
+            n => format!(" ({n} unconfirmed)"),
+        };
         let _ = writeln!(
             out,
-            "\nwrites applied twice {} / {} ({} uncertain), reads recovered {} / {}, refused over --max-body {}: {verdict} (--max-applied-twice {max_applied_twice})",
+            "\nwrites applied twice {} / {} ({} uncertain), reads recovered {} / {}{reads_unconfirmed}, refused over --max-body {}: {verdict} (--max-applied-twice {max_applied_twice})",
             self.applied_twice(),
             self.writes(),
             self.uncertain(),
@@ -261,6 +295,7 @@ impl Report {
                     "applied_twice": r.applied_twice,
                     "uncertain": r.uncertain,
                     "answered_ok": r.answered_ok,
+                    "answered_ok_unconfirmed": r.answered_ok_unconfirmed,
                     "failed_after_upstream": r.failed_after_upstream,
                     "failed_sent_no_answer": r.failed_sent_no_answer,
                     "failed_provably_unsent": r.failed_provably_unsent,
@@ -276,7 +311,9 @@ impl Report {
             "refused_over_limit": self.refused_over_limit,
             "pending": self.pending(),
             "reads_recovered": self.reads_recovered(),
+            "reads_recovered_unconfirmed": self.reads_recovered_unconfirmed(),
             "writes_answered": self.writes_answered(),
+            "writes_answered_unconfirmed": self.writes_answered_unconfirmed(),
             "max_applied_twice": max_applied_twice,
             "pass": self.passes(max_applied_twice),
             "failures": self.failures(max_applied_twice),
@@ -294,7 +331,9 @@ applied twice       writes two attempts of which may have applied (an answer mar
                     response, a keyed 400/409/422, or a 429 applies nothing)
 uncertain           writes linked by content alone across different keys: a client that changed its
                     key on a resend, or two calls with one body (--op-header tells them apart)
-answered 2xx        operations whose latest answer was a 2xx (for reads: reads recovered)
+answered 2xx        operations whose client was given a 2xx (for reads: reads recovered); unconfirmed:
+                    of those, given only behind HTTP/1.1 requests pipelined and not yet read, where the
+                    client's close cannot be seen: the lab cannot know that they arrived
 failed, answered    the client's last answer failed, after the upstream answered an attempt
 failed, no answer   the client's last answer failed; an attempt was sent, the upstream answered none
 failed, never sent  the client's last answer failed, and no attempt was handed to the upstream

@@ -5,8 +5,23 @@
 
 use std::io;
 use std::net::TcpStream as StdTcpStream;
+use std::sync::{Mutex, PoisonError};
 
 use tokio::net::TcpStream;
+
+use crate::ledger::Unconfirmed;
+
+/// What a look at a client's socket says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Presence {
+    /// It closed the connection (or the connection broke): an answer would never arrive.
+    Gone,
+    /// Open, and every byte it sent read: an answer given now reaches it.
+    There,
+    /// Bytes it sent (more pipelined requests) are not read yet, and a close behind them
+    /// cannot be seen: whether an answer given now arrives is not known.
+    Hidden,
+}
 
 /// A second handle on a client's socket (the same socket, not a new connection), used only
 /// to peek. It lives as long as the connection's service: the socket closes when hyper and
@@ -14,6 +29,9 @@ use tokio::net::TcpStream;
 #[derive(Debug)]
 pub(super) struct ClientWatch {
     socket: StdTcpStream,
+    /// 2xx answers given while the client was [`Presence::Hidden`]: a later look that finds
+    /// it there confirms them (a client that has not closed had not closed then either).
+    unconfirmed: Mutex<Vec<Unconfirmed>>,
 }
 
 impl ClientWatch {
@@ -21,21 +39,43 @@ impl ClientWatch {
     pub(super) fn split(tcp: TcpStream) -> io::Result<(TcpStream, ClientWatch)> {
         let std = tcp.into_std()?;
         let socket = std.try_clone()?;
-        Ok((TcpStream::from_std(std)?, ClientWatch { socket }))
+        let watch = ClientWatch {
+            socket,
+            unconfirmed: Mutex::default(),
+        };
+        Ok((TcpStream::from_std(std)?, watch))
     }
 
-    /// Whether the client has closed the connection (or it broke). Bytes not yet read (more
-    /// pipelined requests) hide a close behind them: then the client is taken to be there.
-    pub(super) fn gone(&self) -> bool {
+    /// Whether the client is still there to be answered.
+    pub(super) fn presence(&self) -> Presence {
         let mut byte = [0u8; 1];
         // The socket is non-blocking (tokio made it so): a peek never waits.
         match self.socket.peek(&mut byte) {
-            Ok(0) => true,
-            Ok(_) => false,
-            Err(err) => !matches!(
-                err.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ),
+            Ok(0) => Presence::Gone,
+            Ok(_) => Presence::Hidden,
+            Err(err) => match err.kind() {
+                io::ErrorKind::WouldBlock => Presence::There,
+                // The look did not happen: nothing is known.
+                io::ErrorKind::Interrupted => Presence::Hidden,
+                _ => Presence::Gone,
+            },
         }
+    }
+
+    /// Keeps a 2xx given while the client was hidden, to confirm later.
+    pub(super) fn given_unconfirmed(&self, answer: Unconfirmed) {
+        self.list().push(answer);
+    }
+
+    /// The 2xx answers given while the client was hidden, for a look that found it there.
+    pub(super) fn take_unconfirmed(&self) -> Vec<Unconfirmed> {
+        std::mem::take(&mut *self.list())
+    }
+
+    fn list(&self) -> std::sync::MutexGuard<'_, Vec<Unconfirmed>> {
+        // A list of operation numbers stays one whatever panicked while it was held.
+        self.unconfirmed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }

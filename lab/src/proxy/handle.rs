@@ -9,7 +9,7 @@ use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::client_watch::ClientWatch;
+use super::client_watch::{ClientWatch, Presence};
 use super::forward::forward;
 use super::Shared;
 use crate::goaway::Stream;
@@ -245,21 +245,34 @@ pub(super) fn stopping() -> Response<Full<Bytes>> {
 
 /// Records what the client is given, and gives it. An HTTP/1.1 client that closed its
 /// connection is given nothing (the connection is closed), and recorded so: its answer
-/// would never arrive.
+/// would never arrive. One whose pipelined requests are still unread may have closed behind
+/// them: its answer is recorded as unconfirmed until a later look finds it there.
 fn answered(
     shared: &Shared,
     attempt: &Attempt,
     peer: &Peer,
     res: Response<Full<Bytes>>,
 ) -> Answered {
-    if let Peer::Http1(watch) = peer {
-        if watch.gone() {
-            shared.ledger.answered(attempt, Answer::Lost);
-            return Err(DROPPED);
-        }
-    }
-    shared
-        .ledger
-        .answered(attempt, Answer::Status(res.status().as_u16()));
+    let status = res.status().as_u16();
+    let answer = match peer {
+        Peer::Http1(watch) => match watch.presence() {
+            Presence::Gone => {
+                shared.ledger.answered(attempt, Answer::Lost);
+                return Err(DROPPED);
+            }
+            Presence::There => {
+                shared.ledger.confirm(watch.take_unconfirmed());
+                Answer::Status(status)
+            }
+            Presence::Hidden => {
+                if (200..300).contains(&status) {
+                    watch.given_unconfirmed(attempt.unconfirmed());
+                }
+                Answer::Unconfirmed(status)
+            }
+        },
+        Peer::Http2(_) => Answer::Status(status),
+    };
+    shared.ledger.answered(attempt, answer);
     Ok(res)
 }
