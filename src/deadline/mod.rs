@@ -137,6 +137,13 @@ pub fn scope<F: Future>(inbound: Inbound, future: F) -> TaskLocalFuture<Inbound,
     INBOUND.scope(inbound, future)
 }
 
+/// Runs `f` with `inbound` as the deadline that nested calls inherit ([`current`]), for a
+/// synchronous step: a body's `poll_frame` that may start a nested call while a server polls
+/// a streamed response, after the handler's future has ended.
+pub fn sync_scope<R>(inbound: Inbound, f: impl FnOnce() -> R) -> R {
+    INBOUND.sync_scope(inbound, f)
+}
+
 /// The inbound deadline of the task this runs in, if a server set one with [`scope`].
 #[inline]
 pub fn current() -> Option<Inbound> {

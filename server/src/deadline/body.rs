@@ -1,8 +1,7 @@
 //! The response body: polled in the deadline's scope, so that a nested call made while hyper
 //! polls a streamed body, after the handler's future has ended, still inherits it.
 
-use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http_body::{Body, Frame, SizeHint};
@@ -61,11 +60,10 @@ impl<B: Body> Body for ResponseBody<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         match self.project().kind.project() {
-            KindProj::Scoped { inbound, mut body } => {
-                // The task-local is set for this one poll (a scope made and polled once: no
-                // allocation), and unset before hyper's task goes on to other work.
-                let frame = deadline::scope(*inbound, poll_fn(|cx| body.as_mut().poll_frame(cx)));
-                pin!(frame).poll(cx)
+            KindProj::Scoped { inbound, body } => {
+                // The task-local is set for this one poll, and unset before hyper's task goes
+                // on to other work.
+                deadline::sync_scope(*inbound, || body.poll_frame(cx))
             }
             KindProj::Answer => Poll::Ready(None),
         }
