@@ -2,13 +2,15 @@
 export interface RouteCounts {
   route: string; kind: "write" | "read"; operations: number; attempts: number;
   upstream_requests: number; pending: number; applied_twice: number; uncertain: number;
-  answered_ok: number; failed_after_upstream: number; failed_sent_no_answer: number;
-  failed_provably_unsent: number;
+  answered_ok: number; answered_ok_unconfirmed: number; failed_after_upstream: number;
+  failed_sent_no_answer: number; failed_provably_unsent: number;
 }
 export interface Report {
   routes: RouteCounts[]; writes: number; reads: number; applied_twice: number;
   uncertain: number; refused_over_limit: number; pending: number; reads_recovered: number;
-  writes_answered: number; max_applied_twice: number; pass: boolean; failures: string[];
+  reads_recovered_unconfirmed: number; writes_answered: number;
+  writes_answered_unconfirmed: number; max_applied_twice: number; pass: boolean;
+  failures: string[];
 }
 export interface LabOptions {
   upstream: string; faults?: string | string[]; listen?: string; writes?: string | string[];
