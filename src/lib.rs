@@ -202,8 +202,6 @@ pub use policy::{
 pub use reqwest::{PeekBodyMiddleware, ReadWholeMiddleware, RetrySafetyMiddleware};
 #[doc(inline)]
 pub use resume::{ReadWhole, ReadWholeLayer, WholeBody};
-#[allow(deprecated)]
-pub use service::AttemptRecord;
 #[doc(inline)]
 pub use service::{
     attempt_number, AttemptOutcome, NotReplayable, Recorded, ReplayBody, ReplayBuffer, Replayable,

@@ -22,8 +22,6 @@ pub(crate) use markers::{AttemptNumber, KeyHeader, LayerAttempt};
 pub(crate) use plan::Plan;
 use plan::{printable, MAX_REQUEST_ID_LEN};
 pub use refusal::NotReplayable;
-#[allow(deprecated)]
-pub use report::AttemptRecord;
 pub use report::{AttemptOutcome, RetryReport};
 pub(crate) use report::{HedgeSummary, Outcomes};
 pub(crate) use span::{superseded, won};

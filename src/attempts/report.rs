@@ -7,10 +7,6 @@ use super::NotReplayable;
 use crate::classify::{FailureClass, RequestVerdict};
 use crate::policy::StopReason;
 
-/// The earlier name of [`AttemptOutcome`].
-#[deprecated(since = "0.2.0", note = "renamed `AttemptOutcome`")]
-pub type AttemptRecord = AttemptOutcome;
-
 /// One attempt, as the report keeps it: how it ended, and the wait after it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttemptOutcome {
@@ -257,12 +253,6 @@ impl RetryReport {
     /// Each attempt, first to last.
     pub fn attempt_outcomes(&self) -> impl Iterator<Item = &AttemptOutcome> + '_ {
         self.outcomes.iter()
-    }
-
-    /// Each attempt, first to last.
-    #[deprecated(since = "0.2.0", note = "renamed `attempt_outcomes`")]
-    pub fn attempt_records(&self) -> impl Iterator<Item = &AttemptOutcome> + '_ {
-        self.attempt_outcomes()
     }
 
     /// When the first attempt started.

@@ -46,8 +46,6 @@ mod send;
 #[allow(clippy::module_inception)]
 mod service;
 
-#[allow(deprecated)]
-pub use crate::attempts::AttemptRecord;
 pub use crate::attempts::{AttemptOutcome, RetryReport};
 pub use body::ReplayBody;
 pub use future::ResponseFuture;
