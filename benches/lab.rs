@@ -13,7 +13,8 @@
 //!   operation, the route's kind, the ledger, the header filter).
 //! - the `_1ms` rows: the same with 1 ms of work per request at the upstream, a fast real API.
 //!
-//! `cargo bench --bench lab --features lab`
+//! `cargo bench --bench lab` (a bench of the root package: the lab is one of its
+//! dev-dependencies, no feature needed)
 
 use std::convert::Infallible;
 use std::hint::black_box;

@@ -1,12 +1,32 @@
 //! The faults the proxy injects into an operation's first attempt.
 
-use super::LabError;
+use crate::error::LabError;
 
 /// What happens to an operation's first attempt. Later attempts always pass through.
 ///
 /// "After apply" means the proxy forwarded the request and the upstream answered; the proxy
 /// then loses, delays or replaces that answer (a request forwarded and not answered counts as
 /// applied too). "Before" means the request never reached the upstream.
+///
+/// # HTTP/2's GOAWAY
+///
+/// `goaway-before-forwarding` and `goaway-after-apply` (not in the default mix) end an HTTP/2
+/// client's connection as a server shutting down would: one `GOAWAY` (`NO_ERROR`) whose
+/// last-stream-id is the highest stream the proxy forwarded on that connection (RFC 9113 §6.8),
+/// then a graceful close. Before forwarding, that id is below the faulted stream unless a higher
+/// one was already forwarded; after apply, it covers the faulted stream, whose answer is never
+/// sent. Nothing is forwarded after the GOAWAY: a stream above its id, or one it covers that was
+/// not yet forwarded, is refused (`REFUSED_STREAM`: not processed) and counted as never sent; one
+/// whose request had not arrived whole is not counted (it cannot be told apart). A counted refusal
+/// uses up its operation's first attempt, and its fault. Streams already forwarded get their
+/// answers if the upstream gives them within the slow delay and 2 s after the GOAWAY, before the
+/// connection closes (a later one is cut off: its client sees a failure after a request that may
+/// have applied; the ledger, which counts an answer once it is handed over, may already count it
+/// answered). HTTP/1.1 has no GOAWAY: there the two close the connection, as
+/// `reset-before-forwarding` and `drop-after-apply` do.
+///
+/// tower-retry-safety's classifier takes a remote GOAWAY as ambiguous (hyper can report one for a
+/// request it already wrote), so its layer resends neither fault's writes, only reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Fault {

@@ -1,7 +1,7 @@
 //! The proxy's books: per operation, its attempts, the requests handed to the upstream (each
 //! may have applied until an answer says it did not), and the last answer the client was
 //! given; per route, whose turn in the fault mix. Attempts are linked into operations by
-//! their [`Signals`] as the [`op_id`](super::op_id) module's docs say.
+//! their [`OpSignals`] as the [`op_id`](super::op_id) module's docs say.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use super::report::{Report, RouteCounts};
-use super::{Fault, Kind, OpId, Signals};
+use crate::fault::Fault;
+use crate::op_id::{OpId, OpSignals};
+use crate::report::{ProxyReport, RouteCounts};
+use crate::routes::RouteKind;
 
 /// What the client was last given for an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +93,7 @@ impl OpState {
 #[derive(Debug)]
 struct RouteState {
     label: String,
-    kind: Kind,
+    kind: RouteKind,
     /// Operations seen on this route: the next one gets `faults[turn % faults.len()]`.
     turn: usize,
 }
@@ -115,7 +117,7 @@ struct Books {
 impl Books {
     /// The operation an attempt belongs to, if one was seen, and whether it was linked by
     /// content alone across different keys.
-    fn find(&self, signals: &Signals) -> Option<(usize, bool)> {
+    fn find(&self, signals: &OpSignals) -> Option<(usize, bool)> {
         if let Some(op) = signals.op_header() {
             // The harness named the call: nothing else links it.
             return self.by_op_header.get(op).map(|&i| (i, false));
@@ -141,7 +143,7 @@ impl Books {
     }
 
     /// Indexes the attempt's op header, key and content under operation `i`.
-    fn index(&mut self, i: usize, signals: &Signals) {
+    fn index(&mut self, i: usize, signals: &OpSignals) {
         if let Some(op) = signals.op_header() {
             self.by_op_header.entry(op.clone()).or_insert(i);
         }
@@ -158,7 +160,7 @@ impl Books {
     }
 
     /// The route's row, made on first sight.
-    fn route(&mut self, kind: Kind, route: String) -> usize {
+    fn route(&mut self, kind: RouteKind, route: String) -> usize {
         if let Some(&index) = self.route_of.get(&route) {
             return index;
         }
@@ -228,7 +230,12 @@ impl Ledger {
     /// Operations take turns per route, so each route's share of every fault is exact
     /// whatever order routes interleave in.
     /// `None` once the ledger is closed: the attempt is neither counted nor forwarded.
-    pub(crate) fn begin(&self, signals: &Signals, kind: Kind, route: String) -> Option<Attempt> {
+    pub(crate) fn begin(
+        &self,
+        signals: &OpSignals,
+        kind: RouteKind,
+        route: String,
+    ) -> Option<Attempt> {
         let mut books = self.books();
         let books = &mut *books;
         if books.closed {
@@ -371,7 +378,7 @@ impl Ledger {
     }
 
     /// The counts so far, one row per route in the order routes were first seen.
-    pub(crate) fn report(&self) -> Report {
+    pub(crate) fn report(&self) -> ProxyReport {
         let books = self.books();
         let mut rows: Vec<RouteCounts> = books
             .routes
@@ -386,10 +393,10 @@ impl Ledger {
             row.attempts += state.attempts;
             row.upstream_requests += state.sent;
             row.pending += state.in_flight;
-            if row.kind == Kind::Write && state.applied >= 2 {
+            if row.kind == RouteKind::Write && state.applied >= 2 {
                 row.applied_twice += 1;
             }
-            if row.kind == Kind::Write && state.uncertain {
+            if row.kind == RouteKind::Write && state.uncertain {
                 row.uncertain += 1;
             }
             if matches!(state.answer, Answer::Unconfirmed(200..=299)) {
@@ -402,6 +409,6 @@ impl Ledger {
                 _ => row.failed_provably_unsent += 1,
             }
         }
-        Report::new(rows, books.refused_over_limit)
+        ProxyReport::new(rows, books.refused_over_limit)
     }
 }

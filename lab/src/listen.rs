@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
-use super::LabError;
+use crate::error::LabError;
 use tower_retry_safety::BoxError;
 
 /// Binds `addr`; the error names the address (a port in use, an address not of this host).

@@ -2,7 +2,7 @@
 //!
 //! # The design
 //!
-//! An attempt names its operation in up to three ways, its [`Signals`]; the proxy's ledger
+//! An attempt names its operation in up to three ways, its [`OpSignals`]; the proxy's ledger
 //! links attempts into operations with them, and the first attempt of each operation is the
 //! one that gets a fault:
 //!
@@ -36,8 +36,8 @@ use std::fmt;
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
-use super::multipart;
-use super::LabError;
+use crate::error::LabError;
+use crate::multipart;
 
 /// The most characters of an operation id that output shows: ids can carry anything a
 /// client sent.
@@ -76,13 +76,13 @@ impl fmt::Display for OpId {
 /// What one attempt says about its operation: the op header's value, the key, and the
 /// content (see the module docs for how the ledger links them). Each is shown capped.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Signals {
+pub struct OpSignals {
     op: Option<OpId>,
     key: Option<OpId>,
     content: OpId,
 }
 
-impl Signals {
+impl OpSignals {
     /// The op header's value, when `--op-header` names one and the attempt carries it.
     pub fn op_header(&self) -> Option<&OpId> {
         self.op.as_ref()
@@ -181,14 +181,14 @@ impl OpIdentity {
         path_and_query: &str,
         headers: &HeaderMap,
         body: &[u8],
-    ) -> Signals {
+    ) -> OpSignals {
         // A Structured Field string and its bare form are one key, as the server layer reads them.
         let key =
             header_text(headers, &self.key_header).map(|k| OpId(format!("key {}", unquote(k))));
         let op = self.op_header.as_ref().and_then(|name| {
             header_text(headers, name).map(|value| OpId(format!("{name} {value}")))
         });
-        Signals {
+        OpSignals {
             op,
             key,
             content: self.content(method, path_and_query, headers, body),

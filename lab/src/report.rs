@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use super::Kind;
+use crate::routes::RouteKind;
 
 /// The counts of one route (a `--write`/`--read` rule, or a method when no rule matched).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,7 +11,7 @@ pub struct RouteCounts {
     /// The rule (`POST /v1/payments`) or `POST (any path)`.
     pub route: String,
     /// Whether a repeat is harmful.
-    pub kind: Kind,
+    pub kind: RouteKind,
     /// Operations seen.
     pub operations: u64,
     /// Attempts seen: operations plus the client's resends.
@@ -53,7 +53,7 @@ pub struct RouteCounts {
 }
 
 impl RouteCounts {
-    pub(crate) fn new(route: String, kind: Kind) -> Self {
+    pub(crate) fn new(route: String, kind: RouteKind) -> Self {
         RouteCounts {
             route,
             kind,
@@ -73,21 +73,55 @@ impl RouteCounts {
 }
 
 /// What a proxy counted, per route.
+///
+/// # What the counts mean
+///
+/// An attempt reached the upstream (and may have applied) from the moment the proxy hands it to its
+/// upstream client, answered or not: a connection that breaks after the upstream read the request,
+/// or an answer longer than `--max-body`, does not show the write was not run. Only a connect error
+/// to the upstream proves an attempt was not sent. An answer, when one arrives whole, can only take
+/// an attempt back: one marked `idempotent-replayed: true` (a stored response, as
+/// tower-idempotency-keys' layer and Stripe mark them; `--replayed-header` names another), a 400,
+/// 409 or 422 to a keyed request (`Idempotency-Key`, or `--key-header`), or a 429 (RFC 6585:
+/// refused for its rate) ran nothing. A 503, even with `Retry-After`, counts as applied: nothing
+/// says the handler did not run first. A write is *applied twice* when two or more of its attempts
+/// may have applied. What the client got is the answer that completed last for the operation,
+/// except that a 2xx, once given, stays (a hedged request's 2xx counts even if a later hedge was
+/// begun, and an attempt the client abandoned does not take it back by ending later), and that no
+/// answer does not replace one given; an answer held for the slow fault records nothing unless the
+/// client waited it out. An answer is counted only if the client is still there to take it: an
+/// HTTP/1.1 client that closed its connection (behind requests it pipelined, which hide the close
+/// from hyper) is given nothing. When requests it pipelined are still unread, a close behind them
+/// cannot be seen: a 2xx given then counts as answered but *unconfirmed* (the lab cannot know that
+/// it arrived) until the proxy finds the client still there on that connection.
+///
+/// Failed operations are split three ways: the upstream answered one of their attempts
+/// (`failed, answered`); an attempt was sent and none answered (`failed, no answer`); none
+/// was sent (`failed, never sent`). On SIGINT or SIGTERM the proxy stops accepting and
+/// forwarding, waits up to `--drain-ms` for attempts still at the upstream, and reports those
+/// still there as `pending` (counted as applied).
+///
+/// Two identical requests without a key or an op header are one operation to the proxy
+/// (a second GET of the same path counts as a resend), and so are two with one body and
+/// different keys while the first is unanswered (counted uncertain): give each logical
+/// request its own `--op-header` value, or its own path or body, when a test repeats one on
+/// purpose. A resend whose key and body both change (a nonce per attempt) cannot be linked
+/// without `--op-header` or `--op-id`: it counts as a new operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report {
+pub struct ProxyReport {
     routes: Vec<RouteCounts>,
     refused_over_limit: u64,
 }
 
 /// Whether a count of writes applied twice is within `max_applied_twice`: one of the
-/// conditions of [`Report::passes`].
-pub fn passes(applied_twice: u64, max_applied_twice: u64) -> bool {
+/// conditions of [`ProxyReport::passes`].
+fn within_allowance(applied_twice: u64, max_applied_twice: u64) -> bool {
     applied_twice <= max_applied_twice
 }
 
-impl Report {
+impl ProxyReport {
     pub(crate) fn new(routes: Vec<RouteCounts>, refused_over_limit: u64) -> Self {
-        Report {
+        ProxyReport {
             routes,
             refused_over_limit,
         }
@@ -101,7 +135,7 @@ impl Report {
 
     /// Writes linked by content alone across different keys, on every route.
     pub fn uncertain(&self) -> u64 {
-        self.sum(Kind::Write, |r| r.uncertain)
+        self.sum(RouteKind::Write, |r| r.uncertain)
     }
 
     /// Why the run does not pass, if it does not: a write applied twice past the allowance,
@@ -109,7 +143,7 @@ impl Report {
     /// lab refused for its size (it was never checked).
     pub fn failures(&self, max_applied_twice: u64) -> Vec<String> {
         let mut why = Vec::new();
-        if !passes(self.applied_twice(), max_applied_twice) {
+        if !within_allowance(self.applied_twice(), max_applied_twice) {
             why.push(format!(
                 "{} writes may have been applied twice (--max-applied-twice {max_applied_twice})",
                 self.applied_twice()
@@ -132,45 +166,45 @@ impl Report {
         &self.routes
     }
 
-    fn sum(&self, kind: Kind, f: impl Fn(&RouteCounts) -> u64) -> u64 {
+    fn sum(&self, kind: RouteKind, f: impl Fn(&RouteCounts) -> u64) -> u64 {
         self.routes.iter().filter(|r| r.kind == kind).map(f).sum()
     }
 
     /// Write operations seen, on every route.
     pub fn writes(&self) -> u64 {
-        self.sum(Kind::Write, |r| r.operations)
+        self.sum(RouteKind::Write, |r| r.operations)
     }
 
     /// Read operations seen, on every route.
     pub fn reads(&self) -> u64 {
-        self.sum(Kind::Read, |r| r.operations)
+        self.sum(RouteKind::Read, |r| r.operations)
     }
 
     /// Writes the upstream applied twice or more, on every route.
     pub fn applied_twice(&self) -> u64 {
-        self.sum(Kind::Write, |r| r.applied_twice)
+        self.sum(RouteKind::Write, |r| r.applied_twice)
     }
 
     /// Reads whose client was given a 2xx.
     pub fn reads_recovered(&self) -> u64 {
-        self.sum(Kind::Read, |r| r.answered_ok)
+        self.sum(RouteKind::Read, |r| r.answered_ok)
     }
 
-    /// Of [`reads_recovered`](Report::reads_recovered), those whose 2xx the lab cannot know
+    /// Of [`reads_recovered`](ProxyReport::reads_recovered), those whose 2xx the lab cannot know
     /// arrived (see [`RouteCounts::answered_ok_unconfirmed`]).
     pub fn reads_recovered_unconfirmed(&self) -> u64 {
-        self.sum(Kind::Read, |r| r.answered_ok_unconfirmed)
+        self.sum(RouteKind::Read, |r| r.answered_ok_unconfirmed)
     }
 
     /// Writes whose client was given a 2xx.
     pub fn writes_answered(&self) -> u64 {
-        self.sum(Kind::Write, |r| r.answered_ok)
+        self.sum(RouteKind::Write, |r| r.answered_ok)
     }
 
-    /// Of [`writes_answered`](Report::writes_answered), those whose 2xx the lab cannot know
+    /// Of [`writes_answered`](ProxyReport::writes_answered), those whose 2xx the lab cannot know
     /// arrived (see [`RouteCounts::answered_ok_unconfirmed`]).
     pub fn writes_answered_unconfirmed(&self) -> u64 {
-        self.sum(Kind::Write, |r| r.answered_ok_unconfirmed)
+        self.sum(RouteKind::Write, |r| r.answered_ok_unconfirmed)
     }
 
     /// Attempts seen by the proxy, on every route.
@@ -190,7 +224,7 @@ impl Report {
 
     /// Whether the run passes: at most `max_applied_twice` writes may have been applied
     /// twice, at least one write was seen, and no request was refused for its size (see
-    /// [`failures`](Report::failures)). The proxy's exit status is this verdict.
+    /// [`failures`](ProxyReport::failures)). The proxy's exit status is this verdict.
     pub fn passes(&self, max_applied_twice: u64) -> bool {
         self.failures(max_applied_twice).is_empty()
     }
@@ -233,8 +267,8 @@ impl Report {
         );
         for (r, answered) in self.routes.iter().zip(answered) {
             let twice = match r.kind {
-                Kind::Write => format!("{} / {}", r.applied_twice, r.operations),
-                Kind::Read => "-".to_owned(),
+                RouteKind::Write => format!("{} / {}", r.applied_twice, r.operations),
+                RouteKind::Read => "-".to_owned(),
             };
             let route: String = r.route.chars().take(width).collect();
             let _ = writeln!(
@@ -338,3 +372,16 @@ failed, answered    the client's last answer failed, after the upstream answered
 failed, no answer   the client's last answer failed; an attempt was sent, the upstream answered none
 failed, never sent  the client's last answer failed, and no attempt was handed to the upstream
 ";
+
+#[cfg(test)]
+mod tests {
+    use super::within_allowance;
+
+    #[test]
+    fn the_exit_status_fails_only_past_the_allowed_count() {
+        assert!(within_allowance(0, 0));
+        assert!(!within_allowance(1, 0));
+        assert!(within_allowance(3, 3));
+        assert!(!within_allowance(4, 3));
+    }
+}

@@ -1,15 +1,16 @@
-//! Writes and reads, told apart by method and by `--write` / `--read` route rules in the
-//! crate's own route syntax (`POST /v1/tools/{slug}/execute`, `GET /files/{*path}`).
+//! Writes and reads, told apart by method and by `--write` / `--read` route rules in
+//! tower-retry-safety's route syntax (`POST /v1/tools/{slug}/execute`, `GET /files/{*path}`).
 
 use http::Method;
 
-use tower_retry_safety::{Idempotency, RetryPolicy, VerdictSource};
+use tower_retry_safety::classify::VerdictSource;
+use tower_retry_safety::{Idempotency, RetryPolicy};
 
-use super::LabError;
+use crate::error::LabError;
 
 /// Whether a repeat of a request is harmful, as the lab counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Kind {
+pub enum RouteKind {
     /// A repeat may repeat a side effect (POST, PATCH, or a `--write` route): the proxy
     /// counts it applied twice when it reached the upstream twice.
     Write,
@@ -18,12 +19,12 @@ pub enum Kind {
     Read,
 }
 
-impl Kind {
+impl RouteKind {
     /// `write` or `read`.
     pub fn name(self) -> &'static str {
         match self {
-            Kind::Write => "write",
-            Kind::Read => "read",
+            RouteKind::Write => "write",
+            RouteKind::Read => "read",
         }
     }
 }
@@ -31,7 +32,7 @@ impl Kind {
 #[derive(Clone, Debug)]
 struct Rule {
     label: String,
-    kind: Kind,
+    kind: RouteKind,
     /// This rule alone: which rule matched names the row it is counted in.
     alone: RetryPolicy,
 }
@@ -76,11 +77,11 @@ impl RouteKinds {
 
     /// Adds a rule: `spec` is a method, a space and a path template (`POST /v1/{*rest}`).
     /// `flag` names the argument in an error.
-    pub fn add(&mut self, flag: &str, spec: &str, kind: Kind) -> Result<(), LabError> {
+    pub fn add(&mut self, flag: &str, spec: &str, kind: RouteKind) -> Result<(), LabError> {
         let (method, template) = parse_spec(flag, spec)?;
         let verdict = match kind {
-            Kind::Write => Idempotency::NonIdempotent,
-            Kind::Read => Idempotency::Idempotent,
+            RouteKind::Write => Idempotency::NonIdempotent,
+            RouteKind::Read => Idempotency::Idempotent,
         };
         let rule = (method.clone(), template.to_owned(), verdict);
         let alone = policy_of(std::slice::from_ref(&rule));
@@ -103,17 +104,17 @@ impl RouteKinds {
     }
 
     /// The kind of a request and the route it is counted under. `path` excludes the query.
-    pub fn classify(&self, method: &Method, path: &str) -> (Kind, String) {
+    pub fn classify(&self, method: &Method, path: &str) -> (RouteKind, String) {
         let Some(verdict) = route_verdict(&self.table, method, path) else {
             let kind = match Idempotency::of_method(method) {
-                Idempotency::NonIdempotent => Kind::Write,
-                Idempotency::Idempotent => Kind::Read,
+                Idempotency::NonIdempotent => RouteKind::Write,
+                Idempotency::Idempotent => RouteKind::Read,
             };
             return (kind, format!("{method} (any path)"));
         };
         let kind = match verdict {
-            Idempotency::NonIdempotent => Kind::Write,
-            Idempotency::Idempotent => Kind::Read,
+            Idempotency::NonIdempotent => RouteKind::Write,
+            Idempotency::Idempotent => RouteKind::Read,
         };
         let label = self
             .rules

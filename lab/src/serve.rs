@@ -1,5 +1,5 @@
 //! `serve`: an upstream for a quick try, answering any route with a small JSON body behind
-//! this crate's [`IdempotencyLayer`].
+//! tower-idempotency-keys' [`IdempotencyLayer`].
 
 use std::io;
 use std::net::SocketAddr;
@@ -13,19 +13,11 @@ use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use tower::{Layer, ServiceExt};
 
-use super::listen::{self, Listening};
-use super::LabError;
-use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore, MemoryStore};
-
-/// The response header that carries the handler run's number, unique per run: a stored
-/// response repeats its run's number.
-pub const RUN_HEADER: &str = "x-lab-handler-run";
-/// A request header: the handler holds its answer this many milliseconds (at most a
-/// minute), so that repeats overlap it.
-pub const HOLD_HEADER: &str = "x-lab-hold-ms";
-/// A request header: the handler fails (an error, after counting its run), as a handler
-/// whose backend went away after it may have applied its effect.
-pub const FAIL_HEADER: &str = "x-lab-fail";
+use crate::error::LabError;
+use crate::headers::{FAIL_HEADER, HOLD_HEADER, RUN_HEADER};
+use crate::listen::{self, Listening};
+use tower_idempotency_keys::stores::MemoryStore;
+use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore};
 
 const MAX_HOLD: Duration = Duration::from_secs(60);
 

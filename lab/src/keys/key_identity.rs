@@ -7,8 +7,9 @@ use std::time::Instant;
 use http::StatusCode;
 
 use super::reply::Reply;
-use super::{result, Ctx, Outcome, RuleResult};
-use crate::serve::RUN_HEADER;
+use super::report::{RuleOutcome, RuleResult};
+use super::{result, Ctx};
+use crate::headers::RUN_HEADER;
 
 impl Ctx<'_> {
     /// A key that differs from another only in case is another key: it runs the handler
@@ -20,7 +21,7 @@ impl Ctx<'_> {
         let first = self.send(&upper, self.payload("case", 1), &[]).await;
         if !first.is_success() {
             let detail = format!("the first request got {} (want a 2xx)", first.shown());
-            return result(RULE, Outcome::Fail, detail);
+            return result(RULE, RuleOutcome::Fail, detail);
         }
         // Another payload where the body allows it: a server comparing keys without case
         // then answers 422; with one payload, it answers the first run.
@@ -35,11 +36,11 @@ impl Ctx<'_> {
         );
         if other.status() == Some(StatusCode::UNPROCESSABLE_ENTITY) {
             let detail = format!("{shown}: compared without case, taken as a reuse");
-            return result(RULE, Outcome::Fail, detail);
+            return result(RULE, RuleOutcome::Fail, detail);
         }
         if !other.is_success() {
             let detail = format!("{shown} (want a 2xx from a run of its own)");
-            return result(RULE, Outcome::Fail, detail);
+            return result(RULE, RuleOutcome::Fail, detail);
         }
         match (
             first.run() == other.run(),
@@ -47,15 +48,19 @@ impl Ctx<'_> {
         ) {
             (true, true) => result(
                 RULE,
-                Outcome::Fail,
+                RuleOutcome::Fail,
                 format!("{shown}: the first key's run answered it (compared without case)"),
             ),
             (true, false) => result(
                 RULE,
-                Outcome::Skip,
+                RuleOutcome::Skip,
                 format!("{shown}: equal answers without {RUN_HEADER}, unverified"),
             ),
-            (false, _) => result(RULE, Outcome::Pass, format!("{shown}: a run of its own")),
+            (false, _) => result(
+                RULE,
+                RuleOutcome::Pass,
+                format!("{shown}: a run of its own"),
+            ),
         }
     }
 
@@ -75,15 +80,15 @@ impl Ctx<'_> {
         );
         if !repeat.is_success() || repeat.run() != baseline.run() {
             let detail = format!("{shown}: the key was forgotten (want its first answer)");
-            return result(RULE, Outcome::Fail, detail);
+            return result(RULE, RuleOutcome::Fail, detail);
         }
         if !(repeat.names_run() && baseline.names_run()) {
             let detail = format!("{shown}: an equal answer without {RUN_HEADER}, unverified");
-            return result(RULE, Outcome::Skip, detail);
+            return result(RULE, RuleOutcome::Skip, detail);
         }
         result(
             RULE,
-            Outcome::Pass,
+            RuleOutcome::Pass,
             format!("{shown}: its first run's answer"),
         )
     }

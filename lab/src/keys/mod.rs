@@ -1,6 +1,6 @@
 //! `keys`: a conformance check for a server that honours `Idempotency-Key` (the IETF httpapi
-//! draft, and this crate's rule that a key is freed only when its handler provably did not
-//! run). One line per rule; each request uses a key of its own, fresh per run.
+//! draft, and tower-idempotency-keys' rule that a key is freed only when its handler provably
+//! did not run). One line per rule; each request uses a key of its own, fresh per run.
 
 use std::fmt;
 use std::time::Duration;
@@ -12,16 +12,16 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use super::routes::parse_spec;
-use super::serve::RUN_HEADER;
-use super::LabError;
+use crate::error::LabError;
+use crate::headers::RUN_HEADER;
+use crate::routes::parse_spec;
 
 mod key_identity;
 mod reply;
 mod report;
 mod rules;
 
-pub use self::report::{KeysReport, Outcome, RuleResult};
+pub use self::report::{KeysReport, RuleOutcome, RuleResult};
 
 /// Headers a stored response must repeat, when the first answer had them.
 const HEADERS_THAT_MATTER: [&str; 5] = [
@@ -50,6 +50,26 @@ const MAX_BODY: usize = 1024 * 1024;
 
 /// What the check sends, and to where. Its `Debug` shows the headers' names only and the
 /// body's length: they may hold credentials.
+///
+/// # What the server must do
+///
+/// The check asks the server for three things through headers, which a test deployment honours:
+/// `x-lab-hold-ms: N` (the handler holds its answer N ms, so that repeats overlap it), `x-lab-fail`
+/// (the handler fails after it may have applied its effect), and a response header
+/// `x-lab-handler-run` unique per handler run ([`headers`](crate::headers)); the lab's
+/// [`Upstream`](crate::serve::Upstream) does all three. Without the run header, answers that differ
+/// still fail a rule, but equal answers cannot tell a replay from a second run:
+/// `repeat-same-answer` and `concurrent-run-once` are then `skip` (unverified), not `pass`. The
+/// check first sends one well-formed keyed request: if the route does not answer it 2xx, every rule
+/// is `skip`; with a `--body` without `{variant}`, so is every rule when that payload sent again
+/// with a fresh key is not answered 2xx (an API that refuses a payload it already applied would
+/// otherwise pass rules without keys). `in-flight-409` fails when both requests got one handler
+/// run's 2xx after the hold was over (the server held the repeat until the first ended instead of
+/// answering 409), and is `skip` when one came sooner (the hold was not honoured: they may not have
+/// overlapped); `repeat-after-failure` is `skip` when the failed request got neither a 5xx nor no
+/// answer. A rule the server does not let the check try is reported `skip`: a skipped run-once rule
+/// leaves the check unpassed (exit 1), a skipped `other-payload-422` (a `--body` without
+/// `{variant}`) does not.
 #[derive(Clone)]
 pub struct KeysCheck {
     target: Uri,
@@ -260,7 +280,7 @@ fn skip_all(detail: String) -> KeysReport {
     KeysReport {
         results: RULES
             .into_iter()
-            .map(|rule| result(rule, Outcome::Skip, detail.clone()))
+            .map(|rule| result(rule, RuleOutcome::Skip, detail.clone()))
             .collect(),
     }
 }
@@ -286,7 +306,7 @@ struct Ctx<'a> {
     run: String,
 }
 
-fn result(rule: &'static str, outcome: Outcome, detail: impl Into<String>) -> RuleResult {
+fn result(rule: &'static str, outcome: RuleOutcome, detail: impl Into<String>) -> RuleResult {
     RuleResult {
         rule,
         outcome,
@@ -294,10 +314,10 @@ fn result(rule: &'static str, outcome: Outcome, detail: impl Into<String>) -> Ru
     }
 }
 
-fn pass_if(ok: bool) -> Outcome {
+fn pass_if(ok: bool) -> RuleOutcome {
     if ok {
-        Outcome::Pass
+        RuleOutcome::Pass
     } else {
-        Outcome::Fail
+        RuleOutcome::Fail
     }
 }

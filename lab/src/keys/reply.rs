@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
 use super::{Ctx, MAX_BODY, SETTLE_PAUSE, SETTLE_TRIES, VARIANT};
-use crate::serve::{HOLD_HEADER, RUN_HEADER};
+use crate::headers::{HOLD_HEADER, RUN_HEADER};
 
 /// A server's answer, or how the request failed.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@ use std::fmt;
 
 /// One rule's outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum RuleOutcome {
     /// The server keeps the rule.
     Pass,
     /// The server breaks it.
@@ -19,7 +19,7 @@ pub struct RuleResult {
     /// The rule's short name, such as `in-flight-409`.
     pub rule: &'static str,
     /// Pass, fail or skip.
-    pub outcome: Outcome,
+    pub outcome: RuleOutcome,
     /// What the check saw.
     pub detail: String,
 }
@@ -47,10 +47,11 @@ impl KeysReport {
     /// unpassed: a server that re-ran every repeat, or held a repeat instead of answering
     /// 409, could not be told from a conforming one, so the check does not say it conforms.
     pub fn passed(&self) -> bool {
-        let failed = self.results.iter().any(|r| r.outcome == Outcome::Fail);
-        let verified = RUN_ONCE
-            .iter()
-            .all(|rule| self.rule(rule).is_some_and(|r| r.outcome == Outcome::Pass));
+        let failed = self.results.iter().any(|r| r.outcome == RuleOutcome::Fail);
+        let verified = RUN_ONCE.iter().all(|rule| {
+            self.rule(rule)
+                .is_some_and(|r| r.outcome == RuleOutcome::Pass)
+        });
         verified && !failed
     }
 
@@ -64,15 +65,15 @@ impl fmt::Display for KeysReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for r in &self.results {
             let outcome = match r.outcome {
-                Outcome::Pass => "pass",
-                Outcome::Fail => "FAIL",
-                Outcome::Skip => "skip",
+                RuleOutcome::Pass => "pass",
+                RuleOutcome::Fail => "FAIL",
+                RuleOutcome::Skip => "skip",
             };
             writeln!(f, "{outcome}  {:<22} {}", r.rule, r.detail)?;
         }
-        if self.results.iter().all(|r| r.outcome == Outcome::Skip) {
+        if self.results.iter().all(|r| r.outcome == RuleOutcome::Skip) {
             writeln!(f, "no rule could be tried: nothing was verified")?;
-        } else if !self.passed() && !self.results.iter().any(|r| r.outcome == Outcome::Fail) {
+        } else if !self.passed() && !self.results.iter().any(|r| r.outcome == RuleOutcome::Fail) {
             writeln!(
                 f,
                 "not passed: the run-once rules ({}) were not all verified",

@@ -5,7 +5,10 @@ use std::time::Duration;
 use http::header::HeaderName;
 use http::Uri;
 
-use crate::{Fault, LabError, OpIdentity, RouteKinds};
+use crate::error::LabError;
+use crate::fault::Fault;
+use crate::op_id::OpIdentity;
+use crate::routes::RouteKinds;
 
 /// What the proxy does and where it forwards.
 #[derive(Clone, Debug)]

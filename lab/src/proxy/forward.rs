@@ -9,8 +9,8 @@ use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Full, Limited};
 
-use super::handle::text;
-use super::Shared;
+use super::answers::{stopping, text};
+use super::shared::Shared;
 use crate::ledger::{Attempt, Sent};
 
 /// Headers of one hop, never forwarded (RFC 9110 §7.6.1), and `host`, which the proxy's
@@ -93,7 +93,7 @@ pub(super) async fn forward(
     }
     let keyed = parts.headers.contains_key(config.identity.key_header());
     if !shared.ledger.sending(attempt) {
-        return Err(super::handle::stopping());
+        return Err(stopping());
     }
     let res = match shared.client.request(req).await {
         Ok(res) => res,

@@ -9,13 +9,14 @@ use http::request::Parts;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 
+use super::answers::{stopping, text};
 use super::client_watch::{ClientWatch, Presence};
 use super::forward::forward;
-use super::Shared;
+use super::shared::Shared;
+use crate::fault::Fault;
 use crate::goaway::Stream;
 use crate::ledger::{Answer, Attempt};
 use crate::unanswered::{Unanswered, DROPPED, REFUSED};
-use crate::Fault;
 use tower_retry_safety::BoxError;
 
 type Answered = Result<Response<Full<Bytes>>, Unanswered>;
@@ -35,12 +36,6 @@ impl Peer {
             Peer::Http2(stream) => Some(stream),
         }
     }
-}
-
-pub(super) fn text(status: StatusCode, message: &'static str) -> Response<Full<Bytes>> {
-    let mut res = Response::new(Full::new(Bytes::from_static(message.as_bytes())));
-    *res.status_mut() = status;
-    res
 }
 
 /// One request: its body read whole, its operation's attempt begun, then faulted or
@@ -230,17 +225,6 @@ async fn after_apply(
         }
         _ => answered(shared, attempt, peer, res),
     }
-}
-
-/// The answer to a request that arrives once the proxy stopped: not counted, not sent.
-pub(super) fn stopping() -> Response<Full<Bytes>> {
-    let mut res = text(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the fault lab is stopping: this request was not forwarded\n",
-    );
-    res.headers_mut()
-        .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    res
 }
 
 /// Records what the client is given, and gives it. An HTTP/1.1 client that closed its

@@ -3,12 +3,15 @@
 //! what was handed to the upstream (and may have applied) from the moment it is handed.
 //! HTTP/1.1 clients are served by hyper, HTTP/2 ones by [`h2_serve`](super::h2_serve) (for
 //! its GOAWAY faults); both hand requests to the same handler ([`handle`]), which forwards
-//! ([`forward`]); [`config`] holds the settings.
+//! ([`forward`]); both give the proxy's own answers from [`answers`]; [`config`] holds the
+//! settings, [`shared`] what every request's handling shares.
 
+mod answers;
 mod client_watch;
 mod config;
 mod forward;
 mod handle;
+mod shared;
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -16,39 +19,50 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 use self::client_watch::ClientWatch;
 use self::handle::{handle, Peer};
+use self::shared::Shared;
 use super::h2_serve;
 use super::ledger::Ledger;
 use super::listen::{self, Listening};
 use super::preface::{self, Protocol};
-use super::{LabError, Report};
+use crate::error::LabError;
+use crate::report::ProxyReport;
 
 pub use self::config::ProxyConfig;
 
 /// A running proxy. Stops when dropped. Its `Debug` shows its address and counts of
 /// operations, never their ids.
+///
+/// # In an SDK's CI
+///
+/// ```text
+/// cargo install retry-safety-lab
+/// retry-safety-lab serve --listen 127.0.0.1:4010 &          # or your API's stand-in
+/// retry-safety-lab proxy --upstream http://127.0.0.1:4010 --listen 127.0.0.1:8080 \
+///     --write 'POST /v1/{*rest}' --op-header x-stainless-retry-id > lab.txt &
+/// LAB=$!
+/// API_BASE_URL=http://127.0.0.1:8080 TIMEOUT_SECONDS=2 pytest tests/retries   # your SDK's tests
+/// kill -INT $LAB; wait $LAB      # exit status 1 if any write reached the upstream twice
+/// ```
+///
+/// Set the SDK's timeout well below the proxy's `--slow-ms` (30 s by default).
+///
+/// # Limits
+///
+/// The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream. Bodies are
+/// read whole, up to `--max-body` (1 MiB; a longer
+/// request gets 413 and is not counted; a longer answer gets the client a 502, the attempt
+/// counted as sent with no answer). It keeps one entry per operation until it stops.
 pub struct Proxy {
     addr: SocketAddr,
     ledger: Arc<Ledger>,
     listening: Listening,
-}
-
-#[derive(Debug)]
-pub(super) struct Shared {
-    pub(super) config: ProxyConfig,
-    pub(super) ledger: Arc<Ledger>,
-    pub(super) client: Client<HttpConnector, Full<Bytes>>,
-    /// Whether an upstream failure was reported on stderr (once is enough).
-    pub(super) reported: AtomicBool,
 }
 
 impl fmt::Debug for Proxy {
@@ -98,7 +112,7 @@ impl Proxy {
 
     /// The counts so far. An attempt handed to the upstream counts from that moment, answered
     /// or not; one still at the upstream is also counted in `pending`.
-    pub fn report(&self) -> Report {
+    pub fn report(&self) -> ProxyReport {
         self.ledger.report()
     }
 
@@ -113,7 +127,7 @@ impl Proxy {
     /// `within`, and reports: an answer that arrives meanwhile may still say an attempt ran
     /// nothing. Attempts still at the upstream then are counted in `pending` (and as
     /// applied).
-    pub async fn drain(&self, within: Duration) -> Report {
+    pub async fn drain(&self, within: Duration) -> ProxyReport {
         self.stop();
         self.ledger.settle(within).await;
         self.ledger.report()

@@ -7,7 +7,8 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use retry_safety_lab::{Fault, Kind, Proxy, ProxyConfig, RouteKinds};
+use retry_safety_lab::routes::{RouteKind, RouteKinds};
+use retry_safety_lab::{Fault, Proxy, ProxyConfig};
 
 use crate::raw_upstream::{RawUpstream, Then};
 
@@ -71,12 +72,12 @@ async fn headers_named_in_connection_are_not_forwarded() {
 fn a_lowercase_method_in_a_route_rule_is_refused_naming_the_flag() {
     let mut routes = RouteKinds::new();
     let err = routes
-        .add("--write", "post /v1/x", Kind::Write)
+        .add("--write", "post /v1/x", RouteKind::Write)
         .expect_err("methods are case-sensitive");
     assert_eq!(err.input(), "--write");
     assert!(err.to_string().contains("\"POST\""), "{err}");
     let err = routes
-        .add("--read", "Get /v1/x", Kind::Read)
+        .add("--read", "Get /v1/x", RouteKind::Read)
         .expect_err("methods are case-sensitive");
     assert_eq!(err.input(), "--read");
 }

@@ -10,7 +10,9 @@ use http::{header, Method, Request};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use retry_safety_lab::{demo_routes, Fault, Proxy, ProxyConfig};
+use retry_safety_lab::{Fault, Proxy, ProxyConfig};
+
+use crate::stacks::payment_routes;
 
 use crate::goaway_faults::proxy;
 use crate::raw_h2_client::{Frame, RawH2, CONTINUATION, END_HEADERS, GOAWAY, HEADERS};
@@ -172,7 +174,7 @@ async fn a_slow_delay_of_duration_max_still_goes_away() {
     let config = ProxyConfig::new(&upstream.url())
         .expect("valid upstream")
         .faults(vec![Fault::GoAwayBeforeForwarding])
-        .routes(demo_routes())
+        .routes(payment_routes())
         .slow(Duration::MAX);
     let proxy = Proxy::start(config, SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         .await

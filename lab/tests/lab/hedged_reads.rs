@@ -8,7 +8,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use retry_safety_lab::{Fault, Proxy, ProxyConfig, Report, RouteCounts};
+use retry_safety_lab::{Fault, Proxy, ProxyConfig, ProxyReport, RouteCounts};
 use tokio::task::JoinSet;
 
 use crate::raw_upstream::{RawUpstream, Then, GUARD};
@@ -68,7 +68,7 @@ async fn a_hedged_read_answered_by_an_earlier_hedge_is_recovered() {
 
 /// The proxy's report once `done` holds for its first route, polled every 10 ms; the last
 /// report after `GUARD` (whose assertions then say what did not settle).
-async fn settled(proxy: &Proxy, done: impl Fn(&RouteCounts) -> bool) -> Report {
+async fn settled(proxy: &Proxy, done: impl Fn(&RouteCounts) -> bool) -> ProxyReport {
     let deadline = tokio::time::Instant::now() + GUARD;
     loop {
         let report = proxy.report();

@@ -1,5 +1,5 @@
-//! The key conformance check: every rule passes against this crate's `IdempotencyLayer`, and
-//! a server that ignores keys is reported rule by rule.
+//! The key conformance check: every rule passes against tower-idempotency-keys'
+//! `IdempotencyLayer`, and a server that ignores keys is reported rule by rule.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -14,7 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use retry_safety_lab::{KeysCheck, Outcome, Upstream, HOLD_HEADER, RUN_HEADER};
+use retry_safety_lab::headers::{HOLD_HEADER, RUN_HEADER};
+use retry_safety_lab::{KeysCheck, RuleOutcome, Upstream};
 use tokio::net::TcpListener;
 
 fn loopback() -> SocketAddr {
@@ -40,7 +41,7 @@ async fn the_crates_layer_over_the_memory_store_passes_every_rule() {
     let report = check.run().await;
     for rule in RULES {
         let result = report.rule(rule).expect("every rule is reported");
-        assert_eq!(result.outcome, Outcome::Pass, "{report}");
+        assert_eq!(result.outcome, RuleOutcome::Pass, "{report}");
     }
     assert!(report.passed(), "{report}");
     // The handler ran: once for the baseline request, the in-flight pair, the other
@@ -158,16 +159,16 @@ async fn a_server_that_ignores_keys_fails_each_rule_it_breaks() {
     assert!(!report.passed(), "{report}");
     for rule in &RULES[..5] {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, Outcome::Fail, "{rule}: {report}");
+        assert_eq!(result.outcome, RuleOutcome::Fail, "{rule}: {report}");
     }
     // It does not fail on request, so the rule cannot be tried.
     let after = report.rule("repeat-after-failure").expect("reported");
-    assert_eq!(after.outcome, Outcome::Skip, "{report}");
+    assert_eq!(after.outcome, RuleOutcome::Skip, "{report}");
     let text = report.to_string();
     assert_eq!(text.lines().count(), RULES.len(), "{text}");
     // And the first key, sent again later, runs again: forgotten.
     let kept = report.rule("key-kept").expect("reported");
-    assert_eq!(kept.outcome, Outcome::Fail, "{report}");
+    assert_eq!(kept.outcome, RuleOutcome::Fail, "{report}");
     assert_eq!(text.lines().filter(|l| l.starts_with("FAIL")).count(), 6);
 }
 
@@ -185,18 +186,18 @@ async fn a_server_that_ignores_keys_without_a_run_header_is_not_passed() {
     assert!(!report.passed(), "{report}");
     for rule in RULES {
         let result = report.rule(rule).expect("reported");
-        assert_ne!(result.outcome, Outcome::Pass, "{rule}: {report}");
+        assert_ne!(result.outcome, RuleOutcome::Pass, "{rule}: {report}");
     }
     for rule in ["malformed-key-400", "other-payload-422"] {
         assert_eq!(
             report.rule(rule).expect("reported").outcome,
-            Outcome::Fail,
+            RuleOutcome::Fail,
             "{report}"
         );
     }
     for rule in ["in-flight-409", "repeat-same-answer", "concurrent-run-once"] {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, Outcome::Skip, "{rule}: {report}");
+        assert_eq!(result.outcome, RuleOutcome::Skip, "{rule}: {report}");
         assert!(result.detail.contains(RUN_HEADER), "{}", result.detail);
     }
 }
@@ -218,7 +219,7 @@ async fn a_route_that_refuses_the_checks_payload_gets_skips_not_passes() {
     assert_eq!(report.results.len(), RULES.len());
     for rule in RULES {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, Outcome::Skip, "{rule}: {report}");
+        assert_eq!(result.outcome, RuleOutcome::Skip, "{rule}: {report}");
         assert!(
             result.detail.contains("refused the check's request"),
             "{}",
@@ -237,7 +238,7 @@ async fn requests_that_did_not_overlap_skip_the_in_flight_rule() {
         .run()
         .await;
     let result = report.rule("in-flight-409").expect("reported");
-    assert_eq!(result.outcome, Outcome::Skip, "{report}");
+    assert_eq!(result.outcome, RuleOutcome::Skip, "{report}");
     assert!(
         result.detail.contains("did not overlap"),
         "{}",

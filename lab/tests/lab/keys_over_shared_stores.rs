@@ -4,7 +4,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use retry_safety_lab::{KeysCheck, KeysReport, Outcome, Upstream};
+use retry_safety_lab::{KeysCheck, KeysReport, RuleOutcome, Upstream};
 use tower_idempotency_keys::IdempotencyLayer;
 
 fn loopback() -> SocketAddr {
@@ -14,13 +14,13 @@ fn loopback() -> SocketAddr {
 fn assert_every_rule_passes(report: &KeysReport) {
     assert_eq!(report.results.len(), 8, "{report}");
     for result in &report.results {
-        assert_eq!(result.outcome, Outcome::Pass, "{report}");
+        assert_eq!(result.outcome, RuleOutcome::Pass, "{report}");
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_crates_layer_over_redis_passes_every_rule() {
-    use tower_idempotency_keys::RedisStore;
+    use tower_idempotency_keys::stores::RedisStore;
     // Declared first, dropped last: its keys are deleted even when an assertion fails.
     let redis = crate::support::redis::TestRedis::start("lab-keys");
     let store = RedisStore::connect(redis.url())
@@ -41,7 +41,7 @@ async fn the_crates_layer_over_redis_passes_every_rule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_crates_layer_over_postgres_passes_every_rule() {
-    use tower_idempotency_keys::PostgresStore;
+    use tower_idempotency_keys::stores::PostgresStore;
     // A schema of the test's own, dropped when `db` is, also when an assertion fails.
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(16).await);

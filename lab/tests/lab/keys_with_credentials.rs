@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use retry_safety_lab::{KeysCheck, Outcome, Upstream};
+use retry_safety_lab::{KeysCheck, RuleOutcome, Upstream};
 use tokio::net::TcpListener;
 
 const TOKEN: &str = "Bearer s3cret-token-Zq81";
@@ -99,7 +99,7 @@ async fn an_api_with_credentials_passes_every_rule_with_header_and_body() {
     let report = check.run().await;
     assert!(report.passed(), "{report}");
     for result in &report.results {
-        assert_eq!(result.outcome, Outcome::Pass, "{report}");
+        assert_eq!(result.outcome, RuleOutcome::Pass, "{report}");
     }
     // As over the lab's upstream without the gate: the baseline, the in-flight pair, the
     // other payload's first, the stored response's first, the concurrent burst, the failed
@@ -120,7 +120,10 @@ async fn without_the_credential_nothing_is_verified() {
         .await;
     assert!(!report.passed(), "{report}");
     assert!(
-        report.results.iter().all(|r| r.outcome == Outcome::Skip),
+        report
+            .results
+            .iter()
+            .all(|r| r.outcome == RuleOutcome::Skip),
         "{report}"
     );
     assert!(report.to_string().contains("401"), "{report}");
@@ -141,9 +144,9 @@ async fn a_body_without_a_variant_skips_only_the_other_payload_rule() {
     assert!(report.passed(), "{report}");
     for result in &report.results {
         let want = if result.rule == "other-payload-422" {
-            Outcome::Skip
+            RuleOutcome::Skip
         } else {
-            Outcome::Pass
+            RuleOutcome::Pass
         };
         assert_eq!(result.outcome, want, "{}: {report}", result.rule);
     }
@@ -219,7 +222,12 @@ async fn a_payload_refused_as_a_duplicate_passes_no_rule() {
     });
     let report = check(addr).body("{\"amount\":100}").run().await;
     for result in &report.results {
-        assert_ne!(result.outcome, Outcome::Pass, "{}: {report}", result.rule);
+        assert_ne!(
+            result.outcome,
+            RuleOutcome::Pass,
+            "{}: {report}",
+            result.rule
+        );
     }
     assert!(!report.passed(), "{report}");
 }

@@ -1,6 +1,6 @@
 //! The fault lab: the proxy's counts against real clients on loopback, how it
-//! tells operations apart, its exit status, and the key conformance check against this
-//! crate's server layer and against servers that break its rules.
+//! tells operations apart, its exit status, and the key conformance check against
+//! tower-idempotency-keys' layer and against servers that break its rules.
 
 use retry_safety_testing as support;
 use retry_safety_testing::pg;
@@ -23,5 +23,6 @@ mod raw_h2_client;
 mod raw_upstream;
 mod resends_in_disguise;
 mod server_dialects;
+mod stacks;
 mod unanswered_writes;
 mod verdicts;

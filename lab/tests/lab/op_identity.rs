@@ -3,7 +3,7 @@
 //! `resends_in_disguise.rs`).
 
 use http::{HeaderMap, Method};
-use retry_safety_lab::OpIdentity;
+use retry_safety_lab::op_id::OpIdentity;
 
 fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
     let mut map = HeaderMap::new();

@@ -1,4 +1,4 @@
-//! Clients this crate did not write, through the proxy: reqwest with reqwest-retry's
+//! Clients this project did not write, through the proxy: reqwest with reqwest-retry's
 //! default transient policy, and a Python standard-library client that retries errors and
 //! 5xx/429 as SDKs often do by hand. Their writes that failed after apply are applied twice,
 //! exactly as the mix implies.
@@ -7,7 +7,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
 use std::time::Duration;
 
-use retry_safety_lab::{demo_routes, Proxy, ProxyConfig, Report, Upstream};
+use retry_safety_lab::{Proxy, ProxyConfig, ProxyReport, Upstream};
+
+use crate::stacks::payment_routes;
 
 /// 2 operations per fault of the default mix, per kind.
 const OPS: usize = 12;
@@ -17,14 +19,14 @@ async fn lab() -> (Upstream, Proxy) {
     let upstream = Upstream::start(loopback).await.expect("upstream");
     let config = ProxyConfig::new(&format!("http://{}", upstream.addr()))
         .expect("valid upstream")
-        .routes(demo_routes())
+        .routes(payment_routes())
         .slow(Duration::from_secs(20));
     let proxy = Proxy::start(config, loopback).await.expect("proxy");
     (upstream, proxy)
 }
 
 /// drop, slow and 503 after apply: 3 of the 6 faults, 2 operations each.
-fn assert_naive_counts(report: &Report) {
+fn assert_naive_counts(report: &ProxyReport) {
     assert_eq!(report.writes(), OPS as u64, "{}", report.table(0));
     assert_eq!(report.applied_twice(), 6, "{}", report.table(0));
     assert_eq!(report.reads_recovered(), OPS as u64, "{}", report.table(0));

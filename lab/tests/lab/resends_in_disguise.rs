@@ -95,7 +95,7 @@ fn keyed_write(url: &str, op: u64, key: &str) -> Request<Full<Bytes>> {
         .expect("valid request")
 }
 
-/// A client that mints a new idempotency key per retry: the server (this crate's layer,
+/// A client that mints a new idempotency key per retry: the server (tower-idempotency-keys' layer,
 /// honouring keys) cannot tell the resend from a new call and runs it again. The lab links
 /// the resend to its first attempt by content, counts the write applied twice, and marks
 /// the link uncertain. Before, the new key made a new operation: "0 applied twice", a pass.
@@ -154,7 +154,7 @@ async fn the_op_header_alone_links_attempts_when_present() {
         .expect("valid upstream")
         .faults(vec![Fault::UnavailableAfterApply])
         .identity(
-            retry_safety_lab::OpIdentity::new()
+            retry_safety_lab::op_id::OpIdentity::new()
                 .op_header("x-lab-op")
                 .expect("valid name"),
         );

@@ -8,7 +8,8 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use retry_safety_lab::{Fault, OpIdentity, Proxy, ProxyConfig, Report};
+use retry_safety_lab::op_id::OpIdentity;
+use retry_safety_lab::{Fault, Proxy, ProxyConfig, ProxyReport};
 
 use crate::raw_upstream::{RawUpstream, Then};
 
@@ -18,7 +19,7 @@ async fn resend_through(
     plan: Vec<Then>,
     configure: impl FnOnce(ProxyConfig) -> ProxyConfig,
     header: (&str, &str),
-) -> Report {
+) -> ProxyReport {
     let upstream = RawUpstream::start(plan).await;
     let config = ProxyConfig::new(&upstream.url())
         .expect("valid upstream")

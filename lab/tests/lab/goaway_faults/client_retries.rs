@@ -1,4 +1,4 @@
-//! The GOAWAY faults through real HTTP clients, one operation at a time: this crate's layer
+//! The GOAWAY faults through real HTTP clients, one operation at a time: tower-retry-safety's layer
 //! over HTTP/2 resends no write after either GOAWAY (reads recover), a typical `tower::retry`
 //! applies each `goaway-after-apply` write twice, and HTTP/1.1 clients get the faults as the
 //! connection-close faults, with the same counts.
@@ -10,7 +10,9 @@ use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use retry_safety_lab::{Fault, Proxy, Report, TypicalPolicy, Upstream};
+use retry_safety_lab::{Fault, Proxy, ProxyReport, RouteCounts, Upstream};
+
+use crate::stacks::TypicalPolicy;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 
@@ -104,7 +106,7 @@ async fn lab(fault: Fault) -> (Upstream, Proxy, String) {
     (upstream, proxy, base)
 }
 
-fn write_row(report: &Report) -> retry_safety_lab::RouteCounts {
+fn write_row(report: &ProxyReport) -> RouteCounts {
     report
         .routes()
         .iter()
@@ -113,7 +115,7 @@ fn write_row(report: &Report) -> retry_safety_lab::RouteCounts {
         .clone()
 }
 
-/// A remote GOAWAY is ambiguous to this crate's classifier (hyper can hand one to a request it
+/// A remote GOAWAY is ambiguous to tower-retry-safety's classifier (hyper can hand one to a request it
 /// already wrote), so its layer resends neither fault's writes, and reads recover. After
 /// `goaway-before-forwarding` the upstream never saw the writes; after `goaway-after-apply`
 /// it ran each once.

@@ -8,7 +8,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
-use retry_safety_lab::{Fault, TypicalPolicy};
+use retry_safety_lab::Fault;
+
+use crate::stacks::TypicalPolicy;
 use tower::{ServiceBuilder, ServiceExt};
 
 use super::{goaways, h2_client, proxy, PER_ATTEMPT};

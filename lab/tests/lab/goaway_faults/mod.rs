@@ -15,9 +15,10 @@ use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use retry_safety_lab::{demo_routes, Fault, Proxy, ProxyConfig};
+use retry_safety_lab::{Fault, Proxy, ProxyConfig};
 
 use crate::raw_h2_client::{RawH2, GOAWAY};
+use crate::stacks::payment_routes;
 
 mod client_retries;
 mod counts_under_interleavings;
@@ -33,7 +34,7 @@ pub(crate) async fn proxy(upstream: &str, faults: Vec<Fault>) -> Proxy {
     let config = ProxyConfig::new(upstream)
         .expect("valid upstream")
         .faults(faults)
-        .routes(demo_routes())
+        .routes(payment_routes())
         .slow(Duration::from_secs(20));
     Proxy::start(config, loopback()).await.expect("proxy")
 }

@@ -1,56 +1,52 @@
-//! `demo`: the upstream, the proxy and clients in one process on loopback — this crate's
-//! stacks and `tower::retry` with a typical policy, each against a fresh proxy and upstream.
+//! `demo`: the upstream, the proxy and clients in one process on loopback — tower-retry-safety's
+//! stacks and `tower::retry` with a typical policy, each run through
+//! [`run_stack`](retry_safety_lab::run_stack) against a fresh proxy and upstream.
 
 use std::fmt::Write as _;
 use std::future::Future;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
-use http_body_util::{BodyExt, Full};
+use http::{Request, Response};
+use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_lab::{run_stack, Fault, LabError, ProxyReport};
 use tower::retry::Policy;
-use tower::{Service, ServiceBuilder, ServiceExt};
-
-use super::{Fault, Kind, LabError, Proxy, ProxyConfig, Report, RouteKinds, Upstream};
+use tower::ServiceBuilder;
 use tower_retry_safety::{BoxError, RetryPolicy};
 
+use super::error::CliError;
+
 /// Operations per kind and stack: 20 per fault of the default mix.
-pub(crate) const OPS: usize = 120;
-/// The clients' timeout per attempt, far below the proxy's slow hold.
+pub(super) const OPS: usize = 120;
+/// The clients' timeout per attempt, far below the proxy's slow hold (20 s in `run_stack`).
 const PER_ATTEMPT: Duration = Duration::from_secs(1);
-/// The slow fault's hold in the demo: the clients give up long before.
-const SLOW: Duration = Duration::from_secs(20);
-/// Operations in flight at once: enough to overlap, few enough that a loaded machine answers
-/// a plain request well within `PER_ATTEMPT`.
-const IN_FLIGHT: usize = 24;
 
 type Req = Request<Full<Bytes>>;
 
 /// One stack's counts.
 #[derive(Clone, Debug)]
-pub struct DemoRow {
+pub(super) struct DemoRow {
     /// The stack.
-    pub stack: &'static str,
+    stack: &'static str,
     /// Whether the demo expects it never to apply a write twice.
-    pub safe: bool,
+    safe: bool,
     /// What the proxy counted.
-    pub report: Report,
+    report: ProxyReport,
 }
 
 /// The retry policy people typically write for `tower::retry`: retry errors, 5xx and 429, up
 /// to 3 times, after a short pause.
 #[derive(Clone, Debug)]
-pub struct TypicalPolicy {
+struct TypicalPolicy {
     left: u32,
 }
 
 impl TypicalPolicy {
     /// Up to `retries` retries.
-    pub fn new(retries: u32) -> Self {
+    fn new(retries: u32) -> Self {
         TypicalPolicy { left: retries }
     }
 }
@@ -87,88 +83,20 @@ impl<B> Policy<Req, Response<B>, BoxError> for TypicalPolicy {
     }
 }
 
-/// The demo's routes: payments are created (a write) and read.
-pub fn demo_routes() -> RouteKinds {
-    let mut routes = RouteKinds::new();
-    // Both rules are fixed and valid: an error here is a bug in the demo, reported as such.
-    let _ = routes.add("--write", "POST /v1/payments", Kind::Write);
-    let _ = routes.add("--read", "GET /v1/payments/{id}", Kind::Read);
-    routes
-}
-
-/// A fresh upstream and proxy on loopback (default mix), `ops` writes and `ops` reads sent
-/// through `svc`, 24 at a time; what the proxy counted.
-pub async fn run_stack<S, B>(svc: S, ops: usize) -> Result<Report, LabError>
-where
-    S: Service<Req, Response = Response<B>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-{
-    run_stack_with(svc, ops, IN_FLIGHT).await
-}
-
-/// [`run_stack`] with `in_flight` operations at a time.
-pub async fn run_stack_with<S, B>(svc: S, ops: usize, in_flight: usize) -> Result<Report, LabError>
-where
-    S: Service<Req, Response = Response<B>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-{
-    let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    let upstream = Upstream::start(loopback).await?;
-    let config = ProxyConfig::new(&format!("http://{}", upstream.addr()))?
-        .routes(demo_routes())
-        .slow(SLOW);
-    let proxy = Proxy::start(config, loopback).await?;
-    let base = format!("http://{}", proxy.addr());
-    let mut tasks = tokio::task::JoinSet::new();
-    let in_flight = std::sync::Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
-    for i in 0..ops {
-        for method in [Method::POST, Method::GET] {
-            let svc = svc.clone();
-            let in_flight = in_flight.clone();
-            let (uri, body) = if method == Method::POST {
-                (
-                    format!("{base}/v1/payments"),
-                    format!("{{\"ref\":\"op-{i}\",\"amount\":100}}"),
-                )
-            } else {
-                (format!("{base}/v1/payments/{i}"), String::new())
-            };
-            tasks.spawn(async move {
-                let Ok(_permit) = in_flight.acquire_owned().await else {
-                    return;
-                };
-                let mut req = Request::new(Full::new(Bytes::from(body)));
-                *req.method_mut() = method;
-                let Ok(uri) = uri.parse() else { return };
-                *req.uri_mut() = uri;
-                if let Ok(res) = svc.oneshot(req).await {
-                    let _ = res.into_body().collect().await;
-                }
-            });
-        }
-    }
-    while tasks.join_next().await.is_some() {}
-    Ok(proxy.report())
-}
-
 fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
-fn boxed<F>(f: F) -> Pin<Box<dyn Future<Output = Result<Report, LabError>> + Send>>
+fn boxed<F>(f: F) -> Pin<Box<dyn Future<Output = Result<ProxyReport, LabError>> + Send>>
 where
-    F: Future<Output = Result<Report, LabError>> + Send + 'static,
+    F: Future<Output = Result<ProxyReport, LabError>> + Send + 'static,
 {
     Box::pin(f)
 }
 
 /// Every stack's row, `ops` writes and `ops` reads each.
-pub async fn run_demo(ops: usize) -> Result<Vec<DemoRow>, LabError> {
-    let policy_error = |err: tower_retry_safety::BuildError| LabError::new("demo", err.to_string());
+pub(super) async fn run_demo(ops: usize) -> Result<Vec<DemoRow>, CliError> {
+    let policy_error = |err: tower_retry_safety::BuildError| CliError::new("demo", err.to_string());
     // The crate's defaults but for the retry budget: 5 of 6 first attempts fail here, and
     // the default budget would rightly throttle such a burst (as in the tour).
     let policy = || {
@@ -232,7 +160,7 @@ pub async fn run_demo(ops: usize) -> Result<Vec<DemoRow>, LabError> {
 
 /// Whether the demo shows what it claims: the safe stacks applied no write twice, the
 /// typical `tower::retry` some.
-pub fn demo_holds(rows: &[DemoRow]) -> bool {
+pub(super) fn demo_holds(rows: &[DemoRow]) -> bool {
     rows.iter().all(|r| {
         if r.safe {
             r.report.applied_twice() == 0
@@ -243,7 +171,7 @@ pub fn demo_holds(rows: &[DemoRow]) -> bool {
 }
 
 /// The demo's table, like the tour's.
-pub fn demo_table(rows: &[DemoRow]) -> String {
+pub(super) fn demo_table(rows: &[DemoRow]) -> String {
     let mut out = String::new();
     let ops = rows.first().map_or(0, |r| r.report.writes());
     let mix: Vec<&str> = Fault::DEFAULT_MIX.iter().map(|f| f.name()).collect();

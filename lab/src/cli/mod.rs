@@ -1,18 +1,61 @@
-//! The `retry-safety-lab` command line: arguments parsed by hand (no parser dependency), each
-//! error a line naming the argument.
+//! The `retry-safety-lab` command line (the binary's, not the library's): arguments parsed
+//! by hand (no parser dependency), each error a line naming the argument.
+//!
+//! # The commands
+//!
+//! - **`proxy --upstream URL`**: a reverse proxy ([`Proxy`](retry_safety_lab::Proxy)) the client
+//!   under test is pointed at. Each operation's first attempt gets one
+//!   [`Fault`](retry_safety_lab::Fault) from a mix given out in turn per route (by default: none;
+//!   response lost after the upstream applied the write; answer held after apply; 503 after apply;
+//!   429 before apply; 500 before apply; on request, a reset before forwarding, HTTP/2's
+//!   `REFUSED_STREAM`, and an HTTP/2 `GOAWAY` before forwarding or after apply), and later attempts
+//!   pass through. Attempts are linked into operations as a client repeats them
+//!   ([`OpIdentity`](retry_safety_lab::op_id::OpIdentity), whose module docs hold the design): by
+//!   `--op-header` (a value the harness sets per call) when present, else by `Idempotency-Key` (or
+//!   `--key-header`), else by method, path and body (a multipart body without its boundary;
+//!   `--op-id /json/pointer` for a value in the body); a resend with a new key is linked by its
+//!   content to an operation not yet answered 2xx, and counted *uncertain*. Writes and reads are
+//!   told apart by method and by `--write` / `--read` rules in tower-retry-safety's route syntax
+//!   ([`RouteKinds`](retry_safety_lab::routes::RouteKinds)). On SIGINT or SIGTERM it stops
+//!   forwarding, waits for requests still at the upstream (`--drain-ms`), prints a
+//!   [`ProxyReport`](retry_safety_lab::ProxyReport) per route (`--json` for machines) and exits 1
+//!   when more writes than `--max-applied-twice` (default 0) may have been applied twice, when no
+//!   write reached it (nothing was verified), or when a request was refused for a body over
+//!   `--max-body` (never checked).
+//! - **`serve`**: an [`Upstream`](retry_safety_lab::Upstream) for a quick try: any route answers a
+//!   small JSON body, behind tower-idempotency-keys'
+//!   [`IdempotencyLayer`](tower_idempotency_keys::IdempotencyLayer) over the memory store.
+//! - **`demo`**: upstream, proxy and clients in one process on loopback: `tower::retry` with a
+//!   typical policy applies writes twice, tower-retry-safety's layer none.
+//! - **`keys --target URL --route 'POST /v1/payments'`**: a conformance check
+//!   ([`KeysCheck`](retry_safety_lab::KeysCheck)) for a server that honours `Idempotency-Key`: a
+//!   malformed key gets 400, a key in flight 409, a key reused with another payload 422, a repeat
+//!   the first answer (status, body, `content-type`, `location`, `content-location`, `etag`),
+//!   concurrent requests with one key run the handler once, a repeat after the handler failed does
+//!   not run it again, a key differing only in case is another key, and the first key sent again
+//!   after `--keep-ms` (3 s) still gets its first answer. `--header 'NAME: VALUE'` (credentials,
+//!   never shown) and `--body` (the API's own payload, `{variant}` made different per request) let
+//!   it run against a real API. The check passes only when no rule failed and the run-once rules
+//!   (in flight, repeat, concurrent, after a failure) were each tried and kept: a skipped one
+//!   verified nothing.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::demo::{demo_holds, demo_table, run_demo, OPS};
-use super::{
-    Fault, KeysCheck, Kind, LabError, OpIdentity, Proxy, ProxyConfig, RouteKinds, Upstream,
-};
+use retry_safety_lab::op_id::OpIdentity;
+use retry_safety_lab::routes::{RouteKind, RouteKinds};
+use retry_safety_lab::{Fault, KeysCheck, Proxy, ProxyConfig, Upstream};
+
+use self::demo::{demo_holds, demo_table, run_demo, OPS};
+use self::error::CliError;
+
+mod demo;
+mod error;
 
 /// The usage text of `retry-safety-lab help`.
-pub const USAGE: &str = "\
+pub(crate) const USAGE: &str = "\
 retry-safety-lab: a fault lab for HTTP clients, and a conformance check for servers that honour keys
 
 USAGE
@@ -61,7 +104,7 @@ Exit status: 0 pass, 1 a check failed, 2 bad input.
 ";
 
 /// Runs the command line (`args` without the program name); the process's exit status.
-pub fn main_with_args<I>(args: I) -> ExitCode
+pub(crate) fn main_with_args<I>(args: I) -> ExitCode
 where
     I: IntoIterator<Item = OsString>,
 {
@@ -135,7 +178,7 @@ impl Args {
     fn next_flag(
         &mut self,
         takes_value: &dyn Fn(&str) -> bool,
-    ) -> Result<Option<(String, String)>, LabError> {
+    ) -> Result<Option<(String, String)>, CliError> {
         let Some(arg) = self.rest.next() else {
             return Ok(None);
         };
@@ -145,7 +188,7 @@ impl Args {
             // Named by position, not echoed: a stray argument is often a value split off its
             // flag (`--header Authorization: "Bearer $TOKEN"` unquoted, a `--body` without
             // its flag), and may be a credential that would land in a CI log.
-            return Err(LabError::new(
+            return Err(CliError::new(
                 format!("argument {position}"),
                 "unexpected argument, not shown (flags start with --; a value with spaces must be quoted whole, as in --header 'NAME: VALUE')",
             ));
@@ -159,13 +202,13 @@ impl Args {
         let value = self
             .rest
             .next()
-            .ok_or_else(|| LabError::new(arg.clone(), "needs a value"))?;
+            .ok_or_else(|| CliError::new(arg.clone(), "needs a value"))?;
         self.position += 1;
         Ok(Some((arg, value)))
     }
 }
 
-fn parse<I>(args: I) -> Result<Command, LabError>
+fn parse<I>(args: I) -> Result<Command, CliError>
 where
     I: IntoIterator<Item = OsString>,
 {
@@ -173,7 +216,7 @@ where
     for (i, arg) in args.into_iter().enumerate() {
         let arg = arg
             .into_string()
-            .map_err(|_| LabError::new(format!("argument {}", i + 1), "not valid UTF-8"))?;
+            .map_err(|_| CliError::new(format!("argument {}", i + 1), "not valid UTF-8"))?;
         strings.push(arg);
     }
     let mut rest = strings.into_iter();
@@ -205,7 +248,7 @@ where
             Some((flag, _)) => Err(unknown(&flag, "demo")),
         },
         "keys" => parse_keys(&mut args),
-        other => Err(LabError::new(
+        other => Err(CliError::new(
             other,
             "unknown subcommand (proxy, serve, demo, keys, help)",
         )),
@@ -219,26 +262,26 @@ fn default_addr(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-fn unknown(flag: &str, command: &str) -> LabError {
-    LabError::new(flag, format!("not a flag of `{command}`"))
+fn unknown(flag: &str, command: &str) -> CliError {
+    CliError::new(flag, format!("not a flag of `{command}`"))
 }
 
-fn parse_addr(flag: &str, value: &str) -> Result<SocketAddr, LabError> {
+fn parse_addr(flag: &str, value: &str) -> Result<SocketAddr, CliError> {
     value.parse().map_err(|_| {
-        LabError::new(
+        CliError::new(
             flag,
             format!("{value:?} is not an IP address and port (127.0.0.1:8080)"),
         )
     })
 }
 
-fn parse_number(flag: &str, value: &str) -> Result<u64, LabError> {
+fn parse_number(flag: &str, value: &str) -> Result<u64, CliError> {
     value
         .parse()
-        .map_err(|_| LabError::new(flag, format!("{value:?} is not a whole number")))
+        .map_err(|_| CliError::new(flag, format!("{value:?} is not a whole number")))
 }
 
-fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
+fn parse_proxy(args: &mut Args) -> Result<Command, CliError> {
     let mut upstream = None;
     let mut listen = default_addr(8080);
     let mut faults = Fault::DEFAULT_MIX.to_vec();
@@ -260,8 +303,8 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
             "--key-header" => identity = identity.key_header_name(&value)?,
             "--replayed-header" => replayed_header = Some(value),
             "--op-id" => identity = identity.op_id_pointer(&value)?,
-            "--write" => routes.add(&flag, &value, Kind::Write)?,
-            "--read" => routes.add(&flag, &value, Kind::Read)?,
+            "--write" => routes.add(&flag, &value, RouteKind::Write)?,
+            "--read" => routes.add(&flag, &value, RouteKind::Read)?,
             "--slow-ms" => slow = Duration::from_millis(parse_number(&flag, &value)?),
             "--max-body" => max_body = Some(parse_number(&flag, &value)?),
             "--json" => json = true,
@@ -271,7 +314,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
             _ => return Err(unknown(&flag, "proxy")),
         }
     }
-    let upstream = upstream.ok_or_else(|| LabError::new("--upstream", "required"))?;
+    let upstream = upstream.ok_or_else(|| CliError::new("--upstream", "required"))?;
     let mut config = ProxyConfig::new(&upstream)?
         .faults(faults)
         .identity(identity)
@@ -282,7 +325,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
     }
     if let Some(bytes) = max_body {
         let bytes = usize::try_from(bytes)
-            .map_err(|_| LabError::new("--max-body", "too large for this machine"))?;
+            .map_err(|_| CliError::new("--max-body", "too large for this machine"))?;
         config = config.max_body(bytes);
     }
     Ok(Command::Proxy {
@@ -295,7 +338,7 @@ fn parse_proxy(args: &mut Args) -> Result<Command, LabError> {
     })
 }
 
-fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
+fn parse_keys(args: &mut Args) -> Result<Command, CliError> {
     let (mut target, mut route, mut concurrency, mut hold) = (None, None, None, None);
     let mut keep = None;
     let (mut headers, mut body) = (Vec::new(), None);
@@ -311,8 +354,8 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
             _ => return Err(unknown(&flag, "keys")),
         }
     }
-    let target = target.ok_or_else(|| LabError::new("--target", "required"))?;
-    let route = route.ok_or_else(|| LabError::new("--route", "required"))?;
+    let target = target.ok_or_else(|| CliError::new("--target", "required"))?;
+    let route = route.ok_or_else(|| CliError::new("--route", "required"))?;
     let mut check = KeysCheck::new(&target, &route)?;
     for line in &headers {
         check = check.header(line)?;
@@ -324,7 +367,7 @@ fn parse_keys(args: &mut Args) -> Result<Command, LabError> {
         let n = usize::try_from(n)
             .ok()
             .filter(|n| (2..=1024).contains(n))
-            .ok_or_else(|| LabError::new("--concurrency", "must be from 2 to 1024"))?;
+            .ok_or_else(|| CliError::new("--concurrency", "must be from 2 to 1024"))?;
         check = check.concurrency(n);
     }
     if let Some(ms) = hold {
@@ -381,7 +424,7 @@ async fn signalled() {
 }
 
 /// Runs a command; `Ok(false)` when its check failed.
-async fn run(command: Command) -> Result<bool, LabError> {
+async fn run(command: Command) -> Result<bool, CliError> {
     match command {
         Command::Help | Command::Version => Ok(true),
         Command::Proxy {
