@@ -11,7 +11,10 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::{IdempotencyLayer, IdempotencyService, IdempotencyStore, ResponseBody};
+use crate::body::ResponseBody;
+use crate::layer::IdempotencyLayer;
+use crate::service::IdempotencyService;
+use crate::store::IdempotencyStore;
 
 impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// This layer, answering with axum's body type: for wrapping a whole axum `Router`
@@ -22,7 +25,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// ```
     /// use axum::{routing::post, Router};
     /// use tower::Layer;
-    /// use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
     ///
     /// let keys = IdempotencyLayer::new(MemoryStore::new());
     /// let router = Router::new().route("/v1/messages", post(|| async { "sent" }));
@@ -111,14 +114,14 @@ where
 {
     type Response = Response<Body>;
     type Error = <IdempotencyService<S, St> as Service<Request<B>>>::Error;
-    type Future = ResponseFuture<<IdempotencyService<S, St> as Service<Request<B>>>::Future>;
+    type Future = AxumResponseFuture<<IdempotencyService<S, St> as Service<Request<B>>>::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        ResponseFuture {
+        AxumResponseFuture {
             inner: self.inner.call(req),
         }
     }
@@ -127,19 +130,19 @@ where
 pin_project! {
     /// The response future of [`AxumIdempotencyService`].
     #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    pub struct ResponseFuture<F> {
+    pub struct AxumResponseFuture<F> {
         #[pin]
         inner: F,
     }
 }
 
-impl<F> std::fmt::Debug for ResponseFuture<F> {
+impl<F> std::fmt::Debug for AxumResponseFuture<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+        f.debug_struct("AxumResponseFuture").finish_non_exhaustive()
     }
 }
 
-impl<F, ResBody, E> Future for ResponseFuture<F>
+impl<F, ResBody, E> Future for AxumResponseFuture<F>
 where
     F: Future<Output = Result<Response<ResponseBody<ResBody>>, E>>,
     ResponseBody<ResBody>:

@@ -10,7 +10,7 @@ use pin_project_lite::pin_project;
 use tower_retry_safety::BoxError;
 
 pin_project! {
-    /// The response body of [`IdempotencyService`](super::IdempotencyService): a buffered body
+    /// The response body of [`IdempotencyService`](crate::service::IdempotencyService): a buffered body
     /// (stored, sent again, or an answer of the layer's own) or the inner service's body,
     /// possibly after a prefix the layer already read while trying to buffer it.
     pub struct ResponseBody<B> {

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use super::layer::Config;
-use super::store::{FencingToken, Fingerprint};
+use crate::mode::Config;
+use crate::store::{FencingToken, Fingerprint};
 
 /// A key this request claimed, whose handler is about to run.
 pub(crate) struct Claimed<St> {

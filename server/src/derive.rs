@@ -8,7 +8,7 @@ use http::HeaderValue;
 use sha2::{Digest, Sha256};
 
 /// The `Idempotency-Key` of the request being handled, put in the request's extensions by
-/// the server layer ([`IdempotencyLayer`](super::IdempotencyLayer) in either mode) for every
+/// the server layer ([`IdempotencyLayer`](crate::layer::IdempotencyLayer) in either mode) for every
 /// keyed request it hands to the handler.
 ///
 /// A handler that calls a provider (send an email, charge a card) cannot roll that call back
@@ -22,8 +22,8 @@ use sha2::{Digest, Sha256};
 ///
 /// fn send_email<B>(req: &http::Request<B>) -> Option<http::HeaderValue> {
 ///     let key = req.extensions().get::<RequestKey>()?;
-///     // Put it on the outbound request's `Idempotency-Key` header, sent through this
-///     // crate's client layer with keys trusted for the provider's host.
+///     // Put it on the outbound request's `Idempotency-Key` header, sent through
+///     // `tower-retry-safety`'s client layer with keys trusted for the provider's host.
 ///     Some(key.derive("send-email").header_value())
 /// }
 /// # let _ = send_email::<()>;

@@ -21,7 +21,7 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::store::{Entry, FencingToken, Fingerprint, StoredResponse};
+use crate::store::{Entry, FencingToken, Fingerprint, StoredResponse};
 
 /// The version this server writes and reads.
 pub(crate) const VERSION: u8 = 1;

@@ -1,5 +1,5 @@
 //! axum extractors (feature `axum`): the request's [`RequestKey`] and, with `postgres`, its
-//! [`KeyTransaction`](super::KeyTransaction).
+//! [`KeyTransaction`](crate::postgres::atomic::KeyTransaction).
 
 use std::fmt;
 
@@ -7,11 +7,11 @@ use axum_core::extract::FromRequestParts;
 use axum_core::response::{IntoResponse, Response};
 use http::{header, HeaderValue, StatusCode};
 
-use super::derive::RequestKey;
+use crate::derive::RequestKey;
 
 /// The rejection of an extractor that found no keyed request: the request carried no
 /// `Idempotency-Key` (a method the layer does not
-/// [require keys for](super::IdempotencyLayer::require_key_for)), or the route is not behind
+/// [require keys for](crate::layer::IdempotencyLayer::require_key_for)), or the route is not behind
 /// the idempotency layer. Answers 400 and says which header is missing.
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 #[derive(Debug)]
@@ -76,7 +76,7 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestKey {
 /// # let _ = create;
 /// ```
 #[cfg(feature = "postgres")]
-impl<S: Send + Sync> FromRequestParts<S> for super::KeyTransaction {
+impl<S: Send + Sync> FromRequestParts<S> for crate::postgres::atomic::KeyTransaction {
     type Rejection = NotKeyed;
 
     async fn from_request_parts(

@@ -1,4 +1,8 @@
-//! The response future of [`IdempotencyService`](super::IdempotencyService): a reply made
+//! Futures and bodies: the response future of [`IdempotencyService`](crate::service::IdempotencyService)
+//! and its response body, and with `axum` the future of
+//! [`AxumIdempotencyService`](crate::axum::AxumIdempotencyService).
+//!
+//! [`ResponseFuture`] is a reply made
 //! without calling the handler, the inner service's own future for a request without a key,
 //! or the keyed call, boxed (it owns the handler's future and may outlive the request).
 
@@ -11,14 +15,16 @@ use bytes::Bytes;
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::ResponseBody;
+#[cfg(feature = "axum")]
+pub use crate::axum::AxumResponseFuture;
+pub use crate::body::ResponseBody;
 
 /// A keyed call: boxed once, since it may be detached from the request (see the module docs).
 pub(crate) type KeyedCall<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send>>;
 
 pin_project! {
-    /// The response future of [`IdempotencyService`](super::IdempotencyService).
+    /// The response future of [`IdempotencyService`](crate::service::IdempotencyService).
     pub struct ResponseFuture<F, B, E> {
         #[pin]
         kind: Kind<F, B, E>,

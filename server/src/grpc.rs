@@ -3,7 +3,7 @@
 //!
 //! | the layer's answer | `grpc-status` | why |
 //! |---|---|---|
-//! | 409, the first call with the key is in flight | `ABORTED`, with `grpc-retry-pushback-ms` | the status-code guide's "retry at a higher level"; this crate's client retries a keyed call on it, after the pushback |
+//! | 409, the first call with the key is in flight | `ABORTED`, with `grpc-retry-pushback-ms` | the status-code guide's "retry at a higher level"; `tower-retry-safety`'s client retries a keyed call on it, after the pushback |
 //! | 422, the key was used with another call | `INVALID_ARGUMENT` | the call is wrong for this key whatever the server's state: `FAILED_PRECONDITION` would say a later repeat could work |
 //! | 400, a missing or malformed key | `INVALID_ARGUMENT` | |
 //! | 413, a body over the layer's limit | `RESOURCE_EXHAUSTED` | what gRPC answers a message over its size limit |
@@ -14,8 +14,8 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
-use super::outcome::{BODY_OMITTED, CALLER_GONE};
-use super::ResponseBody;
+use crate::body::ResponseBody;
+use crate::outcome::{BODY_OMITTED, CALLER_GONE};
 use tower_retry_safety::wire::grpc::{GRPC_STATUS, PUSHBACK};
 use tower_retry_safety::wire::parse_retry_after;
 

@@ -4,43 +4,18 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use tower_layer::Layer;
 
-use super::observe::Observe;
-use super::renewal::Renewals;
-use super::{IdempotencyService, IdempotencyStore};
-
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) key_header: HeaderName,
-    pub(crate) stored_response_header: HeaderName,
-    pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) store_server_errors: bool,
-    pub(crate) scope: Option<Scope>,
-    pub(crate) max_request_bytes: usize,
-    pub(crate) max_response_bytes: usize,
-    pub(crate) required: Vec<Method>,
-    /// The instruments keyed requests entry in, if the layer was given a meter.
-    pub(crate) observe: Observe,
-}
+use crate::mode::{Config, Scope};
+use crate::observe::Observe;
+use crate::renewal::Renewals;
+use crate::service::IdempotencyService;
+use crate::store::IdempotencyStore;
 
 const YEAR: Duration = Duration::from_secs(365 * 24 * 60 * 60);
-
-type ScopeFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
-
-/// Reads the scope of a request's key.
-#[derive(Clone)]
-pub(crate) struct Scope(pub(crate) Arc<ScopeFn>);
-
-impl std::fmt::Debug for Scope {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Scope(..)")
-    }
-}
 
 /// A server-side tower layer that honours `Idempotency-Key`: the first request with a key runs,
 /// its response is stored and sent again to every repeat with the same key.
 ///
-/// See the [module docs](super) for the protocol. Setters consume and return the layer; each
+/// See the [crate docs](crate) for the protocol. Setters consume and return the layer; each
 /// documents its default.
 ///
 /// # Clone
@@ -142,7 +117,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
 
     /// How long a claim on a key lasts without renewal. While its handler runs, the layer
     /// renews the claim every quarter of the lease, at most a third apart (see the
-    /// [module docs](super#leases-and-fencing) for what that asks of the handler), so a
+    /// [crate docs](crate#leases-and-fencing) for what that asks of the handler), so a
     /// handler may run longer than it; a server that dies mid-handler holds its keys until the
     /// lease ends. After that a repeat of the key runs the handler again: the lease is the
     /// window within which a crashed server's write cannot be told from one that never started. Values under 30 ms are taken as 30 ms,
@@ -182,7 +157,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// responses). Defaults to unscoped: one key space for all clients.
     ///
     /// ```
-    /// use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+    /// use tower_idempotency_keys::{IdempotencyLayer, stores::MemoryStore};
     ///
     /// #[derive(Clone)]
     /// struct Tenant(String); // set by the auth layer
@@ -233,6 +208,19 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     pub fn require_key_for(self, methods: impl IntoIterator<Item = Method>) -> Self {
         let methods: Vec<Method> = methods.into_iter().collect();
         self.config(|c| c.required = methods)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl IdempotencyLayer<crate::postgres::PostgresStore> {
+    /// Atomic mode: the key is claimed inside a PostgreSQL transaction that the handler
+    /// writes in, and its response commits in that same transaction. See
+    /// [`AtomicLayer`](crate::postgres::atomic::AtomicLayer).
+    /// Every setting of this layer carries over, except the lease (a transaction holds the
+    /// key, not a lease).
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn atomic(self) -> crate::postgres::atomic::AtomicLayer {
+        crate::postgres::atomic::AtomicLayer::new((*self.store).clone(), self.config)
     }
 }
 

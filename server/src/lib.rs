@@ -1,21 +1,6 @@
-//! Idempotency keys on the server: answer a request repeated with the same `Idempotency-Key`
-//! with the first one's stored response, so a client may retry a write safely.
-//!
-//! [`IdempotencyLayer`] is a tower layer for servers (hyper, axum). For a request with a key:
-//!
-//! - the first one runs; its response (any status) is buffered up to a limit, stored with a
-//!   TTL and returned;
-//! - a repeat while the first is in flight gets **409** with `Retry-After`;
-//! - a repeat after it completed gets the stored response, byte for byte, with an
-//!   `idempotent-replayed: true` header;
-//! - the same key with a different request gets **422**: requests are compared by a SHA-256
-//!   [`Fingerprint`] of the method, the path with its query, and the body;
-//! - a malformed key gets **400** and never reaches the store. Keys are what common clients
-//!   send: a Structured Field string (`"8e03978e-…"`, the IETF draft's form) or a bare token of
-//!   visible ASCII without quotes or backslashes (`8e03978e-…`, Stripe's form); non-empty, at
-//!   most 255 bytes. Both spell the same key: `"k-1"` and `k-1` are one key.
-//!
-//! A keyed write runs once; its repeat gets the stored response:
+//! Honours `Idempotency-Key` on a tower server (hyper, axum, tonic): a keyed write runs once,
+//! and every repeat of its key gets the first one's stored response, so a client may retry
+//! a write safely.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -24,7 +9,7 @@
 //! use bytes::Bytes;
 //! use http_body_util::{Either, Full};
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
-//! use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let sent = Arc::new(AtomicUsize::new(0));
@@ -49,16 +34,59 @@
 //! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 //! ```
 //!
+//! # Map
+//!
+//! - **The root**: what a first stack names. [`IdempotencyLayer`] and its
+//!   [`IdempotencyService`]; the store trait [`IdempotencyStore`] and what a store of your own
+//!   deals in ([`Begin`], [`Entry`], [`FencingToken`], [`Fingerprint`], [`StoredResponse`],
+//!   [`StoreError`]); the request's key, [`RequestKey`], and the keys it derives for the
+//!   handler's own calls, [`DerivedKey`]; with `postgres`, the request's transaction in atomic
+//!   mode, `KeyTransaction`; with `axum`, the extractors' rejection `NotKeyed`, and
+//!   `AxumIdempotencyLayer` / `AxumIdempotencyService` (the layer answering with axum's body).
+//! - [`stores`]: [`MemoryStore`](stores::MemoryStore), `RedisStore` and `RedisStoreBuilder`
+//!   (feature `redis`), `PostgresStore` (feature `postgres`), and in `stores::postgres` the
+//!   rest of PostgreSQL's atomic mode (`AtomicLayer`, `AtomicService`, `KeyTransactionGuard`,
+//!   `TransactionError`, the table's `SCHEMA`).
+//! - [`future`]: the layer's response future and response body, and axum's future.
+//! - [`deadline`]: [`DeadlineLayer`](deadline::DeadlineLayer), the caller's deadline read from
+//!   every convention clients send; its future and body in [`deadline::future`].
+//!
+//! # The rules
+//!
+//! For a request with a key (in the `Idempotency-Key` header, [or
+//! another](IdempotencyLayer::key_header)):
+//!
+//! - **the first one runs**: its response (any status) is buffered up to a limit, stored with
+//!   a [TTL](IdempotencyLayer::ttl) and returned;
+//! - **a repeat after it completed gets the stored response**, byte for byte, with an
+//!   `idempotent-replayed: true` header;
+//! - **a repeat while the first is in flight gets 409** with `Retry-After`;
+//! - **the same key with a different request gets 422**: requests are compared by a SHA-256
+//!   [`Fingerprint`] of the method, the path with its query, and the body;
+//! - **a bad key gets 400** and never reaches the store. Keys are what common clients send: a
+//!   Structured Field string (`"8e03978e-…"`, the IETF draft's form) or a bare token of
+//!   visible ASCII without quotes or backslashes (`8e03978e-…`, Stripe's form); non-empty, at
+//!   most 255 bytes. Both spell the same key: `"k-1"` and `k-1` are one key. A request
+//!   without a key whose method [requires one](IdempotencyLayer::require_key_for) is a bad key
+//!   too;
+//! - **a store that fails (or refuses the claim) gets 503** with `Retry-After`, and nothing
+//!   runs: the layer never runs a keyed request without the store's guarantee;
+//! - **the [deadline layer](deadline::DeadlineLayer) goes outermost**, above every layer that
+//!   can make a request wait: a request whose caller has gone starts nothing, and its key is
+//!   freed (the [`deadline`] module says why outermost).
+//!
+//! Requests without a key pass through untouched.
+//!
 //! # A key is freed only if its handler did not run
 //!
-//! A key is claimed before the handler is called; a request refused before that (a malformed
-//! key, a body over [the limit](IdempotencyLayer::max_request_bytes) or unreadable, a store
-//! that failed: **503**, nothing run) claims nothing. Once the handler has been called, the key
-//! is never freed, whatever happens:
+//! A key is claimed before the handler is called; a request refused before that (a bad key, a
+//! body over [the limit](IdempotencyLayer::max_request_bytes) (413) or unreadable, a store that
+//! failed) claims nothing and runs nothing. Once the handler has been called, the key is never
+//! freed, whatever happens:
 //!
 //! - **The client goes away** (its timeout, a disconnect; hyper then drops the request): the
 //!   rest of the call is detached onto the tokio runtime and runs until the handler answers;
-//!   its response is stored for the repeats. Repeats meanwhile get 409.
+//!   its response is stored for the repeats, and the key is in flight meanwhile.
 //! - **The handler fails** (the inner service returns an error — a server-side timeout, a
 //!   lost backend — or panics): it may have applied its effect before failing, so the outcome
 //!   is *unknown*, and a stand-in entry says so: **500**, `x-should-retry: false` and a text
@@ -70,7 +98,7 @@
 //!   its status and headers with an empty body and `idempotent-replay-body: omitted`.
 //! - **The store refuses the entry** (full, or failing): the key is held in flight (its lease
 //!   renewed) while the entry is tried again in the background, until it is stored or the
-//!   key's TTL has passed. Repeats meanwhile get 409.
+//!   key's TTL has passed.
 //!
 //! The inner service and its future must be `Send + 'static` (a call may be detached). Outside
 //! a tokio runtime nothing can be detached: a dropped call ends there, its key in flight.
@@ -121,8 +149,10 @@
 //!   with `maxmemory-policy noeviction`: every entry has an expiry, so the `volatile-*` policies
 //!   evict them too).
 //!
-//! **What each topology guarantees.** What a crash or a failover can do to a key whose handler
-//! ran (the lease's own window, a server dead mid-handler, comes on top in lease mode):
+//! ## What each topology guarantees
+//!
+//! What a crash or a failover can do to a key whose handler ran (the lease's own window, a
+//! server dead mid-handler, comes on top in lease mode):
 //!
 //! | store and topology | a store crash (restart) | a failover |
 //! |---|---|---|
@@ -190,22 +220,96 @@
 //!
 //! # Stores
 //!
-//! [`MemoryStore`] is embedded and bounded, for one process. `RedisStore` (feature `redis`)
-//! shares keys across a fleet, on one Redis, a primary with replicas it waits for, through
-//! Sentinel, or on a Redis Cluster. `PostgresStore` (feature `postgres`) does too, and has an
-//! **atomic mode** (`IdempotencyLayer::atomic`) in which the key's entry commits in the
-//! handler's own database transaction: a crash before the commit rolls back the key and the
-//! handler's writes together, so the windows of the lease below do not exist for effects in
-//! that transaction. [`IdempotencyStore`] is implementable over any store with an atomic
-//! insert-if-absent with expiry and a compare-and-set.
+//! [`MemoryStore`](stores::MemoryStore) is embedded and bounded, for one process.
+//! [`IdempotencyStore`] is implementable over any store with an atomic insert-if-absent with
+//! expiry and a compare-and-set.
+//!
+//! ## Fleets: keys shared through Redis
+//!
+//! A retry that lands on another instance behind a load balancer, or on a restarted one, must
+//! find the key where the first attempt left it. With the `redis` feature, every instance puts
+//! its `IdempotencyLayer` over a `RedisStore` on the same Redis (or Valkey, 7.0 or later): one
+//! Redis, a primary with replicas it waits for, through Sentinel, or a Redis Cluster.
+//!
+//! ```no_run
+//! # #[cfg(feature = "redis")]
+//! # async fn demo() -> Result<(), tower_idempotency_keys::StoreError> {
+//! use tower_idempotency_keys::{stores::RedisStore, IdempotencyLayer};
+//!
+//! let store = RedisStore::connect("redis://127.0.0.1:6379").await?.prefix("myapp:idem:");
+//! let layer = IdempotencyLayer::new(store); // .lease(..), .ttl(..), .scope_keys_by(..)
+//! # drop(layer);
+//! # Ok(()) }
+//! ```
+//!
+//! After an outage the layer serves again on its own once Redis is back. `cargo run --example
+//! fleet` in the repository runs two instances on one Redis behind a forwarder that sends each
+//! write's consecutive attempts to different instances, with the tour's faults (and a handler
+//! slower than the client's timeout and the lease), and prints the counts:
+//! `60 writes across the fleet: 60 succeeded, 60 applied in all, 0 applied twice`.
+//!
+//! ## Exactly once past a crash: PostgreSQL, atomic mode
+//!
+//! A lease cannot close its window: a server that dies after its handler wrote to the
+//! database leaves a write that a repeat, once the lease has ended, applies again. With the
+//! `postgres` feature (sqlx), `PostgresStore` works in lease mode (`IdempotencyLayer::new(store)`:
+//! Redis's protocol and guarantees, for handlers whose effects are elsewhere) and in **atomic
+//! mode**, where the key's entry commits **in the handler's own transaction** (Stripe's design,
+//! Brandur Leach's `rocket-rides-atomic`):
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn demo() -> Result<(), tower_idempotency_keys::StoreError> {
+//! use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer};
+//!
+//! let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app").await?;
+//! store.migrate().await?; // or apply `stores::postgres::SCHEMA` with your migration tool
+//! let layer = IdempotencyLayer::new(store).atomic();
+//! // The handler finds a `KeyTransaction` in the request's extensions and writes there; the layer
+//! // writes the response into the key's row in the same transaction and commits once.
+//! # drop(layer);
+//! # Ok(()) }
+//! ```
+//!
+//! What atomic mode closes, and what remains:
+//!
+//! - **Closed**: a server that dies (crash, `SIGKILL`, lost connection) or a handler that fails
+//!   or panics before the commit leaves nothing: no order row, no key. The repeat runs on a
+//!   clean slate. One that dies after the commit leaves both: the repeat gets the stored
+//!   response. No lease guesses at a dead server: the key is in flight exactly while its
+//!   transaction runs (an advisory transaction lock that ends with the transaction or the
+//!   session). After a database that failed mid-request, the same key may be sent again
+//!   whatever happened.
+//! - **Open**: effects outside the transaction. An email sent or a card charged before a crash
+//!   is not rolled back, and the re-run sends it again — unless the handler sends the provider
+//!   the key derived from the request's (next section) and the provider honours keys: then the
+//!   provider answers with its stored response. Client → server (atomic) → provider is then
+//!   exactly once at every hop: `cargo run --example chain` runs the three on loopback with a
+//!   lost response at each hop; `tests/postgres/crash.rs` kills a real server process at each
+//!   point (after the write, after the provider's charge, after the commit) and counts one
+//!   order and one charge each time.
+//!
+//! Both modes can share one table: a lease-mode claim takes the key's advisory lock for its
+//! statement, so a key that an atomic transaction holds is in flight for it too. Every
+//! statement names the table by its schema (the pool's `current_schema()`, or
+//! `PostgresStore::schema`), so a handler that sets `search_path` cannot hide an entry. A
+//! handler that commits by hand gets a 500 and its key keeps an unknown outcome (the claim's
+//! in-flight row commits with its `COMMIT`, so no repeat runs meanwhile); a second
+//! `KeyTransaction::acquire` while a guard is held fails at once.
 //!
 //! # The handler's own outbound calls
 //!
 //! Every keyed request reaches its handler with a [`RequestKey`] in its extensions. A handler
 //! that calls a provider puts [`RequestKey::derive`]`("label")` on the outbound request's
-//! `Idempotency-Key` (sent through this crate's client layer, with keys trusted for the
-//! provider's host): a re-run of the handler — after a crash, or after its lease ended — sends
-//! the same key, and a provider that honours keys answers with its stored response instead of applying twice.
+//! `Idempotency-Key` (sent through `tower-retry-safety`'s client layer, with keys trusted
+//! for the provider's host): a re-run of the handler — after a crash, or after its lease ended — sends
+//! the same key, and a provider that honours keys answers with its stored response instead of
+//! applying twice.
+//!
+//! **Retrying by hand after an ambiguous error** (on the client): read `err.idempotency_key()`;
+//! check the provider's state or your execution log; if the write did not happen, or you
+//! cannot tell and the server honours keys, send it again *with that same key* — the server
+//! then runs it at most once. Never mint a new key for a retry of the same logical write.
 //!
 //! # With axum
 //!
@@ -218,7 +322,7 @@
 //! # async fn demo() -> std::io::Result<()> {
 //! use axum::{routing::post, Router};
 //! use tower::Layer;
-//! use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+//! use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 //!
 //! let router = Router::new().route("/v1/messages", post(|| async { "sent" }));
 //! let app = IdempotencyLayer::new(MemoryStore::new()).for_axum().layer(router);
@@ -231,7 +335,40 @@
 //!
 //! `examples/axum.rs` in the repository runs one, with a client that retries its writes
 //! through it (`cargo run --example axum --features axum`).
-#![doc = include_str!("../docs/server.md")]
+//!
+//! # Metrics
+//!
+//! With the `opentelemetry` feature, hand a `Meter` to [`IdempotencyLayer::meter`](IdempotencyLayer::meter); the instruments are made once, there. The attributes follow the client's conventions (`tower_retry_safety::metrics`).
+//!
+//! | instrument | kind | unit | attributes | what it counts |
+//! |---|---|---|---|---|
+//! | `retry_safety.server.keyed_requests` | counter | `{request}` | method, `retry_safety.key.outcome` | requests with a key (or without one where [`require_key_for`](IdempotencyLayer::require_key_for) asks for it), by how the layer answered |
+//! | `retry_safety.server.lease.renewals` | counter | `{renewal}` | `retry_safety.renewal.result` | renewals of a claim's lease while its handler runs |
+//! | `retry_safety.server.atomic.transactions` | counter | `{transaction}` | `retry_safety.transaction.result` | atomic mode (`AtomicLayer`, feature `postgres`): each keyed transaction, by how it ended |
+//!
+//! `retry_safety.key.outcome` is one of:
+//!
+//! | value | answer |
+//! |---|---|
+//! | `claimed` | the key was claimed; the handler runs |
+//! | `stored-response` | a repeat, answered from the stored response |
+//! | `in-flight` | a repeat while the first still runs: 409 |
+//! | `mismatch` | the key was used with a different request: 422 |
+//! | `malformed-key` | the key is not a well-formed key: 400 |
+//! | `missing-key` | the method needs a key and the request has none: 400 |
+//! | `rejected` | refused before a claim: a body over the limit (413), unreadable or without its scope (400) |
+//! | `store-error` | the store failed or refused the claim: 503, nothing ran |
+//! | `unavailable` | claimed, then refused before the handler ran (no timer in the runtime): 503 |
+//!
+//! `retry_safety.renewal.result` is `renewed`, `fenced` (refused: another claim holds the key
+//! now) or `failed` (the store failed, or did not answer within the renewal interval).
+//!
+//! `retry_safety.transaction.result` is `committed` (the handler's writes and the key's entry
+//! together), `commit-unconfirmed` (the commit was not acknowledged: 503), `rolled-back` (the
+//! handler failed, answered a 5xx not to be stored, or a statement failed) or `unknown` (the
+//! handler ended or kept the transaction itself: the key keeps an unknown outcome). Atomic mode
+//! counts its keyed answers in `retry_safety.server.keyed_requests` as lease mode does (its
+//! layer takes the meter from the `IdempotencyLayer` it was made from); it has no leases to renew.
 #![forbid(unsafe_code)]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -248,11 +385,11 @@ mod detach;
 mod encoding;
 #[cfg(feature = "axum")]
 mod extract;
-mod future;
+pub mod future;
 mod grpc;
-mod keyed;
 mod layer;
 mod memory;
+mod mode;
 mod observe;
 mod outcome;
 #[cfg(feature = "postgres")]
@@ -263,34 +400,23 @@ mod renewal;
 mod run;
 mod service;
 mod store;
+pub mod stores;
 mod text;
 
 #[cfg(feature = "axum")]
-pub use self::axum::{
-    AxumIdempotencyLayer, AxumIdempotencyService, ResponseFuture as AxumResponseFuture,
-};
-pub use body::ResponseBody;
-pub use derive::{DerivedKey, RequestKey};
+pub use crate::axum::{AxumIdempotencyLayer, AxumIdempotencyService};
+pub use crate::derive::{DerivedKey, RequestKey};
 #[cfg(feature = "axum")]
-pub use extract::NotKeyed;
-pub use future::ResponseFuture;
-pub use layer::IdempotencyLayer;
-pub use memory::MemoryStore;
+pub use crate::extract::NotKeyed;
+pub use crate::layer::IdempotencyLayer;
 #[cfg(feature = "postgres")]
-pub use postgres::{
-    AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, PostgresStore,
-    TransactionError, SCHEMA,
-};
-#[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder};
-pub use service::IdempotencyService;
-/// A store error's cause, for logs: `StoreError`'s own `Display` says only which kind.
-pub(crate) fn cause(err: &StoreError) -> Option<String> {
-    std::error::Error::source(err).map(ToString::to_string)
-}
-
-#[allow(deprecated)]
-pub use store::Claim;
-pub use store::{
+pub use crate::postgres::atomic::KeyTransaction;
+pub use crate::service::IdempotencyService;
+pub use crate::store::{
     Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
+
+/// The README's examples, compiled.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

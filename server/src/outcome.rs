@@ -1,12 +1,12 @@
-//! The entries the layer keeps when it cannot keep a handler's response whole. Once a handler
-//! has been called its key is never freed, so every ending has a stored response to send.
+//! The layer's own answers (409, 422, 503, 504: each text written here once), and the entries
+//! it keeps when it cannot keep a handler's response whole. Once a handler has been called its
+//! key is never freed, so every ending has a stored response to send.
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 
-use super::layer::Config;
-use super::store::StoredResponse;
-use super::ResponseBody;
+use crate::body::ResponseBody;
+use crate::store::StoredResponse;
 
 /// Set on a stored response whose body was not kept (too large, data after its trailers, or it failed while
 /// being read): the status and headers are the handler's, the body is empty.
@@ -123,19 +123,27 @@ pub(crate) fn is_server_error(status: StatusCode, headers: &HeaderMap) -> bool {
     false
 }
 
-pub(crate) fn send_stored<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
-    let mut res = stored_response(&stored);
-    let server_error = is_server_error(res.status(), res.headers());
-    let headers = res.headers_mut();
-    headers.insert(
-        config.stored_response_header.clone(),
-        HeaderValue::from_static("true"),
-    );
-    // A stored 5xx is sent again to every repeat of the key: a client that retries on 5xx
-    // would spend its retries on the same answer. The handler ran; say there is nothing to
-    // gain (any hint the handler gave is replaced).
-    if server_error {
-        headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
-    }
-    res
+/// 409: a request with this key is running (here, on another server, or in another
+/// transaction).
+pub(crate) fn in_progress<B>() -> Response<ResponseBody<B>> {
+    retry_later(
+        StatusCode::CONFLICT,
+        "a request with this Idempotency-Key is still in progress; retry later",
+    )
+}
+
+/// 422: the key was used with a different request.
+pub(crate) fn mismatch<B>() -> Response<ResponseBody<B>> {
+    reply(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "this Idempotency-Key was already used with a different request",
+    )
+}
+
+/// 503: the store cannot track the key (it failed, or refused the claim); nothing was run.
+pub(crate) fn cannot_track<B>() -> Response<ResponseBody<B>> {
+    retry_later(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
+    )
 }

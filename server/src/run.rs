@@ -12,20 +12,20 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{Either, Full};
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::buffer::{buffer, Buffered};
-use super::claim::Claimed;
-use super::detach::DetachOnDrop;
-use super::outcome;
-use super::renewal::Renewal;
-use super::store::{IdempotencyStore, StoreError, StoredResponse};
-use super::ResponseBody;
+use crate::body::ResponseBody;
+use crate::buffer::{buffer, Buffered};
+use crate::claim::Claimed;
 use crate::deadline::NothingRan;
+use crate::detach::DetachOnDrop;
+use crate::mode::{whole, InnerBody};
+use crate::outcome;
+use crate::renewal::Renewal;
+use crate::store::{IdempotencyStore, StoreError, StoredResponse};
 use crate::text::cap;
 use tower_retry_safety::deadline::{self, Inbound};
 use tower_retry_safety::BoxError;
@@ -39,10 +39,10 @@ pub(crate) fn call<S, St, B, ResBody>(
     inner: S,
     claimed: Claimed<St>,
     renewal: Renewal<St>,
-    req: Request<Either<Full<Bytes>, B>>,
+    req: Request<InnerBody<B>>,
 ) -> DetachOnDrop<impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send>
 where
-    S: Service<Request<Either<Full<Bytes>, B>>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<InnerBody<B>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: IdempotencyStore,
@@ -71,10 +71,10 @@ fn run<S, St, B, ResBody>(
     mut inner: S,
     claimed: Claimed<St>,
     mut renewal: Renewal<St>,
-    req: Request<Either<Full<Bytes>, B>>,
+    req: Request<InnerBody<B>>,
 ) -> impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>> + Send
 where
-    S: Service<Request<Either<Full<Bytes>, B>>, Response = Response<ResBody>> + Send + 'static,
+    S: Service<Request<InnerBody<B>>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     St: IdempotencyStore,
@@ -197,19 +197,6 @@ where
     }
 }
 
-/// The entry of a response read whole, with its trailers.
-pub(crate) fn whole(
-    parts: &http::response::Parts,
-    bytes: &Bytes,
-    trailers: Option<&HeaderMap>,
-) -> StoredResponse {
-    let stored = StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
-    match trailers {
-        Some(trailers) => stored.with_trailers(trailers.clone()),
-        None => stored,
-    }
-}
-
 /// The claim until its outcome is stored. Dropped while still holding it — the handler
 /// panicked, or the runtime is shutting down — it settles the "unknown" entry from a task of
 /// its own; the key is never freed.
@@ -245,7 +232,7 @@ impl<St: IdempotencyStore> Pending<St> {
             tracing::warn!(key = shown, "idempotency claim was taken over before its outcome was stored; the newer claim's outcome stands");
             return;
         }
-        tracing::warn!(error = %err, cause = super::cause(&err), key = shown, "idempotency store refused an outcome; the key is held in flight and it is tried again");
+        tracing::warn!(error = %err, cause = crate::store::cause(&err), key = shown, "idempotency store refused an outcome; the key is held in flight and it is tried again");
         let record = record();
         let record = if err.is_full() && why.is_none() {
             // The whole response did not fit; its head is better than nothing.
@@ -267,7 +254,7 @@ impl<St: IdempotencyStore> Pending<St> {
     async fn release(&mut self) {
         if let Some(c) = self.claimed.take() {
             if let Err(err) = c.store.release(&c.key, c.claim).await {
-                tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "could not free an idempotency key whose handler did not run or declined; it is freed when its lease ends");
+                tracing::warn!(error = %err, cause = crate::store::cause(&err), key = cap(&c.shown, 64), "could not free an idempotency key whose handler did not run or declined; it is freed when its lease ends");
             }
         }
     }
@@ -319,7 +306,7 @@ pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredRespons
                     return;
                 }
                 Err(err) => {
-                    tracing::warn!(error = %err, cause = super::cause(&err), key = cap(&c.shown, 64), "idempotency outcome not stored yet; the key is held in flight");
+                    tracing::warn!(error = %err, cause = crate::store::cause(&err), key = cap(&c.shown, 64), "idempotency outcome not stored yet; the key is held in flight");
                     // A refused renewal does not end the loop: a store that wrote the entry
                     // but could not confirm it (`RedisStore` waiting for replicas) holds the
                     // completed entry, which is no claim to renew. The next `complete` says
@@ -348,7 +335,8 @@ mod tests {
     use http_body_util::{BodyExt, Full};
     use tower::{service_fn, Layer, ServiceExt};
 
-    use crate::{IdempotencyLayer, MemoryStore};
+    use crate::layer::IdempotencyLayer;
+    use crate::memory::MemoryStore;
 
     /// The lease is renewed while a slow handler runs (the keeper polls the first-renewal
     /// timer only once the handler is pending): a repeat long past the lease gets 409, and

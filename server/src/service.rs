@@ -6,25 +6,24 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use tower_service::Service;
 
-use super::claim::Claimed;
-use super::derive::RequestKey;
-use super::future::ResponseFuture;
-use super::keyed::{key_of, prepare, Keyed};
-use super::layer::Config;
-use super::observe::KeyedOutcome;
-use super::outcome::{reply, retry_later, send_stored};
-use super::renewal::Renewals;
-use super::run;
-use super::store::{Begin, Entry, IdempotencyStore};
-use super::ResponseBody;
+use crate::body::ResponseBody;
+use crate::claim::Claimed;
+use crate::derive::RequestKey;
+use crate::future::ResponseFuture;
+use crate::mode::{self, key_of, prepare, Config, InnerBody, Keyed};
+use crate::observe::KeyedOutcome;
+use crate::outcome;
+use crate::renewal::Renewals;
+use crate::run;
+use crate::store::{Begin, FencingToken, Fingerprint, IdempotencyStore};
 use tower_retry_safety::BoxError;
 
-/// The service of [`IdempotencyLayer`](super::IdempotencyLayer).
+/// The service of [`IdempotencyLayer`](crate::layer::IdempotencyLayer).
 ///
 /// The inner service receives `Request<Either<Full<Bytes>, B>>`: the buffered body (`Left`) for
 /// a keyed request, whose body was read for its fingerprint, and the untouched body (`Right`)
@@ -66,8 +65,6 @@ impl<S: Clone, St> Clone for IdempotencyService<S, St> {
     }
 }
 
-type InnerBody<B> = Either<Full<Bytes>, B>;
-
 impl<S, St, B, ResBody> Service<Request<B>> for IdempotencyService<S, St>
 where
     S: Service<Request<InnerBody<B>>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -104,7 +101,7 @@ where
             Err(bad) => {
                 config.observe.keyed(req.method(), bad.outcome());
                 if grpc(&req) {
-                    return ResponseFuture::reply(super::grpc::answer(bad.reply()));
+                    return ResponseFuture::reply(crate::grpc::answer(bad.reply()));
                 }
                 return ResponseFuture::reply(bad.reply());
             }
@@ -121,7 +118,7 @@ where
         );
         if grpc {
             return ResponseFuture::keyed(Box::pin(
-                async move { call.await.map(super::grpc::answer) },
+                async move { call.await.map(crate::grpc::answer) },
             ));
         }
         ResponseFuture::keyed(Box::pin(call))
@@ -211,42 +208,15 @@ where
 async fn begin<St: IdempotencyStore, B>(
     store: &St,
     key: &str,
-    fingerprint: super::store::Fingerprint,
+    fingerprint: Fingerprint,
     config: &Config,
-) -> Result<super::store::FencingToken, (KeyedOutcome, Response<ResponseBody<B>>)> {
+) -> Result<FencingToken, (KeyedOutcome, Response<ResponseBody<B>>)> {
     match store.begin(key, fingerprint, config.lease).await {
         Ok(Begin::Started(claim)) => Ok(claim),
-        Ok(Begin::Existing(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
-            Err((
-                KeyedOutcome::InFlight,
-                retry_later(
-                    StatusCode::CONFLICT,
-                    "a request with this Idempotency-Key is still in progress; retry later",
-                ),
-            ))
-        }
-        Ok(Begin::Existing(Entry::Completed {
-            fingerprint: first,
-            response,
-        })) if first == fingerprint => {
-            Err((KeyedOutcome::StoredResponse, send_stored(response, config)))
-        }
-        Ok(Begin::Existing(_)) => Err((
-            KeyedOutcome::Mismatch,
-            reply(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "this Idempotency-Key was already used with a different request",
-            ),
-        )),
+        Ok(Begin::Existing(entry)) => Err(mode::taken(entry, fingerprint, config)),
         Err(err) => {
-            tracing::warn!(error = %err, cause = super::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
-            Err((
-                KeyedOutcome::StoreError,
-                retry_later(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-                ),
-            ))
+            tracing::warn!(error = %err, cause = crate::store::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
+            Err((KeyedOutcome::StoreError, outcome::cannot_track()))
         }
     }
 }
@@ -263,8 +233,5 @@ async fn no_timer<St: IdempotencyStore, B>(
         .keyed(method, KeyedOutcome::Unavailable);
     tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
     let _ = claimed.store.release(&claimed.key, claimed.claim).await;
-    retry_later(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-    )
+    outcome::cannot_track()
 }

@@ -59,10 +59,6 @@ impl fmt::Debug for Fingerprint {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FencingToken(u64);
 
-/// The earlier name of [`FencingToken`] (a *claim* is the hold on a key; this is its token).
-#[deprecated(since = "0.1.0", note = "renamed `FencingToken`")]
-pub type Claim = FencingToken;
-
 impl FencingToken {
     /// A fresh token. Tokens never repeat within a process (a counter through a bijective
     /// mix) and differ across processes (a random seed drawn once), without a system call per
@@ -262,6 +258,11 @@ impl StoreError {
     }
 }
 
+/// A store error's cause, for logs: `StoreError`'s own `Display` says only which kind.
+pub(crate) fn cause(err: &StoreError) -> Option<String> {
+    std::error::Error::source(err).map(ToString::to_string)
+}
+
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self.kind {
@@ -280,7 +281,7 @@ impl std::error::Error for StoreError {
     }
 }
 
-/// Where [`IdempotencyLayer`](super::IdempotencyLayer) keeps keys and responses.
+/// Where [`IdempotencyLayer`](crate::layer::IdempotencyLayer) keeps keys and responses.
 ///
 /// Shaped for a store shared by a fleet of servers: each call is one atomic operation on one
 /// key, over any store with an atomic insert-if-absent with expiry and a compare-and-set.
@@ -295,12 +296,12 @@ impl std::error::Error for StoreError {
 ///   claim's lease ran out and no other claim took the key since): the handler ran, and its
 ///   outcome must be kept, not lost so that a repeat runs it again.
 ///
-/// [`MemoryStore`](super::MemoryStore) is the embedded store; `RedisStore` (feature `redis`)
+/// [`MemoryStore`](crate::memory::MemoryStore) is the embedded store; `RedisStore` (feature `redis`)
 /// the shared one.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an idempotency store",
     label = "`IdempotencyLayer::new` takes a store",
-    note = "use `tower_idempotency_keys::MemoryStore::new()` in one process, or `RedisStore::connect(url).await?` (feature `redis`) or `PostgresStore` (feature `postgres`) for a fleet; or implement `IdempotencyStore` for your own store"
+    note = "use `tower_idempotency_keys::stores::MemoryStore::new()` in one process, or `RedisStore::connect(url).await?` (feature `redis`) or `PostgresStore` (feature `postgres`) for a fleet; or implement `IdempotencyStore` for your own store"
 )]
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Atomically: if `key` is free, mark it in flight with `fingerprint` under a fresh claim

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tower::ServiceExt;
-use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore};
+use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction};
 
 use super::round_trips;
 

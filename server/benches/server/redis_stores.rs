@@ -34,7 +34,7 @@ impl RedisVariants {
 }
 
 pub(crate) async fn redis_variants() -> RedisVariants {
-    use tower_idempotency_keys::RedisStore;
+    use tower_idempotency_keys::stores::RedisStore;
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -165,7 +165,7 @@ impl Drop for Pair {
 
 pub(crate) async fn redis_pair() -> Option<Pair> {
     use std::process::{Command, Stdio};
-    use tower_idempotency_keys::RedisStore;
+    use tower_idempotency_keys::stores::RedisStore;
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

@@ -12,7 +12,7 @@ pin_project! {
     /// The response body of [`Deadline`](super::Deadline): the inner service's body, each
     /// frame polled in the caller's deadline's scope, or the empty body of the layer's own
     /// answer.
-    pub struct ResponseBody<B> {
+    pub struct DeadlineBody<B> {
         #[pin]
         kind: Kind<B>,
     }
@@ -26,32 +26,32 @@ pin_project! {
     }
 }
 
-impl<B> ResponseBody<B> {
+impl<B> DeadlineBody<B> {
     pub(crate) fn scoped(inbound: Inbound, body: B) -> Self {
-        ResponseBody {
+        DeadlineBody {
             kind: Kind::Scoped { inbound, body },
         }
     }
 
     pub(crate) fn answer() -> Self {
-        ResponseBody { kind: Kind::Answer }
+        DeadlineBody { kind: Kind::Answer }
     }
 }
 
 /// Says which kind of body it is; never its content.
-impl<B> std::fmt::Debug for ResponseBody<B> {
+impl<B> std::fmt::Debug for DeadlineBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let kind = match self.kind {
             Kind::Scoped { .. } => "scoped",
             Kind::Answer => "answer",
         };
-        f.debug_struct("ResponseBody")
+        f.debug_struct("DeadlineBody")
             .field("kind", &kind)
             .finish_non_exhaustive()
     }
 }
 
-impl<B: Body> Body for ResponseBody<B> {
+impl<B: Body> Body for DeadlineBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 

@@ -1,5 +1,8 @@
-//! The response future: the wait for the inner service to be ready (timed by the caller's
-//! deadline), then the inner call in the deadline's scope, or the layer's own answer.
+//! The future and the body of [`Deadline`](super::Deadline)'s responses.
+//!
+//! [`DeadlineFuture`] is the wait for the inner service to be ready (timed by the caller's
+//! deadline), then the inner call in the deadline's scope, or the layer's own answer;
+//! [`DeadlineBody`] is each frame of the response polled in the deadline's scope.
 
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -14,12 +17,12 @@ use tower_retry_safety::deadline::{self, Inbound};
 use tower_service::Service;
 
 use super::answer::caller_gone;
-use super::body::ResponseBody;
+pub use super::body::DeadlineBody;
 use super::note::Notes;
 
 pin_project! {
     /// The response future of [`Deadline`](super::Deadline).
-    pub struct ResponseFuture<S: Service<Req>, Req> {
+    pub struct DeadlineFuture<S: Service<Req>, Req> {
         #[pin]
         state: State<S, Req>,
         inbound: Inbound,
@@ -49,7 +52,7 @@ pin_project! {
     }
 }
 
-impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
+impl<S: Service<Req>, Req> DeadlineFuture<S, Req> {
     pub(crate) fn waiting(
         service: S,
         req: Req,
@@ -63,7 +66,7 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
             timer: None,
             untimed: false,
         };
-        ResponseFuture {
+        DeadlineFuture {
             state,
             inbound,
             notes,
@@ -72,7 +75,7 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     }
 
     pub(crate) fn gone(inbound: Inbound, notes: Notes, grpc: bool) -> Self {
-        ResponseFuture {
+        DeadlineFuture {
             state: State::Gone,
             inbound,
             notes,
@@ -81,7 +84,7 @@ impl<S: Service<Req>, Req> ResponseFuture<S, Req> {
     }
 }
 
-impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
+impl<S: Service<Req>, Req> std::fmt::Debug for DeadlineFuture<S, Req> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match self.state {
             State::Waiting { .. } => "waiting",
@@ -89,17 +92,17 @@ impl<S: Service<Req>, Req> std::fmt::Debug for ResponseFuture<S, Req> {
             State::Gone => "gone",
             State::Done => "done",
         };
-        f.debug_struct("ResponseFuture")
+        f.debug_struct("DeadlineFuture")
             .field("state", &state)
             .finish_non_exhaustive()
     }
 }
 
-impl<S, Req, B> Future for ResponseFuture<S, Req>
+impl<S, Req, B> Future for DeadlineFuture<S, Req>
 where
     S: Service<Req, Response = Response<B>>,
 {
-    type Output = Result<Response<ResponseBody<B>>, S::Error>;
+    type Output = Result<Response<DeadlineBody<B>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -150,13 +153,13 @@ where
                     let res = ready!(future.poll(cx));
                     this.state.set(State::Done);
                     let inbound = *this.inbound;
-                    let mut res = res?.map(|body| ResponseBody::scoped(inbound, body));
+                    let mut res = res?.map(|body| DeadlineBody::scoped(inbound, body));
                     std::mem::take(this.notes).mark(&mut res);
                     return Poll::Ready(Ok(res));
                 }
                 StateProj::Gone => {
                     this.state.set(State::Done);
-                    let mut res = caller_gone(*this.grpc).map(|()| ResponseBody::answer());
+                    let mut res = caller_gone(*this.grpc).map(|()| DeadlineBody::answer());
                     std::mem::take(this.notes).mark(&mut res);
                     return Poll::Ready(Ok(res));
                 }

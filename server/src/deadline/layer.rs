@@ -7,9 +7,9 @@ use http::{HeaderName, Request};
 use tower::{Layer, Service};
 use tower_retry_safety::deadline::Inbound;
 
-use super::body::ResponseBody;
+use super::body::DeadlineBody;
 use super::conventions::Conventions;
-use super::future::ResponseFuture;
+use super::future::DeadlineFuture;
 
 /// Reads each request's deadline, caps it, and runs the request inside it (see the
 /// [module docs](super)). Place it outermost: a wait above it cannot be counted.
@@ -97,9 +97,9 @@ impl<S, B, ResBody> Service<Request<B>> for Deadline<S>
 where
     S: Service<Request<B>, Response = http::Response<ResBody>> + Clone,
 {
-    type Response = http::Response<ResponseBody<ResBody>>;
+    type Response = http::Response<DeadlineBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, Request<B>>;
+    type Future = DeadlineFuture<S, Request<B>>;
 
     /// Always ready: a request's deadline counts from its arrival (its `call`), so the wait
     /// for the inner service happens in the response future, where it is timed.
@@ -113,13 +113,13 @@ where
         let inbound = Inbound::within(read.timeout).with_caller_retries(read.caller_retries);
         let grpc = tower_retry_safety::wire::grpc::is_call(req.method(), req.headers());
         if inbound.has_passed() {
-            return ResponseFuture::gone(inbound, read.notes, grpc);
+            return DeadlineFuture::gone(inbound, read.notes, grpc);
         }
         req.extensions_mut().insert(inbound);
         // The service that was given (it may have been readied through `get_mut`) goes with
         // the request; a clone stays for the next.
         let clone = self.inner.clone();
         let service = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::waiting(service, req, inbound, read.notes, grpc)
+        DeadlineFuture::waiting(service, req, inbound, read.notes, grpc)
     }
 }

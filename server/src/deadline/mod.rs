@@ -114,15 +114,13 @@ mod conventions;
 mod count;
 #[cfg(feature = "axum")]
 mod extract;
-mod future;
+pub mod future;
 mod layer;
 mod note;
 mod seconds;
 
 pub(crate) use answer::NothingRan;
-pub use body::ResponseBody;
 #[cfg(feature = "axum")]
 pub use extract::CallerDeadline;
-pub use future::ResponseFuture;
 pub use layer::{Deadline, DeadlineLayer};
 pub use note::DEADLINE_NOTE;

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::super::encoding;
-use super::super::store::{
+use super::{lock_id, secs, token, PostgresStore};
+use crate::encoding;
+use crate::store::{
     Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
-use super::{lock_id, secs, token, PostgresStore};
 
 /// A row's `(completed, entry)` as an entry; the entry is decoded, never trusted blindly.
 pub(super) fn entry(record: &[u8]) -> Result<Entry, StoreError> {

@@ -1,7 +1,8 @@
 //! Idempotency keys in PostgreSQL (feature `postgres`, through sqlx): [`PostgresStore`] in
-//! lease mode, and [`AtomicLayer`] whose key commits in the handler's own transaction.
+//! lease mode, and [`AtomicLayer`](atomic::AtomicLayer) whose key commits in the handler's own
+//! transaction.
 
-mod atomic;
+pub(crate) mod atomic;
 mod lease;
 mod sql;
 
@@ -15,15 +16,11 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Executor;
 use tokio::sync::OnceCell;
 
-use super::store::{FencingToken, StoreError};
+use crate::store::{FencingToken, StoreError};
 use sql::Sql;
 
-pub use atomic::{
-    AtomicLayer, AtomicService, KeyTransaction, KeyTransactionGuard, TransactionError,
-};
-
 /// The schema: one table, `idempotency_keys`, and its expiry index. Shipped as a file too
-/// (`src/server/postgres/schema.sql`), to run with your own migration tool.
+/// (`src/postgres/schema.sql` in this package), to run with your own migration tool.
 pub const SCHEMA: &str = include_str!("schema.sql");
 
 /// Every this many claims, the store deletes a batch of expired rows in the background.
@@ -32,7 +29,7 @@ const SWEEP_EVERY: u64 = 128;
 /// and the table never holds many more expired rows than one batch.
 const SWEEP_BATCH: i64 = 256;
 
-/// An [`IdempotencyStore`](super::IdempotencyStore) in PostgreSQL.
+/// An [`IdempotencyStore`](crate::store::IdempotencyStore) in PostgreSQL.
 ///
 /// # Two modes
 ///
@@ -40,11 +37,11 @@ const SWEEP_BATCH: i64 = 256;
 ///   is a row with a lease and a fencing token, renewed while the handler runs, and the
 ///   response is written when it is done. For handlers whose effects are not in this
 ///   database.
-/// - **Atomic mode**: [`IdempotencyLayer::atomic`](super::IdempotencyLayer::atomic). The key is
-///   claimed inside a transaction that the handler writes in ([`KeyTransaction`]); the
+/// - **Atomic mode**: [`IdempotencyLayer::atomic`](crate::layer::IdempotencyLayer::atomic). The key is
+///   claimed inside a transaction that the handler writes in ([`KeyTransaction`](atomic::KeyTransaction)); the
 ///   response is written into the key's row in that same transaction, which commits once.
 ///   A crash before the commit rolls back the key and the handler's writes together. See
-///   [`AtomicLayer`].
+///   [`AtomicLayer`](atomic::AtomicLayer).
 ///
 /// # The table
 ///
@@ -71,7 +68,7 @@ const SWEEP_BATCH: i64 = 256;
 /// (409), and an atomic claim sees a lease-mode claim's row.
 ///
 /// ```no_run
-/// use tower_idempotency_keys::{IdempotencyLayer, PostgresStore};
+/// use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer};
 ///
 /// # async fn demo() -> Result<(), tower_idempotency_keys::StoreError> {
 /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app").await?;
@@ -227,7 +224,7 @@ impl PostgresStore {
             let store = self.clone();
             drop(runtime.spawn(async move {
                 if let Err(err) = store.purge_expired(SWEEP_BATCH as u32).await {
-                    tracing::warn!(error = %err, cause = super::cause(&err), "idempotency store: deleting expired keys failed");
+                    tracing::warn!(error = %err, cause = crate::store::cause(&err), "idempotency store: deleting expired keys failed");
                 }
             }));
         }

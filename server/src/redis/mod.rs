@@ -13,14 +13,14 @@ use redis::{Script, Value};
 pub use builder::RedisStoreBuilder;
 use link::Link;
 
-use super::encoding;
-use super::store::{
+use crate::encoding;
+use crate::store::{
     Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
 
 /// Compare-and-set on the claim, then act: every script reads and writes one key only, so it
 /// runs unchanged on Redis Cluster and Valkey. `ARGV[1]` is the claim's in-flight entry prefix
-/// (version, kind, token: `record::HOLDER_LEN` bytes), compared at its own length, so the
+/// (version, kind, token: `encoding::HOLDER_LEN` bytes), compared at its own length, so the
 /// scripts hold no copy of the entry format.
 ///
 /// `COMPLETE` writes the completed entry (`ARGV[2]`) if the key holds the claim, or the entry
@@ -58,7 +58,7 @@ return 1";
 /// - `complete`, `renew` and `release` are Lua scripts that compare the entry's claim token
 ///   (fencing) before they write, so a server whose claim was taken over changes nothing. Each
 ///   script touches one key: it runs unchanged on Redis Cluster.
-/// - Entries use a compact, versioned binary encoding (see the crate's `server` docs). An entry
+/// - Entries use a compact, versioned binary encoding (`src/encoding.rs` in this package). An entry
 ///   of a version this server does not read is an error: the layer answers 503 and logs it,
 ///   never misreads it.
 /// - **Replicas.** Redis replicates asynchronously: a write its primary acknowledged can be
@@ -102,7 +102,7 @@ return 1";
 ///   cluster connection apart from the one `WAIT`s block; the role is not read (each shard has
 ///   its own primary), so a shard short of replicas is found by its `WAIT`s alone.
 /// - Keys are only as durable as Redis keeps them: run it with `maxmemory-policy noeviction`
-///   (see the `server` module's "Leases and fencing" for what each topology guarantees).
+///   (the [crate docs](crate#what-each-topology-guarantees) say what each topology guarantees).
 /// - While Redis is unreachable every call fails fast (a 1 s connection and response timeout
 ///   by default) and the layer answers 503 with `Retry-After`, running nothing; service
 ///   resumes when Redis is back, without a restart. A claim is kept through an outage that
@@ -111,7 +111,7 @@ return 1";
 ///   longer than the lease.
 ///
 /// ```no_run
-/// use tower_idempotency_keys::{IdempotencyLayer, RedisStore};
+/// use tower_idempotency_keys::{stores::RedisStore, IdempotencyLayer};
 ///
 /// # async fn demo() -> Result<(), tower_idempotency_keys::StoreError> {
 /// let store = RedisStore::connect("redis://127.0.0.1:6379").await?.prefix("myapp:idem:");

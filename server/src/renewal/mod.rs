@@ -46,8 +46,8 @@ use tokio::time::Instant;
 mod send;
 mod ticker;
 
-use super::observe::Observe;
-use super::store::{FencingToken, IdempotencyStore};
+use crate::observe::Observe;
+use crate::store::{FencingToken, IdempotencyStore};
 use send::{renew, send_renewal};
 use ticker::Ticker;
 

@@ -73,7 +73,7 @@ pub(super) fn send_renewal<St: IdempotencyStore>(
         observe.renewal(RenewalResult::Failed);
         match failed {
             Some(err) => {
-                tracing::warn!(error = %err, cause = crate::cause(&err), key = cap(&shown, 64), "idempotency claim not renewed")
+                tracing::warn!(error = %err, cause = crate::store::cause(&err), key = cap(&shown, 64), "idempotency claim not renewed")
             }
             None => tracing::warn!(key = cap(&shown, 64), "idempotency claim renewal timed out"),
         }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use retry_safety_testing::runtime_server::{runtime, Flavour};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 /// Two hundred claims on one current-thread runtime, each handler busy in 2 ms stretches (a round
 /// of every handler is then ~0.4 s, a whole lease, so no claim survives on its own handler's polls

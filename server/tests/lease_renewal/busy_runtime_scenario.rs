@@ -23,7 +23,9 @@ use hyper::body::Frame;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{service_fn, Layer};
-use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore, MemoryStore, RedisStore};
+use tower_idempotency_keys::{
+    stores::MemoryStore, stores::RedisStore, IdempotencyLayer, IdempotencyStore,
+};
 
 /// What a renewal test's handler does.
 #[derive(Clone, Copy, Debug)]

@@ -15,8 +15,8 @@ use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
-    StoreError, StoredResponse,
+    stores::MemoryStore, Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer,
+    IdempotencyStore, StoreError, StoredResponse,
 };
 
 const LEASE: Duration = Duration::from_secs(60);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use retry_safety_testing::redis::TestRedis;
 use retry_safety_testing::runtime_server::{runtime, Flavour};
-use tower_idempotency_keys::{IdempotencyLayer, RedisStore};
+use tower_idempotency_keys::{stores::RedisStore, IdempotencyLayer};
 
 /// This test's time unit. Redis keeps a lease in its own real time, so no paused clock can
 /// stand in for it: each renewal must reach Redis within a lease of the one before. On the

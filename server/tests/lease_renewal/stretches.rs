@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::Layer;
-use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer, IdempotencyStore};
 
 const LEASE: Duration = Duration::from_millis(400);
 
@@ -219,7 +219,7 @@ fn a_slow_reply_to_begin_eats_none_of_the_margin() {
 mod redis_store {
     use super::*;
     use retry_safety_testing::redis::TestRedis;
-    use tower_idempotency_keys::RedisStore;
+    use tower_idempotency_keys::stores::RedisStore;
 
     pub(super) fn case(flavour: Flavour, fraction: f64) -> Outcome {
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, IdempotencyStore, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer, IdempotencyStore};
 
 use crate::SERIAL;
 use retry_safety_testing::runtime_server::{serve_on, Flavour, Server};

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore};
+use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction};
 
 /// Writes the order in the request's transaction, then `COMMIT`s by hand (the misuse the
 /// layer promises to catch: "answers 500, keeps a record that says the outcome is unknown").

@@ -25,7 +25,7 @@ use hyper::body::Incoming;
 use tokio::sync::mpsc;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::{
-    IdempotencyLayer, KeyTransaction, MemoryStore, PostgresStore, RequestKey,
+    stores::MemoryStore, stores::PostgresStore, IdempotencyLayer, KeyTransaction, RequestKey,
 };
 use tower_retry_safety::RetryPolicy;
 

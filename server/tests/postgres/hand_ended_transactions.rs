@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
+use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction, RequestKey};
 
 type Req = Request<Either<Full<Bytes>, Incoming>>;
 

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::Response;
 use http_body_util::Full;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore};
+use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction};
 
 // HELD. A handler sets search_path at session level (not LOCAL) to a schema with its own
 // `idempotency_keys` table; the pooled connection (pool of 1) is reused by the next requests:

@@ -16,7 +16,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use tokio::sync::Notify;
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore, RequestKey};
+use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction, RequestKey};
 
 /// A PostgreSQL of the test's own; stopped and its directory removed when dropped.
 struct OwnPostgres {

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tower::{service_fn, BoxError, ServiceBuilder};
-use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore};
+use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction};
 
 /// Start and end of each run of a key.
 type Runs = Arc<Mutex<Vec<(String, Instant, Instant)>>>;

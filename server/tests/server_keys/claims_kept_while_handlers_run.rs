@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::Full;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 /// Dropped before the first renewal, then detached: the keeper in the detached task still renews a
 /// 30 ms lease through a 500 ms handler; 409 meanwhile, one run, the stored response after.

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use tower::{service_fn, BoxError, Layer, Service, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 type In = Request<Either<Full<Bytes>, Full<Bytes>>>;
 

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use retry_safety_testing::fault_server::{Fault, FaultServer};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
 // Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.

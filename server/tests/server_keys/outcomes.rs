@@ -18,7 +18,7 @@ use retry_safety_testing::fault_server::FaultServer;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{RetryPolicy, RetryReport};
 
 /// The client gives up on an attempt after this...

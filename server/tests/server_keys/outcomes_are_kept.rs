@@ -16,8 +16,8 @@ use http::{Response, StatusCode};
 use http_body_util::{Full, StreamBody};
 use tower::{service_fn, BoxError, Layer, ServiceExt};
 use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer, IdempotencyStore, MemoryStore,
-    StoreError, StoredResponse,
+    stores::MemoryStore, Begin, Entry, FencingToken, Fingerprint, IdempotencyLayer,
+    IdempotencyStore, StoreError, StoredResponse,
 };
 
 /// A MemoryStore whose `complete` takes `delay` (a slow Redis, a busy store): renewal has

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{BodyExt, Either, Full};
 use tower::{service_fn, ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore, RequestKey};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer, RequestKey};
 
 type Req = Request<Either<Full<Bytes>, Full<Bytes>>>;
 
@@ -23,7 +23,7 @@ async fn handler(req: Req) -> Result<http::Response<Full<Bytes>>, Infallible> {
 async fn send(
     svc: &(impl tower::Service<
         http::Request<Full<Bytes>>,
-        Response = http::Response<tower_idempotency_keys::ResponseBody<Full<Bytes>>>,
+        Response = http::Response<tower_idempotency_keys::future::ResponseBody<Full<Bytes>>>,
         Error = Infallible,
     > + Clone),
     key: Option<&str>,

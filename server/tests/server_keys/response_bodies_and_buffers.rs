@@ -14,7 +14,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{service_fn, BoxError, Layer, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 fn failing_body() -> StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Chunk>>> {
     StreamBody::new(futures_util::stream::iter(vec![

@@ -9,7 +9,7 @@ use http::{Request, Response};
 use http_body_util::Full;
 use retry_safety_testing::logs::capture;
 use tower::{Layer, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 const WARNING: &str = "serves keyed requests on a current-thread runtime";
 

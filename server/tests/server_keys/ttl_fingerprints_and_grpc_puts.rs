@@ -14,7 +14,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{Either, Full, StreamBody};
 use tower::{service_fn, Layer, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 /// A completed record expires with its TTL: after it the key is free.
 #[tokio::test(start_paused = true)]

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
+    stores::MemoryStore, Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoredResponse,
 };
 
 const LONG: Duration = Duration::from_secs(60);
@@ -200,7 +200,7 @@ async fn memory_store_keeps_the_contract() {
 
 #[tokio::test]
 async fn redis_store_keeps_the_contract() {
-    use tower_idempotency_keys::RedisStore;
+    use tower_idempotency_keys::stores::RedisStore;
     // REDIS_URL, else 127.0.0.1:6379, else a redis-server of its own; its keys are deleted
     // when it ends.
     let redis = retry_safety_testing::redis::TestRedis::start("contract");
@@ -215,7 +215,7 @@ async fn redis_store_keeps_the_contract() {
 /// 127.0.0.1:5432.
 #[tokio::test]
 async fn postgres_store_keeps_the_contract() {
-    use tower_idempotency_keys::PostgresStore;
+    use tower_idempotency_keys::stores::PostgresStore;
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(16).await);
     store.migrate().await.unwrap();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, MemoryStore, StoredResponse,
+    stores::MemoryStore, Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoredResponse,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -99,7 +99,7 @@ async fn memory_store_refuses_late_renewals() {
 /// Found by the review of 2026-12-04.
 #[tokio::test]
 async fn redis_store_refuses_late_renewals() {
-    use tower_idempotency_keys::RedisStore;
+    use tower_idempotency_keys::stores::RedisStore;
     // Deletes every key under the test's prefix when it ends, also when it fails.
     let redis = retry_safety_testing::redis::TestRedis::start("late-renewals");
     let store = RedisStore::connect(redis.url())
@@ -112,7 +112,7 @@ async fn redis_store_refuses_late_renewals() {
 /// Found by the review of 2026-12-04.
 #[tokio::test]
 async fn postgres_store_refuses_late_renewals() {
-    use tower_idempotency_keys::PostgresStore;
+    use tower_idempotency_keys::stores::PostgresStore;
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(4).await);
     store.migrate().await.unwrap();

@@ -15,7 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use retry_safety_testing::fleet::{Counts, Fault, Instance};
 use retry_safety_testing::redis::{wait_until, Cluster, Node, PATIENT};
-use tower_idempotency_keys::RedisStore;
+use tower_idempotency_keys::stores::RedisStore;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const KEYS: usize = 24;

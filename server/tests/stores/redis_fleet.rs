@@ -12,7 +12,7 @@ use hyper_util::rt::TokioExecutor;
 use retry_safety_testing::fleet::{forwarder, Counts, Fault, Instance, OwnRedis};
 use retry_safety_testing::redis::TestRedis;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore};
+use tower_idempotency_keys::{stores::RedisStore, Entry, IdempotencyStore};
 use tower_retry_safety::{RetryPolicy, RetryReport};
 
 const PER_ATTEMPT: Duration = Duration::from_millis(400);

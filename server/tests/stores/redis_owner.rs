@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use http::StatusCode;
-use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore, StoreError};
+use tower_idempotency_keys::{stores::RedisStore, Entry, IdempotencyStore, StoreError};
 
 use super::redis_failover::{
     replicated, send, sentinel_field, sentinel_primary, sentinel_sees, Answer, LIMIT, MASTER,

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use http::StatusCode;
-use tower_idempotency_keys::{Entry, IdempotencyStore, RedisStore};
+use tower_idempotency_keys::{stores::RedisStore, Entry, IdempotencyStore};
 
 use super::redis_failover::{replicated, send, Answer, LIMIT};
 use retry_safety_testing::fleet::{Counts, Fault, Instance};

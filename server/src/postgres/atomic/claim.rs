@@ -4,25 +4,24 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{Either, Full};
 use tokio::sync::Mutex;
 use tower_service::Service;
 
-use super::run::{unavailable, InnerBody, Run};
+use super::run::{unavailable, Run};
 use super::transaction::{KeyTransaction, Slot};
+use crate::body::ResponseBody;
 use crate::derive::RequestKey;
 use crate::detach::DetachOnDrop;
 use crate::encoding;
-use crate::keyed::{prepare, Keyed};
-use crate::layer::Config;
+use crate::mode::{self, prepare, Config, InnerBody, Keyed};
 use crate::observe::KeyedOutcome;
-use crate::outcome::{reply, retry_later, send_stored};
+use crate::outcome;
 use crate::postgres::sql::{Sql, LOCKED};
 use crate::postgres::{lock_id, secs, token, PostgresStore};
-use crate::store::{self, Entry, Fingerprint, IdempotencyStore};
-use crate::ResponseBody;
+use crate::store::{self, Fingerprint, IdempotencyStore};
 use tower_retry_safety::BoxError;
 
 /// The statement that begins a keyed request's transaction, in one round trip: whether a live
@@ -112,13 +111,6 @@ fn refusal(err: &sqlx::Error) -> Option<Refusal> {
     }
 }
 
-fn in_progress<B>() -> Response<ResponseBody<B>> {
-    retry_later(
-        StatusCode::CONFLICT,
-        "a request with this Idempotency-Key is still in progress; retry later",
-    )
-}
-
 /// A key that a live entry holds: its stored response, 409 or 422, read outside any transaction.
 async fn answer_from_record<B>(
     store: &PostgresStore,
@@ -127,40 +119,17 @@ async fn answer_from_record<B>(
     config: &Config,
     method: &http::Method,
 ) -> Response<ResponseBody<B>> {
-    let observe = |outcome| config.observe.keyed(method, outcome);
-    match IdempotencyStore::get(store, key).await {
-        Ok(Some(Entry::Completed {
-            fingerprint: first,
-            response,
-        })) if first == fingerprint => {
-            observe(KeyedOutcome::StoredResponse);
-            send_stored(response, config)
-        }
-        Ok(Some(Entry::InFlight { fingerprint: first })) if first == fingerprint => {
-            observe(KeyedOutcome::InFlight);
-            in_progress()
-        }
+    let (result, answer) = match IdempotencyStore::get(store, key).await {
+        Ok(Some(entry)) => mode::taken(entry, fingerprint, config),
         // Expired since: the next repeat runs.
-        Ok(None) => {
-            observe(KeyedOutcome::InFlight);
-            in_progress()
-        }
-        Ok(Some(_)) => {
-            observe(KeyedOutcome::Mismatch);
-            reply(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "this Idempotency-Key was already used with a different request",
-            )
-        }
+        Ok(None) => (KeyedOutcome::InFlight, outcome::in_progress()),
         Err(err) => {
-            observe(KeyedOutcome::StoreError);
-            tracing::warn!(error = %err, cause = crate::cause(&err), "idempotency (atomic): the key's record could not be read; answering 503");
-            retry_later(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-            )
+            tracing::warn!(error = %err, cause = crate::store::cause(&err), "idempotency (atomic): the key's record could not be read; answering 503");
+            (KeyedOutcome::StoreError, outcome::cannot_track())
         }
-    }
+    };
+    config.observe.keyed(method, result);
+    answer
 }
 
 pub(super) async fn keyed<S, B, ResBody>(
@@ -196,7 +165,7 @@ where
     // detached onto the runtime then): a claim dropped mid-statement could leave its
     // connection in a transaction that sqlx does not know of (its `BEGIN` was sent, its answer
     // not read), and a handler once called runs to its commit.
-    let claim = FencingToken {
+    let claim = Claiming {
         store,
         config,
         key,
@@ -207,7 +176,7 @@ where
 }
 
 /// A keyed request about to claim its key.
-struct FencingToken {
+struct Claiming {
     store: PostgresStore,
     config: Arc<Config>,
     key: Arc<str>,
@@ -215,7 +184,7 @@ struct FencingToken {
     fingerprint: Fingerprint,
 }
 
-impl FencingToken {
+impl Claiming {
     async fn run<S, B, ResBody>(
         self,
         inner: S,
@@ -227,7 +196,7 @@ impl FencingToken {
         ResBody: Body<Data = Bytes> + Unpin,
         ResBody::Error: Into<BoxError>,
     {
-        let FencingToken {
+        let Claiming {
             store,
             config,
             key,
@@ -240,11 +209,8 @@ impl FencingToken {
             Ok(sql) => sql,
             Err(err) => {
                 observe(KeyedOutcome::StoreError);
-                tracing::warn!(error = %err, cause = crate::cause(&err), "idempotency (atomic): the store's schema could not be read; answering 503");
-                return Ok(retry_later(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-                ));
+                tracing::warn!(error = %err, cause = crate::store::cause(&err), "idempotency (atomic): the store's schema could not be read; answering 503");
+                return Ok(outcome::cannot_track());
             }
         };
         let claim = store::FencingToken::new();
@@ -256,7 +222,7 @@ impl FencingToken {
                 return Ok(match refusal(&err) {
                     Some(Refusal::Busy) => {
                         observe(KeyedOutcome::InFlight);
-                        in_progress()
+                        outcome::in_progress()
                     }
                     Some(Refusal::Taken) => {
                         answer_from_record(&store, &key, fingerprint, &config, &parts.method).await

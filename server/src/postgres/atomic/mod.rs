@@ -20,31 +20,16 @@ use http_body_util::Either;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::super::keyed::key_of;
-use super::super::layer::Config;
-use super::super::{IdempotencyLayer, ResponseBody};
-use super::PostgresStore;
-use run::InnerBody;
+use crate::body::ResponseBody;
+use crate::mode::{key_of, Config, InnerBody};
+use crate::postgres::PostgresStore;
 use tower_retry_safety::BoxError;
 
 pub use transaction::{KeyTransaction, KeyTransactionGuard, TransactionError};
 
-impl IdempotencyLayer<PostgresStore> {
-    /// Atomic mode: the key is claimed inside a PostgreSQL transaction that the handler
-    /// writes in, and its response commits in that same transaction. See [`AtomicLayer`].
-    /// Every setting of this layer carries over, except the lease (a transaction holds the
-    /// key, not a lease).
-    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-    pub fn atomic(self) -> AtomicLayer {
-        AtomicLayer {
-            store: (*self.store).clone(),
-            config: self.config,
-        }
-    }
-}
-
 /// Idempotency keys that commit in the handler's own transaction (atomic mode of
-/// [`PostgresStore`]), made by [`IdempotencyLayer::atomic`].
+/// [`PostgresStore`]), made by
+/// [`IdempotencyLayer::atomic`](crate::layer::IdempotencyLayer::atomic).
 ///
 /// For a request with a key, the layer:
 ///
@@ -83,7 +68,7 @@ impl IdempotencyLayer<PostgresStore> {
 ///
 /// Effects outside the transaction — an email sent, a card charged — are not rolled back. A
 /// handler re-run after a crash repeats them unless the provider honours keys and the handler
-/// sends the key [derived](super::super::RequestKey::derive) from the request's: then the
+/// sends the key [derived](crate::derive::RequestKey::derive) from the request's: then the
 /// provider answers with its stored response. A handler whose process died keeps nothing, so this is the window the
 /// derived keys close.
 ///
@@ -112,7 +97,7 @@ impl IdempotencyLayer<PostgresStore> {
 /// statement (the key in hex, after its scope's hash if keys are scoped) to the server's log.
 ///
 /// A 5xx response commits like any other, unless
-/// [`store_server_errors(false)`](IdempotencyLayer::store_server_errors): then it rolls back
+/// [`store_server_errors(false)`](crate::layer::IdempotencyLayer::store_server_errors): then it rolls back
 /// and the key stays free. A response too large to store commits with its status and headers
 /// only, as in lease mode. A request whose client goes away keeps running until it commits.
 ///
@@ -121,7 +106,7 @@ impl IdempotencyLayer<PostgresStore> {
 /// use bytes::Bytes;
 /// use http_body_util::{Either, Full};
 /// use tower::{service_fn, ServiceBuilder};
-/// use tower_idempotency_keys::{IdempotencyLayer, KeyTransaction, PostgresStore};
+/// use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app").await?;
@@ -153,6 +138,13 @@ pub struct AtomicLayer {
     config: Arc<Config>,
 }
 
+impl AtomicLayer {
+    /// The layer over `store` with the settings of the `IdempotencyLayer` it is made from.
+    pub(crate) fn new(store: PostgresStore, config: Arc<Config>) -> AtomicLayer {
+        AtomicLayer { store, config }
+    }
+}
+
 impl<S> Layer<S> for AtomicLayer {
     type Service = AtomicService<S>;
 
@@ -165,7 +157,7 @@ impl<S> Layer<S> for AtomicLayer {
     }
 }
 
-/// The service of [`AtomicLayer`]. Like [`IdempotencyService`](super::super::IdempotencyService),
+/// The service of [`AtomicLayer`]. Like [`IdempotencyService`](crate::service::IdempotencyService),
 /// the inner service receives `Request<Either<Full<Bytes>, B>>`.
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[derive(Clone, Debug)]

@@ -7,26 +7,21 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{Either, Full};
 use sqlx::postgres::Postgres;
 use sqlx::Transaction;
 use tower_service::Service;
 
 use super::transaction::Slot;
+use crate::body::ResponseBody;
 use crate::buffer::{buffer, Buffered};
 use crate::encoding;
-use crate::layer::Config;
+use crate::mode::{whole, Config, InnerBody};
 use crate::observe::TransactionResult;
-use crate::outcome;
-use crate::outcome::retry_later;
+use crate::outcome::{self, retry_later};
 use crate::postgres::sql::{Sql, STILL_LOCKED};
 use crate::postgres::{secs, token, PostgresStore};
 use crate::store::{self, Fingerprint};
-use crate::ResponseBody;
 use tower_retry_safety::BoxError;
-
-/// The request body the handler gets: the body the layer read (keyed), or the request's own.
-pub(crate) type InnerBody<B> = Either<Full<Bytes>, B>;
 
 /// A claimed key whose handler is about to run in the transaction in `slot`.
 #[derive(Clone)]
@@ -102,7 +97,7 @@ impl Run {
     ) -> (store::StoredResponse, Response<ResponseBody<ResBody>>) {
         match buffered {
             Buffered::Whole(bytes, trailers) => {
-                let stored = crate::run::whole(&parts, &bytes, trailers.as_ref());
+                let stored = whole(&parts, &bytes, trailers.as_ref());
                 (
                     stored,
                     Response::from_parts(parts, ResponseBody::full_with_trailers(bytes, trailers)),
@@ -336,15 +331,10 @@ impl Run {
 
 /// The answer to a request whose handler ended its transaction itself, and to every repeat.
 fn unknown_response<B>() -> Response<ResponseBody<B>> {
-    let mut res = Response::new(ResponseBody::full(Bytes::from_static(
-        b"the handler ended the request's database transaction itself, or kept it past its response, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
-    )));
-    *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
-    res.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    res
+    outcome::reply(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the handler ended the request's database transaction itself, or kept it past its response, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
+    )
 }
 
 /// A call whose transaction the layer has not taken back yet. Dropped so (the handler or its
@@ -388,8 +378,5 @@ fn is_aborted(err: &sqlx::Error) -> bool {
 
 pub(super) fn unavailable<B>(why: &'static str, err: &sqlx::Error) -> Response<ResponseBody<B>> {
     tracing::warn!(error = %err, "idempotency (atomic): {why}; answering 503");
-    retry_later(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the server cannot track this Idempotency-Key right now; nothing was applied, retry later",
-    )
+    outcome::cannot_track()
 }

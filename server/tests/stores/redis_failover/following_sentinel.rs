@@ -14,7 +14,7 @@ use http::StatusCode;
 use retry_safety_testing::fleet::{Counts, Fault, Instance};
 use retry_safety_testing::redis::{wait_until, wait_until_async, Node, PATIENT};
 use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, RedisStore, StoreError,
+    stores::RedisStore, Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError,
 };
 
 /// Waits until the Sentinel names a primary other than `old` that has at least one replica

@@ -23,7 +23,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use retry_safety_testing::fleet::Fault;
 use retry_safety_testing::redis::{wait_replicated, wait_until, Node};
-use tower_idempotency_keys::{Fingerprint, RedisStore, StoreError, StoredResponse};
+use tower_idempotency_keys::{stores::RedisStore, Fingerprint, StoreError, StoredResponse};
 
 /// How long any state a scenario waits for may take, on a busy machine.
 pub(crate) const LIMIT: Duration = Duration::from_secs(60);

@@ -16,7 +16,7 @@ use super::{
 use http::StatusCode;
 use retry_safety_testing::fleet::{Counts, Fault, Instance};
 use retry_safety_testing::redis::{Node, Proxy, PATIENT};
-use tower_idempotency_keys::RedisStore;
+use tower_idempotency_keys::stores::RedisStore;
 
 const PREFIX: &str = "held-stream:";
 /// The raw Redis key of the scenario's idempotency key `k`.

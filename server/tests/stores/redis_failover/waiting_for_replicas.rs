@@ -14,7 +14,7 @@ use http::StatusCode;
 use retry_safety_testing::fleet::{Counts, Fault, Instance};
 use retry_safety_testing::redis::{Node, Proxy};
 use tower_idempotency_keys::{
-    Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
+    stores::RedisStore, Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoredResponse,
 };
 
 /// An instance on the primary at `url` whose store waits for `replicas` replicas (300 ms).

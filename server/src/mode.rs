@@ -1,20 +1,57 @@
-//! What a keyed request brings to its claim, in every mode: its body read whole (within the
-//! limit), its key scoped to its client, and its fingerprint.
+//! What the layer offers each of its modes, lease mode (`service.rs`, `run.rs`) and atomic
+//! mode (`postgres/atomic/`), and all that atomic mode takes from it: the layer's settings
+//! ([`Config`]), the body a handler gets ([`InnerBody`]), a keyed request read for its claim
+//! (its key, its body within the limit, its scope and its fingerprint), the answer to a key
+//! already taken, and the entry of a response read whole.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body;
+use http_body_util::{Either, Full};
 
-use super::buffer::{read_body, ReadError};
-use super::layer::Config;
-use super::outcome::reply;
-use super::store::Fingerprint;
-use super::ResponseBody;
+use crate::body::ResponseBody;
+use crate::buffer::{read_body, ReadError};
+use crate::observe::{KeyedOutcome, Observe};
+use crate::outcome::{self, reply};
+use crate::store::{Entry, Fingerprint, StoredResponse};
 
 use tower_retry_safety::BoxError;
+
+/// The request body a handler gets: the body the layer read (`Left`, a keyed request), or
+/// the request's own (`Right`).
+pub(crate) type InnerBody<B> = Either<Full<Bytes>, B>;
+
+/// The layer's settings, shared by every service it makes and by both modes.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) key_header: HeaderName,
+    pub(crate) stored_response_header: HeaderName,
+    pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) store_server_errors: bool,
+    pub(crate) scope: Option<Scope>,
+    pub(crate) max_request_bytes: usize,
+    pub(crate) max_response_bytes: usize,
+    pub(crate) required: Vec<Method>,
+    /// The instruments keyed requests entry in, if the layer was given a meter.
+    pub(crate) observe: Observe,
+}
+
+type ScopeFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
+
+/// Reads the scope of a request's key.
+#[derive(Clone)]
+pub(crate) struct Scope(pub(crate) Arc<ScopeFn>);
+
+impl std::fmt::Debug for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scope(..)")
+    }
+}
 
 /// A request whose key header cannot be used: it gets 400, and nothing runs.
 #[derive(Clone, Copy, Debug)]
@@ -27,10 +64,10 @@ pub(crate) enum BadKey {
 
 impl BadKey {
     /// How the layer's instruments count it.
-    pub(crate) fn outcome(self) -> super::observe::KeyedOutcome {
+    pub(crate) fn outcome(self) -> KeyedOutcome {
         match self {
-            BadKey::Missing => super::observe::KeyedOutcome::MissingKey,
-            BadKey::Malformed => super::observe::KeyedOutcome::MalformedKey,
+            BadKey::Missing => KeyedOutcome::MissingKey,
+            BadKey::Malformed => KeyedOutcome::MalformedKey,
         }
     }
 
@@ -140,4 +177,54 @@ pub(crate) fn scoped_key(scope: &str, key: &str) -> String {
     out.push('|');
     out.push_str(key);
     out
+}
+
+/// The answer to a request whose key an `entry` holds (`fingerprint` is the request's): its
+/// stored response, 409 while the first runs, 422 for another request under the key.
+pub(crate) fn taken<B>(
+    entry: Entry,
+    fingerprint: Fingerprint,
+    config: &Config,
+) -> (KeyedOutcome, Response<ResponseBody<B>>) {
+    match entry {
+        Entry::InFlight { fingerprint: first } if first == fingerprint => {
+            (KeyedOutcome::InFlight, outcome::in_progress())
+        }
+        Entry::Completed {
+            fingerprint: first,
+            response,
+        } if first == fingerprint => (KeyedOutcome::StoredResponse, send_stored(response, config)),
+        _ => (KeyedOutcome::Mismatch, outcome::mismatch()),
+    }
+}
+
+/// A stored response sent again to a repeat, marked so.
+pub(crate) fn send_stored<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
+    let mut res = outcome::stored_response(&stored);
+    let server_error = outcome::is_server_error(res.status(), res.headers());
+    let headers = res.headers_mut();
+    headers.insert(
+        config.stored_response_header.clone(),
+        HeaderValue::from_static("true"),
+    );
+    // A stored 5xx is sent again to every repeat of the key: a client that retries on 5xx
+    // would spend its retries on the same answer. The handler ran; say there is nothing to
+    // gain (any hint the handler gave is replaced).
+    if server_error {
+        headers.insert(outcome::SHOULD_RETRY, HeaderValue::from_static("false"));
+    }
+    res
+}
+
+/// The entry of a response read whole, with its trailers.
+pub(crate) fn whole(
+    parts: &http::response::Parts,
+    bytes: &Bytes,
+    trailers: Option<&HeaderMap>,
+) -> StoredResponse {
+    let stored = StoredResponse::new(parts.status, parts.headers.clone(), bytes.clone());
+    match trailers {
+        Some(trailers) => stored.with_trailers(trailers.clone()),
+        None => stored,
+    }
 }
