@@ -21,8 +21,11 @@ mod stainless;
 
 mod chain_lab;
 mod conventions;
+mod hostile_deadline_headers;
 mod layer_order;
 mod loopback;
+mod nested_call_started_in_call;
 mod readiness_waits;
+mod repeated_deadline_headers;
 mod server_layer;
 mod streamed_bodies;

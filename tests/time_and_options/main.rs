@@ -12,4 +12,5 @@ mod huge_zero_and_absolute_deadlines;
 mod keyed_requests_resent_or_not;
 mod no_resend_after_the_deadline;
 mod recording_service;
+mod reqwest_request_timeout_on_the_wire;
 mod resends_copy_the_whole_head;
