@@ -56,9 +56,9 @@ pub use self::config::ProxyConfig;
 /// # Limits
 ///
 /// The proxy speaks HTTP/1.1 and HTTP/2 to clients and HTTP/1.1 to the upstream. Bodies are
-/// read whole, up to `--max-body` (1 MiB; a longer
-/// request gets 413 and is not counted; a longer answer gets the client a 502, the attempt
-/// counted as sent with no answer). It keeps one entry per operation until it stops.
+/// read whole, up to `--max-body` (1 MiB; a longer request gets 413 and is not counted; a
+/// longer answer gets the client a 502, the attempt counted as sent with no answer). It keeps
+/// one entry per operation until it stops.
 pub struct Proxy {
     addr: SocketAddr,
     ledger: Arc<Ledger>,
