@@ -1,10 +1,10 @@
-//! Futures and bodies: the response future of [`IdempotencyService`](crate::service::IdempotencyService)
-//! and its response body, and with `axum` the future of
-//! [`AxumIdempotencyService`](crate::axum::AxumIdempotencyService).
+//! Futures and bodies: the response future of
+//! [`IdempotencyService`](crate::service::IdempotencyService) and its response body, and with
+//! `axum` the future of `AxumIdempotencyService`.
 //!
-//! [`ResponseFuture`] is a reply made
-//! without calling the handler, the inner service's own future for a request without a key,
-//! or the keyed call, boxed (it owns the handler's future and may outlive the request).
+//! [`ResponseFuture`] is a reply made without calling the handler, the inner service's own
+//! future for a request without a key, or the keyed call, boxed (it owns the handler's future
+//! and may outlive the request).
 
 use std::fmt;
 use std::future::Future;

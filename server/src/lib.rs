@@ -120,7 +120,7 @@
 //! task polls (61 by default); a task that yields (`tokio::task::yield_now`) is run again only
 //! after that read.
 //! So the claim is kept as long as the thread **reads its timers or comes back to one of the
-//! layer's handlers** at least once per half lease of clock time with [`MemoryStore`], and
+//! layer's handlers** at least once per half lease of clock time with [`MemoryStore`](stores::MemoryStore), and
 //! once per quarter lease with `RedisStore` (a renewal there also takes a turn of redis-rs's
 //! connection task). That time is a handler's own work between two `.await`s **plus that of
 //! every other task busy on the thread meanwhile**: three handlers at once, each working 0.4
