@@ -32,7 +32,7 @@ python3 -c "print('instr recording_overhead %.3f' % ((${per[stream_put]} / ${per
 # Deadlines across hops: a GET that reads an inbound deadline and hands its own on, against the
 # same GET with a deadline of its own only (goal: at most 1 % more); and the default policy
 # (which reads the task-local) against one that inherits nothing.
-for variant in deadline_own deadline_carried deadline_off; do
+for variant in deadline_own deadline_carried deadline_off deadline_sent header_none header_floor; do
     zero=$(count "$variant" 0)
     many=$(count "$variant" "$n")
     per[$variant]=$(((many - zero) / n))
@@ -40,6 +40,14 @@ for variant in deadline_own deadline_carried deadline_off; do
 done
 ratio deadline_carried deadline_own
 ratio layer deadline_off
+# Handing the deadline on: inserting two headers is the floor any client that sends one pays
+# (`header_floor` − `header_none`); this crate's own share is what sending costs beyond that
+# (finding and matching the host, building the values): goal at most half the floor.
+floor=$((per[header_floor] - per[header_none]))
+own=$((per[deadline_sent] - per[deadline_own] - floor))
+echo "count deadline_header_floor $floor"
+echo "count deadline_own_share $own"
+python3 -c "print('instr deadline_own_share/header_floor %.3f' % ($own / $floor))"
 
 # The metrics' own cost (feature opentelemetry): a GET through a layer recording in an SDK
 # meter, the same without a meter, and the SDK's own histogram record with the same

@@ -23,6 +23,9 @@ pub(crate) async fn run(only: &str, policy: &RetryPolicy, s: &mut Stacks) {
     if variant.starts_with("deadline_") {
         return deadline_only(variant, n).await;
     }
+    if variant.starts_with("header_") {
+        return header_floor(variant, n).await;
+    }
     for _ in 0..n {
         match variant {
             "bare" => one(&mut s.bare, Kind::Get).await,
@@ -42,9 +45,10 @@ pub(crate) async fn run(only: &str, policy: &RetryPolicy, s: &mut Stacks) {
 }
 
 /// `OVERHEAD_ONLY=deadline_<kind>:<n>`: `n` GETs with a deadline of the policy's own
-/// (`deadline_own`), the same inside a handler's inbound deadline and handing it on to the
-/// host (`deadline_carried`: the inbound deadline read, the time left and the attempt's
-/// number written), and a policy that inherits nothing outside any scope
+/// (`deadline_own`), the same handing it on to the host (`deadline_sent`: the host matched,
+/// the attempt's wait and number written), the same inside a handler's inbound deadline
+/// (`deadline_carried`: the inbound deadline read too), and a policy that inherits nothing
+/// outside any scope
 /// (`deadline_off`, against the default's `layer`: what reading the task-local costs).
 async fn deadline_only(variant: &str, n: u64) {
     use tower_retry_safety::deadline::{self, Inbound};
@@ -52,6 +56,7 @@ async fn deadline_only(variant: &str, n: u64) {
     let policy = match variant {
         "deadline_own" => own().build(),
         "deadline_carried" => own().send_deadline_to("api.example.com").build(),
+        "deadline_sent" => own().send_deadline_to("api.example.com").build(),
         "deadline_off" => RetryPolicy::builder().inherit_deadline(None).build(),
         other => panic!("unknown variant {other}"),
     }
@@ -67,6 +72,29 @@ async fn deadline_only(variant: &str, n: u64) {
         deadline::scope(Inbound::within(Duration::from_secs(60)), calls).await;
     } else {
         calls.await;
+    }
+}
+
+/// `OVERHEAD_ONLY=header_<kind>:<n>`: the floor of handing a deadline on, with no layer: `n`
+/// GETs into a service that inserts the two headers a deadline takes, their values made once
+/// (`header_floor`), against the same service inserting nothing (`header_none`). What any
+/// client that sends a deadline pays; this crate's share is what `deadline_sent` costs beyond
+/// `deadline_own` and this.
+async fn header_floor(variant: &str, n: u64) {
+    use http::HeaderValue;
+    use tower_retry_safety::deadline::{ATTEMPT_HEADER, TIMEOUT_HEADER};
+    let insert = variant == "header_floor";
+    let (timeout, attempt) = (HeaderValue::from(29_999u64), HeaderValue::from_static("1"));
+    let mut svc = tower::ServiceExt::map_request(Instant200, move |mut req: super::common::Req| {
+        if insert {
+            let headers = req.headers_mut();
+            headers.insert(TIMEOUT_HEADER, std::hint::black_box(&timeout).clone());
+            headers.insert(ATTEMPT_HEADER, std::hint::black_box(&attempt).clone());
+        }
+        req
+    });
+    for _ in 0..n {
+        one(&mut svc, Kind::Get).await;
     }
 }
 
