@@ -28,7 +28,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::retry::Retry;
 use tower::{Service, ServiceExt};
-use tower_retry_safety::{ReadWhole, ReadWholeLayer, RetryPolicy, RetrySafety};
+use tower_retry_safety::resume::{ReadWhole, ReadWholeLayer};
+use tower_retry_safety::{RetryPolicy, RetrySafety};
 
 mod common;
 use common::{median, print_ratio, CloneNeverRetry};

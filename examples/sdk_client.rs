@@ -23,9 +23,10 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_http::request_id::{MakeRequestUuid, SetRequestIdLayer};
 use tower_http::trace::TraceLayer;
 
+use tower_retry_safety::peek::PeekBodyLayer;
+use tower_retry_safety::policy::Decision;
 use tower_retry_safety::{
-    Decision, FailureClass, Idempotency, PeekBodyLayer, RequestOptions, RetryPolicy, RetryReport,
-    StopReason,
+    FailureClass, Idempotency, RequestOptions, RetryPolicy, RetryReport, StopReason,
 };
 
 static RETRIES: AtomicU64 = AtomicU64::new(0);

@@ -1,5 +1,5 @@
 //! The policy's clock when a front end reads the response body
-//! ([`ReadWholeLayer`](crate::ReadWholeLayer)). Inside the attempt, the per-attempt timeout
+//! ([`ReadWholeLayer`](crate::resume::ReadWholeLayer)). Inside the attempt, the per-attempt timeout
 //! bounds the wait for the head, then each wait for a frame of the body: the body's reader says
 //! it has the head, and the retry layer's timer then leaves the body to it (the deadline stays
 //! absolute). A body handed on to the caller as it streams is bounded the same way: each wait

@@ -10,7 +10,8 @@ use futures_util::FutureExt;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
-use tower_retry_safety::{ReadWholeLayer, RetryPolicy};
+use tower_retry_safety::resume::ReadWholeLayer;
+use tower_retry_safety::RetryPolicy;
 
 use retry_safety_testing::alloc::{allocations, Counting};
 

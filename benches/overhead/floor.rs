@@ -9,7 +9,8 @@ use std::time::SystemTime;
 use tower::retry::budget::Budget;
 use tower::retry::Policy;
 use tower::Service;
-use tower_retry_safety::{LockFreeBudget, RetryReport};
+use tower_retry_safety::budget::LockFreeBudget;
+use tower_retry_safety::RetryReport;
 
 use super::common::{CloneNeverRetry, Req};
 use super::Res;

@@ -27,7 +27,8 @@ use http_body_util::Full;
 use tower::retry::budget::TpsBudget;
 use tower::retry::Retry;
 use tower::{Service, ServiceExt};
-use tower_retry_safety::{LockFreeBudget, NoRetry, RetryPolicy, RetrySafety};
+use tower_retry_safety::budget::LockFreeBudget;
+use tower_retry_safety::{NoRetry, RetryPolicy, RetrySafety};
 
 use common::deposits::ns_per_deposit;
 use common::threads::two_threads;

@@ -36,7 +36,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use stacks::{reqwest_sender, tower_sender, HedgeAll, TypicalPolicy};
 use tower::ServiceBuilder;
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{Hedge, RetryPolicy, RetryPolicyBuilder};
 
 const OPS_PER_FAULT: usize = 20;
@@ -276,7 +276,7 @@ async fn cut_rows() -> Result<Vec<(&'static str, usize)>, Box<dyn std::error::Er
     ));
     let ours = ServiceBuilder::new()
         .layer(policy().build()?)
-        .layer(tower_retry_safety::ReadWholeLayer::new())
+        .layer(tower_retry_safety::resume::ReadWholeLayer::new())
         .service(client());
     cut_rows.push((
         "tower-retry-safety + ReadWholeLayer",
@@ -289,7 +289,7 @@ async fn cut_rows() -> Result<Vec<(&'static str, usize)>, Box<dyn std::error::Er
             .with(tower_retry_safety::RetrySafetyMiddleware::new(
                 policy().build()?,
             ))
-            .with(tower_retry_safety::ReadWholeMiddleware::new().resume_with(plain))
+            .with(tower_retry_safety::resume::ReadWholeMiddleware::new().resume_with(plain))
             .build();
         cut_rows.push((
             "tower-retry-safety + ReadWholeMiddleware",

@@ -4,9 +4,9 @@
 use super::Attempts;
 use super::Error;
 use super::RetryReport;
+use crate::box_error::BoxError;
 use crate::classify::{FailureClass, Symptom};
 use crate::policy::StopReason;
-use crate::BoxError;
 
 impl Attempts {
     /// The report, its parts taken out of `self`, which is spent afterwards.

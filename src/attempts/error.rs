@@ -7,16 +7,18 @@ use std::time::SystemTime;
 use http::Method;
 
 use super::{NotReplayable, RetryReport};
+use crate::box_error::BoxError;
 use crate::classify::Symptom;
 use crate::classify::{FailureClass, Idempotency};
 use crate::policy::StopReason;
 use crate::target::Target;
-use crate::BoxError;
 
 /// A request that ended in an error after the retries this policy allows.
 ///
-/// Opaque, with predicates, in the way of hyper-util's client error: [`is_ambiguous`] says
-/// whether the request may have been applied, [`attempts`] how often it was sent, and
+/// Opaque, with predicates, in the way of hyper-util's client error:
+/// [`may_have_been_applied`] says whether the write may have happened, [`is_ambiguous`]
+/// whether an attempt may have reached the server at all (for any request, a read too),
+/// [`attempts`] how often it was sent, and
 /// [`source`](StdError::source) leads down to the transport error. `Display` says what
 /// happened and what to do next; it names the method and path, never the query string, a
 /// header value or a body byte.
@@ -39,7 +41,8 @@ use crate::BoxError;
 ///     .body(String::from("{}"))?;
 /// let err: Error = svc.oneshot(req).await.unwrap_err();
 ///
-/// assert!(err.is_ambiguous()); // the email may have been sent
+/// assert!(err.may_have_been_applied()); // the email may have been sent
+/// assert!(err.is_ambiguous()); // the attempt may have reached the server
 /// assert!(err.retry_suppressed());
 /// assert_eq!(err.attempts(), 1);
 /// assert_eq!(err.stop_reason(), StopReason::SuppressedNotIdempotent);
@@ -51,6 +54,7 @@ use crate::BoxError;
 /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(demo()).unwrap();
 /// ```
 ///
+/// [`may_have_been_applied`]: Error::may_have_been_applied
 /// [`is_ambiguous`]: Error::is_ambiguous
 /// [`attempts`]: Error::attempts
 pub struct Error {
@@ -126,7 +130,7 @@ impl Error {
     }
 
     /// True when the request may have been applied by the server: it can change the server's
-    /// state (anything but a read: see [`RequestVerdict::can_apply`](crate::RequestVerdict::can_apply))
+    /// state (anything but a read: see [`RequestVerdict::can_apply`](crate::classify::RequestVerdict::can_apply))
     /// and [`is_ambiguous`](Self::is_ambiguous). Check the resource's state before retrying
     /// it by hand (an SDK that runs tools would check its execution log, or the provider's
     /// state). A GET that timed out is ambiguous but applied nothing: `false`.
@@ -137,10 +141,11 @@ impl Error {
                 .is_none_or(|report| report.verdict().can_apply())
     }
 
-    /// True when the last attempt's outcome is unknown: it was sent and may have reached the
-    /// server's application, or the server answered. This describes the failure, whatever
-    /// the request: for a read too. Whether a *write* may have happened is
-    /// [`may_have_been_applied`](Self::may_have_been_applied).
+    /// True when an attempt may have reached the server's application: it was sent and its
+    /// outcome is unknown, or the server answered. This describes the failure, whatever the
+    /// request: a read too (a GET that timed out is ambiguous, and applied nothing). Whether a
+    /// *write* may have happened is [`may_have_been_applied`](Self::may_have_been_applied);
+    /// the opposite is [`is_not_sent`](Self::is_not_sent).
     pub fn is_ambiguous(&self) -> bool {
         matches!(
             self.inner.kind,

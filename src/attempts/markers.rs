@@ -2,7 +2,7 @@
 //! sent it (an inner layer of this crate then leaves retrying to the outer one), the policy's
 //! key header, and the attempt's number.
 
-/// Marks a request sent by a [`RetrySafety`](crate::RetrySafety) layer (or the reqwest adapter), so that an inner
+/// Marks a request sent by a [`RetrySafety`](crate::service::RetrySafety) layer (or the reqwest adapter), so that an inner
 /// layer of this crate leaves retrying to the outermost one (RFC 9110: a client SHOULD NOT retry a failed
 /// automatic retry). A unit struct: inserting it allocates no box of its own.
 #[derive(Clone, Copy, Debug)]
@@ -28,7 +28,7 @@ impl KeyHeader {
     /// Marks an attempt's `extensions` with the policy's key header, when it is not the
     /// default.
     #[inline]
-    pub(crate) fn mark(policy: &crate::RetryPolicy, extensions: &mut http::Extensions) {
+    pub(crate) fn mark(policy: &crate::policy::RetryPolicy, extensions: &mut http::Extensions) {
         let headers = policy.headers();
         if headers.custom_key_header {
             extensions.insert(KeyHeader(headers.idempotency_key_header.clone()));
@@ -52,7 +52,8 @@ pub(crate) struct AttemptNumber(pub(crate) u32);
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// use tower::{service_fn, Layer, ServiceExt};
-/// use tower_retry_safety::{attempt_number, RetryPolicy};
+/// use tower_retry_safety::service::attempt_number;
+/// use tower_retry_safety::RetryPolicy;
 ///
 /// let policy = RetryPolicy::builder().build()?;
 /// let svc = policy.layer(service_fn(|req: http::Request<String>| async move {

@@ -1,18 +1,18 @@
 use std::fmt;
 
 /// Why a request's body could not be sent again, as its
-/// [`RetryReport::body_not_replayable`](crate::RetryReport::body_not_replayable) says when
-/// retries stopped with [`StopReason::BodyNotReplayable`](crate::StopReason::BodyNotReplayable).
+/// [`RetryReport::body_not_replayable`](crate::attempts::RetryReport::body_not_replayable) says when
+/// retries stopped with [`StopReason::BodyNotReplayable`](crate::policy::StopReason::BodyNotReplayable).
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NotReplayable {
     /// A stream the layer does not record: its type has no replay (wrap it in
-    /// [`Replayable`](crate::Replayable)), or the policy's replay buffer is off.
+    /// [`Replayable`](crate::service::Replayable)), or the policy's replay buffer is off.
     Stream,
     /// The body is larger than the replay buffer: by its size hint before it was sent, or once
     /// it streamed past the limit, when the recording was dropped.
     OverLimit {
-        /// The policy's [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), in bytes.
+        /// The policy's [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), in bytes.
         limit: usize,
     },
     /// The response arrived before the body had been sent to its end: the server answered

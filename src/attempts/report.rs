@@ -48,7 +48,7 @@ impl AttemptOutcome {
     }
 
     /// When the server answered but the response body was cut before its end (behind
-    /// [`ReadWholeLayer`](crate::ReadWholeLayer)): how many bytes of it had arrived (for a
+    /// [`ReadWholeLayer`](crate::resume::ReadWholeLayer)): how many bytes of it had arrived (for a
     /// body that streamed to the caller, how many the caller had when it was resumed).
     /// Such an attempt is [`Ambiguous`](FailureClass::Ambiguous): the server had run the
     /// request.
@@ -68,12 +68,12 @@ impl AttemptOutcome {
 }
 
 /// What happened to a request: put in a response's extensions by the layer and the
-/// reqwest adapter, and kept inside every [`Error`](crate::Error).
+/// reqwest adapter, and kept inside every [`Error`](crate::attempts::Error).
 ///
 /// It covers the attempts up to the response head. Reading the body comes after the layer has
 /// returned: an error there is never retried and never appears here — unless
-/// [`ReadWholeLayer`](crate::ReadWholeLayer) makes the body part of the attempt (a cut is then
-/// an attempt here, and a resumed body's [`WholeBody::report`](crate::WholeBody::report)
+/// [`ReadWholeLayer`](crate::resume::ReadWholeLayer) makes the body part of the attempt (a cut is then
+/// an attempt here, and a resumed body's [`WholeBody::report`](crate::resume::WholeBody::report)
 /// covers its resumes). Without it, the status was final by then, so treat a body-read error
 /// on a write as ambiguous and check before repeating it; send a read again; retry a keyed
 /// write by hand with the same key ([`idempotency_key`](Self::idempotency_key)) so the server
@@ -139,7 +139,7 @@ impl RetryReport {
     }
 
     /// How many backup attempts were sent because the attempts in flight were slow (see
-    /// [`Hedge`](crate::Hedge)); 0 without hedging.
+    /// [`Hedge`](crate::hedge::Hedge)); 0 without hedging.
     pub fn hedges(&self) -> u32 {
         self.hedging.hedges
     }
@@ -167,8 +167,8 @@ impl RetryReport {
     /// True when the request may have been applied by the server: it can change the server's
     /// state (anything but a read: see [`RequestVerdict::can_apply`]) and some attempt reached it
     /// (any response, unless it was classified as proof that nothing was applied: a
-    /// [`not_applied_statuses`](crate::RetryPolicyBuilder::not_applied_statuses) status or a
-    /// classifier's [`NotSent`](crate::FailureClass::NotSent)), or failed after it may have
+    /// [`not_applied_statuses`](crate::policy::RetryPolicyBuilder::not_applied_statuses) status or a
+    /// classifier's [`NotSent`](crate::classify::FailureClass::NotSent)), or failed after it may have
     /// been sent. False only when no attempt can have reached the server's application.
     ///
     /// This is the question to ask before telling a caller that a write did not happen. It
@@ -176,7 +176,8 @@ impl RetryReport {
     /// in flight") after a timed-out attempt, a [replay](StopReason::StoredResponse) of a stored
     /// response (the server ran the write), an error response after an earlier ambiguous
     /// attempt. A success was applied, so it answers true too. The same answer as
-    /// [`Error::is_ambiguous`](crate::Error::is_ambiguous) for the attempts an error ends.
+    /// [`Error::may_have_been_applied`](crate::attempts::Error::may_have_been_applied) for the
+    /// attempts an error ends.
     ///
     /// ```
     /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -222,11 +223,11 @@ impl RetryReport {
     /// True when the request carried a well-formed idempotency key that the policy does not
     /// trust its target to honour, so the key did not make a repeat harmless: a write was
     /// treated as one without a key. Trust a target with
-    /// [`honor_idempotency_key_for_host`](crate::RetryPolicyBuilder::honor_idempotency_key_for_host)
-    /// (or, for a route, [`route_honors_idempotency_key`](crate::RetryPolicyBuilder::route_honors_idempotency_key));
-    /// unscoped trust ([`honor_idempotency_key`](crate::RetryPolicyBuilder::honor_idempotency_key),
+    /// [`honor_idempotency_key_for_host`](crate::policy::RetryPolicyBuilder::honor_idempotency_key_for_host)
+    /// (or, for a route, [`route_honors_idempotency_key`](crate::policy::RetryPolicyBuilder::route_honors_idempotency_key));
+    /// unscoped trust ([`honor_idempotency_key`](crate::policy::RetryPolicyBuilder::honor_idempotency_key),
     /// or minting keys with no host named) does not cover a request that a marker or a route
-    /// rule calls [`NonIdempotent`](crate::Idempotency::NonIdempotent).
+    /// rule calls [`NonIdempotent`](crate::classify::Idempotency::NonIdempotent).
     pub fn idempotency_key_untrusted(&self) -> bool {
         self.idempotency_key.is_some()
             && !self.verdict.is_no_retry()

@@ -1,27 +1,47 @@
-//! [`LockFreeBudget`]: a retry budget with Finagle's semantics and no lock.
+//! Retry budgets: how many resends a policy may make, as a share of its requests, so that
+//! retries cannot multiply the load on a struggling server.
 //!
-//! Time is cut into 16 slots per window (`ttl / 16` each), numbered from the budget's creation
-//! (the *epoch*, a serial number that wraps at 2^32). The window is the current slot and the
-//! 15 before it. `ledger.rs` holds the lock-free part (no clock: it is handed epochs); this
-//! file reads tokio's clock and validates the settings.
+//! [`RetryPolicyBuilder::budget`](crate::policy::RetryPolicyBuilder::budget) takes any
+//! [`Budget`]: by default a [`LockFreeBudget`] (20 % of the last 10 s of requests plus 10 a
+//! second). tower's [`Budget`] trait and its [`TpsBudget`] are re-exported here, so a custom
+//! budget needs no `tower` import.
 //!
-//! - A **deposit** loads the epoch that deposits count in (a word written at most once a slot)
-//!   and adds one to the calling thread's cell for that slot: a word holding the slot's epoch
-//!   beside its count, on a 128-byte line of 16 cells per thread stripe. A cell left from an
-//!   expired slot is recognised by its epoch and started over by the first deposit that finds
-//!   it; nobody has to clear it. Every 16th deposit of a stripe in a slot reads the clock and
-//!   moves the deposits' epoch on.
-//! - A **withdrawal** reads the clock, moves the window on, and sums the deposits and grants in
-//!   it. The current epoch and the retries granted in it are one word: a grant is a
-//!   compare-and-swap of that word from the value it checked, so it commits only if no other
-//!   grant and no new slot came in between (tower's `TpsBudget` checks, then adds, and can
-//!   overdraw). Leaving a slot records its grants in a per-slot word first, then swaps the
-//!   word; records only grow, so a late writer changes nothing.
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_safety::budget::LockFreeBudget;
+//! use tower_retry_safety::RetryPolicy;
 //!
-//! Why it never overdraws: a grant's check counts every grant of its window exactly (the
-//! current slot's in the word it swaps, the earlier ones in records written before the word
-//! left them) and deposits at most once each, in their slot or an earlier one (the deposits'
-//! epoch never runs ahead of the clock). `loom/` checks this under every interleaving.
+//! let policy = RetryPolicy::builder()
+//!     .budget(LockFreeBudget::new(Duration::from_secs(10), 5, 0.1)?)
+//!     .build()?;
+//! # drop(policy);
+//! # Ok::<(), tower_retry_safety::BuildError>(())
+//! ```
+
+// How `LockFreeBudget` works: a retry budget with Finagle's semantics and no lock.
+//
+// Time is cut into 16 slots per window (`ttl / 16` each), numbered from the budget's creation
+// (the *epoch*, a serial number that wraps at 2^32). The window is the current slot and the
+// 15 before it. `ledger.rs` holds the lock-free part (no clock: it is handed epochs); this
+// file reads tokio's clock and validates the settings.
+//
+// - A **deposit** loads the epoch that deposits count in (a word written at most once a slot)
+//   and adds one to the calling thread's cell for that slot: a word holding the slot's epoch
+//   beside its count, on a 128-byte line of 16 cells per thread stripe. A cell left from an
+//   expired slot is recognised by its epoch and started over by the first deposit that finds
+//   it; nobody has to clear it. Every 16th deposit of a stripe in a slot reads the clock and
+//   moves the deposits' epoch on.
+// - A **withdrawal** reads the clock, moves the window on, and sums the deposits and grants in
+//   it. The current epoch and the retries granted in it are one word: a grant is a
+//   compare-and-swap of that word from the value it checked, so it commits only if no other
+//   grant and no new slot came in between (tower's `TpsBudget` checks, then adds, and can
+//   overdraw). Leaving a slot records its grants in a per-slot word first, then swaps the
+//   word; records only grow, so a late writer changes nothing.
+//
+// Why it never overdraws: a grant's check counts every grant of its window exactly (the
+// current slot's in the word it swaps, the earlier ones in records written before the word
+// left them) and deposits at most once each, in their slot or an earlier one (the deposits'
+// epoch never runs ahead of the clock). `loom/` checks this under every interleaving.
 
 mod ledger;
 mod stripe;
@@ -33,11 +53,11 @@ mod word;
 use std::fmt;
 use std::time::Duration;
 
+use crate::build_error::BuildError;
 use tokio::time::Instant;
-use tower::retry::budget::Budget;
 
-use crate::BuildError;
 use ledger::Ledger;
+pub use tower::retry::budget::{Budget, TpsBudget};
 
 /// Slots per window: a power of two, so that slots follow epochs across their wrap.
 const SLOTS: usize = 16;
@@ -77,8 +97,7 @@ const STRIPES: usize = 16;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower::retry::budget::Budget;
-/// use tower_retry_safety::LockFreeBudget;
+/// use tower_retry_safety::budget::{Budget, LockFreeBudget};
 ///
 /// let budget = LockFreeBudget::new(Duration::from_secs(10), 0, 0.5)?;
 /// budget.deposit();
@@ -87,8 +106,6 @@ const STRIPES: usize = 16;
 /// assert!(!budget.withdraw());
 /// # Ok::<(), tower_retry_safety::BuildError>(())
 /// ```
-///
-/// [`TpsBudget`]: tower::retry::budget::TpsBudget
 pub struct LockFreeBudget {
     ledger: Ledger<SLOTS>,
     origin: Instant,

@@ -39,7 +39,7 @@ impl FailureClass {
 ///
 /// Errors classify to a bare class (see [`classify_error`]); responses may carry a delay from
 /// `Retry-After` or `retry-after-ms` (see
-/// [`RetryPolicy::classify_response`](crate::RetryPolicy::classify_response)).
+/// [`RetryPolicy::classify_response`](crate::policy::RetryPolicy::classify_response)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Classification {
     class: FailureClass,
@@ -104,7 +104,7 @@ impl Classification {
 
     /// True when the response is the server's replay of the stored response to an earlier
     /// request with the same idempotency key (the policy's
-    /// [`stored_response_header`](crate::RetryPolicyBuilder::stored_response_header) says `true`), which made it
+    /// [`stored_response_header`](crate::policy::RetryPolicyBuilder::stored_response_header) says `true`), which made it
     /// final: the server already ran the request once, and a repeat with the same key gets the
     /// same answer, whatever its status.
     pub fn is_stored_response(&self) -> bool {
@@ -130,7 +130,8 @@ impl From<FailureClass> for Classification {
 ///
 /// ```
 /// use std::io;
-/// use tower_retry_safety::{classify_error, FailureClass};
+/// use tower_retry_safety::classify::classify_error;
+/// use tower_retry_safety::FailureClass;
 ///
 /// let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
 /// assert_eq!(classify_error(&refused), FailureClass::NotSent);
@@ -157,7 +158,7 @@ pub(crate) fn classify_error_with(
 
 /// What a client stack's own error types say, read before the types this crate knows: the
 /// hook a front end gives the decision core for errors that only it can name. A request body
-/// type brings its stack's ([`ReplayBody::stack_errors`](crate::ReplayBody::stack_errors)):
+/// type brings its stack's ([`ReplayBody::stack_errors`](crate::service::ReplayBody::stack_errors)):
 /// tonic's `Body` (feature `tonic`) reads tonic's `ConnectError` as
 /// [`FailureClass::NotSent`] and its `TimeoutExpired` as a timeout; every other body reads
 /// none ([`StackErrors::NONE`]).

@@ -4,7 +4,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::*;
 use crate::classify::{Idempotency, VerdictSource};
-use crate::RetryPolicy;
+use crate::policy::RetryPolicy;
 
 const WRITE: RequestVerdict =
     RequestVerdict::new(Idempotency::NonIdempotent, VerdictSource::Method);
@@ -76,11 +76,11 @@ fn unavailable_to_a_write_is_a_response_the_decision_suppresses() {
     assert_eq!(c.class(), FailureClass::RetryableResponse);
     assert_eq!(
         policy.decide(&WRITE, &c, 0, None),
-        crate::Decision::Stop(crate::StopReason::SuppressedNotIdempotent)
+        crate::policy::Decision::Stop(crate::policy::StopReason::SuppressedNotIdempotent)
     );
     assert!(matches!(
         policy.decide(&READ, &c, 0, None),
-        crate::Decision::Retry { .. }
+        crate::policy::Decision::Retry { .. }
     ));
 }
 

@@ -1,11 +1,11 @@
 //! The two verdicts behind every retry decision.
 //!
 //! - [`RequestVerdict`]: is a repeat of this request harmless? Decided by
-//!   [`RetryPolicy::classify`](crate::RetryPolicy::classify) from, highest precedence first, a
+//!   [`RetryPolicy::classify`](crate::policy::RetryPolicy::classify) from, highest precedence first, a
 //!   marker in the request's extensions, a route rule, an `Idempotency-Key` header (when the
 //!   policy honours keys) and the method.
 //! - [`FailureClass`]: what do we know about a failed attempt? [`classify_error`] walks an
-//!   error's `source()` chain; [`RetryPolicy::classify_response`](crate::RetryPolicy::classify_response)
+//!   error's `source()` chain; [`RetryPolicy::classify_response`](crate::policy::RetryPolicy::classify_response)
 //!   looks at a response's status and hints.
 //!
 //! Both are public so that SDKs with their own retry loop can reuse them.
@@ -25,6 +25,9 @@ mod symptom;
 
 pub(crate) use body_verdict::BodyVerdict;
 pub(crate) use failure::classify_error_with;
-pub use failure::{classify_error, Classification, FailureClass, StackErrors};
-pub use request::{Idempotency, NoRetry, RequestVerdict, VerdictSource};
+pub use failure::{classify_error, Classification, StackErrors};
+pub use request::{RequestVerdict, VerdictSource};
+
+pub(crate) use failure::FailureClass;
+pub(crate) use request::{Idempotency, NoRetry};
 pub(crate) use symptom::Symptom;

@@ -2,11 +2,12 @@ use http::Method;
 
 /// Whether repeating a request is harmless.
 ///
-/// Besides being the outcome of [`RetryPolicy::classify`](crate::RetryPolicy::classify), it is a
+/// Besides being the outcome of [`RetryPolicy::classify`](crate::policy::RetryPolicy::classify), it is a
 /// marker: put it in a request's extensions to override every other rule for that request.
 ///
 /// ```
-/// use tower_retry_safety::{Idempotency, RetryPolicy, VerdictSource};
+/// use tower_retry_safety::classify::VerdictSource;
+/// use tower_retry_safety::{Idempotency, RetryPolicy};
 ///
 /// let policy = RetryPolicy::builder().build()?;
 /// let mut req = http::Request::post("/v1/tools/execute").body(())?;
@@ -185,7 +186,7 @@ impl RequestVerdict {
     /// (GET, HEAD, OPTIONS, TRACE, RFC 9110 §9.2.1, and QUERY) that no marker or route rule calls
     /// [`NonIdempotent`](Idempotency::NonIdempotent). A PUT or DELETE can (repeating it is
     /// harmless, but it may have happened); so can every gRPC call (each is a POST).
-    /// [`RetryReport::may_have_been_applied`](crate::RetryReport::may_have_been_applied) is
+    /// [`RetryReport::may_have_been_applied`](crate::attempts::RetryReport::may_have_been_applied) is
     /// `false` for a request that cannot.
     pub fn can_apply(&self) -> bool {
         !self.read
@@ -197,7 +198,7 @@ impl RequestVerdict {
     /// layer). Such a request is classified failing closed: a host-scoped rule that calls its
     /// path [`NonIdempotent`](Idempotency::NonIdempotent) holds, whatever the host; host-scoped
     /// `Idempotent` rules and host-scoped key trust do not apply. Give the layer its origin
-    /// with [`RetryPolicy::for_origin`](crate::RetryPolicy::for_origin).
+    /// with [`RetryPolicy::for_origin`](crate::policy::RetryPolicy::for_origin).
     pub fn host_unknown(&self) -> bool {
         self.host_unknown
     }

@@ -4,10 +4,10 @@ use prost::Message;
 use prost_types::method_options::IdempotencyLevel;
 use prost_types::FileDescriptorSet;
 
+use crate::build_error::BuildError;
 use crate::classify::grpc::{is_full_name, is_name};
 use crate::policy::builder::DescribedRoutes;
-use crate::{BuildError, RetryPolicyBuilder};
-
+use crate::policy::RetryPolicyBuilder;
 /// Adds the harmless methods of `set` to `routes`, or says why `set` is refused.
 fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {
     for file in &set.file {
@@ -54,7 +54,7 @@ fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {
 impl RetryPolicyBuilder {
     /// Rules from a gRPC service's descriptors: each method whose
     /// `idempotency_level` is `NO_SIDE_EFFECTS` or `IDEMPOTENT` gets a rule
-    /// [`Idempotent`](crate::Idempotency::Idempotent) for `POST /package.Service/Method`, so the
+    /// [`Idempotent`](crate::classify::Idempotency::Idempotent) for `POST /package.Service/Method`, so the
     /// proto, not a list by hand, says which calls are safe to repeat. A method without the
     /// option stays a write. A [`route`](Self::route) given by hand for the same path
     /// outranks the proto's.
@@ -125,7 +125,7 @@ impl RetryPolicyBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RetryPolicy;
+    use crate::policy::RetryPolicy;
 
     #[test]
     fn bad_bytes_and_bad_names_fail_build_naming_the_setting() {

@@ -25,18 +25,20 @@ pub(crate) const TONIC: StackErrors = StackErrors {
     rewrites_authority: true,
 };
 
-/// [`classify_error`](crate::classify_error), reading tonic's own errors too: a
+/// [`classify_error`](crate::classify::classify_error), reading tonic's own errors too: a
 /// `tonic::ConnectError` is [`FailureClass::NotSent`] (its connector failed: no connection
 /// carried the call) whatever its source says, a `tonic::TimeoutExpired` ambiguous. The layer
 /// on a `Channel` reads them so already (tonic's `Body` brings them).
 ///
 /// ```
-/// use tower_retry_safety::{grpc, FailureClass};
+/// use tower_retry_safety::{classify, grpc, FailureClass};
 ///
 /// let connect = tonic::ConnectError(Box::new(std::io::Error::other("no route")));
-/// assert_eq!(grpc::classify_error(&connect), FailureClass::NotSent);
+/// assert_eq!(grpc::classify_error_with_tonic(&connect), FailureClass::NotSent);
+/// // Without tonic's errors, the same error says nothing this crate knows.
+/// assert_eq!(classify::classify_error(&connect), FailureClass::Ambiguous);
 /// ```
-pub fn classify_error(err: &(dyn StdError + 'static)) -> FailureClass {
+pub fn classify_error_with_tonic(err: &(dyn StdError + 'static)) -> FailureClass {
     crate::classify::classify_error_with(err, &TONIC)
 }
 
@@ -49,12 +51,15 @@ mod tests {
     fn tonics_connect_error_is_not_sent_and_its_timeout_ambiguous() {
         // A connector error that says nothing of its own: tonic's wrapper decides.
         let connect = tonic::ConnectError(Box::new(std::io::Error::other("no route")));
-        assert_eq!(classify_error(&connect), FailureClass::NotSent);
+        assert_eq!(classify_error_with_tonic(&connect), FailureClass::NotSent);
         let timeout = tonic::TimeoutExpired(());
-        assert_eq!(classify_error(&timeout), FailureClass::Ambiguous);
+        assert_eq!(classify_error_with_tonic(&timeout), FailureClass::Ambiguous);
         assert_eq!(Symptom::of(&timeout, &TONIC), Symptom::Timeout);
         // Without tonic's hook, the same errors say nothing this crate knows.
-        assert_eq!(crate::classify_error(&connect), FailureClass::Ambiguous);
+        assert_eq!(
+            crate::classify::classify_error(&connect),
+            FailureClass::Ambiguous
+        );
         assert_eq!(Symptom::of(&timeout, &StackErrors::NONE), Symptom::Other);
     }
 
@@ -64,14 +69,14 @@ mod tests {
     fn tonics_connect_error_inside_an_io_error_is_still_not_sent() {
         let connect = tonic::ConnectError(Box::new(std::io::Error::other("no route")));
         let wrapped = std::io::Error::other(connect);
-        assert_eq!(classify_error(&wrapped), FailureClass::NotSent);
+        assert_eq!(classify_error_with_tonic(&wrapped), FailureClass::NotSent);
     }
 
     /// A body that is tonic's on one side of an `Either` brings tonic's errors: the wrapper
     /// forwards the side that names any. Found by review.
     #[test]
     fn an_either_with_tonics_body_forwards_its_errors() {
-        use crate::ReplayBody;
+        use crate::service::ReplayBody;
         use http_body_util::{Either, Full};
         type Left = Either<tonic::body::Body, Full<bytes::Bytes>>;
         type Right = Either<Full<bytes::Bytes>, tonic::body::Body>;

@@ -3,8 +3,9 @@
 use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
-use crate::{Error, MayHaveBeenApplied};
+use crate::attempts::Error;
 
+use crate::attempts::MayHaveBeenApplied;
 /// Metadata key of the attempts made, in a `tonic::Status` made by [`status_of`], and in the
 /// status of a call whose last attempt the server answered with a failed `grpc-status`.
 pub const ATTEMPTS_KEY: &str = "retry-safety-attempts";
@@ -46,13 +47,13 @@ pub fn status_of(err: &Error) -> Status {
         // Nothing reached the server (or the service failed before any attempt).
         if matches!(
             err.stop_reason(),
-            crate::StopReason::CallerDeadline | crate::StopReason::Deadline
+            crate::policy::StopReason::CallerDeadline | crate::policy::StopReason::Deadline
         ) {
             // The deadline passed before an attempt could be sent: what gRPC says of a call
             // past its deadline, and a code retry policies do not retry (UNAVAILABLE is one
             // they do). The metadata still says nothing was applied.
             Code::DeadlineExceeded
-        } else if err.failure_class() == Some(crate::FailureClass::Final) {
+        } else if err.failure_class() == Some(crate::classify::FailureClass::Final) {
             Code::Internal
         } else {
             Code::Unavailable

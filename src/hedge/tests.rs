@@ -2,8 +2,13 @@ use std::time::Duration;
 
 use http::Method;
 
-use crate::{Hedge, Idempotency, NoRetry, RetryPolicy};
+use crate::hedge::Hedge;
 
+use crate::classify::Idempotency;
+
+use crate::classify::NoRetry;
+
+use crate::policy::RetryPolicy;
 fn policy(hedge: Hedge) -> RetryPolicy {
     RetryPolicy::builder()
         .honor_idempotency_key_for_host("trusted.example")

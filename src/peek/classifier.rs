@@ -7,7 +7,7 @@ use http_body::Body;
 use http_body_util::BodyExt;
 
 use super::PeekedBody;
-use crate::FailureClass;
+use crate::classify::FailureClass;
 
 /// The most frames read from one body: bounds the time and memory that a body of many empty
 /// or tiny frames can take before it is handed on.

@@ -1,3 +1,5 @@
+//! The future of [`PeekBody`](super::PeekBody)'s calls.
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -15,7 +17,7 @@ use crate::classify::BodyVerdict;
 type Reading<B> = Pin<Box<dyn Future<Output = Response<PeekedBody<B>>> + Send>>;
 
 pin_project! {
-    /// The response future of [`PeekBody`](crate::PeekBody).
+    /// The response future of [`PeekBody`](crate::peek::PeekBody).
     pub struct ResponseFuture<F, B: Body> {
         #[pin]
         state: State<F, B>,

@@ -5,18 +5,18 @@ use tower_layer::Layer;
 
 use super::classifier::Classifier;
 use super::PeekBody;
-use crate::FailureClass;
+use crate::classify::FailureClass;
 
 /// Reads the beginning of a response's body so that a classifier that knows the API can
 /// classify the response by it — a 200 whose JSON says "rate limited", a documented "not
-/// processed" error code. Put it inside [`RetrySafety`](crate::RetrySafety): the layer reads
+/// processed" error code. Put it inside [`RetrySafety`](crate::service::RetrySafety): the layer reads
 /// the verdict with the same limits as
-/// [`classify_responses_with`](crate::RetryPolicyBuilder::classify_responses_with) — only
+/// [`classify_responses_with`](crate::policy::RetryPolicyBuilder::classify_responses_with) — only
 /// `Some(FailureClass::NotSent)` (proof that nothing was applied) makes a write that may have
 /// been applied retryable.
 ///
 /// Only a body that ends within `limit` bytes (and 1,024 frames) is classified; what was read
-/// is handed on in front of the rest ([`PeekedBody`](crate::PeekedBody)), empty chunks left
+/// is handed on in front of the rest ([`PeekedBody`](crate::peek::PeekedBody)), empty chunks left
 /// out. By default only a body whose length the transport knows (a content-length it honours,
 /// not a chunked body that also sends one) within the limit is read, so a stream is never
 /// waited on; widen it with [`when`](Self::when). The verdict is used up by the retry layer
@@ -30,7 +30,8 @@ use crate::FailureClass;
 /// use hyper_util::client::legacy::Client;
 /// use hyper_util::rt::TokioExecutor;
 /// use tower::ServiceBuilder;
-/// use tower_retry_safety::{FailureClass, PeekBodyLayer, RetryPolicy};
+/// use tower_retry_safety::peek::PeekBodyLayer;
+/// use tower_retry_safety::{FailureClass, RetryPolicy};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();

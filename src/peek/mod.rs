@@ -1,5 +1,5 @@
 //! Response bodies classified by what they say: [`PeekBodyLayer`] reads the beginning of a
-//! response's body, inside [`RetrySafety`](crate::RetrySafety), so that a classifier that
+//! response's body, inside [`RetrySafety`](crate::service::RetrySafety), so that a classifier that
 //! knows the API can tell the layer what the response means (a 200 whose JSON says "rate
 //! limited", a documented "not processed" code). The reqwest-middleware counterpart is
 //! `PeekBodyMiddleware` (feature `reqwest-middleware`).
@@ -7,11 +7,13 @@
 
 mod body;
 pub(crate) mod classifier;
-mod future;
+pub mod future;
 mod layer;
 mod service;
 
 pub use body::PeekedBody;
-pub use future::ResponseFuture;
 pub use layer::PeekBodyLayer;
 pub use service::PeekBody;
+
+#[cfg(feature = "reqwest-middleware")]
+pub use crate::reqwest::PeekBodyMiddleware;

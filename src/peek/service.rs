@@ -10,7 +10,7 @@ use super::classifier::Classifier;
 use super::future::ResponseFuture;
 use super::PeekedBody;
 
-/// Reads and classifies response bodies; made by [`PeekBodyLayer`](crate::PeekBodyLayer).
+/// Reads and classifies response bodies; made by [`PeekBodyLayer`](crate::peek::PeekBodyLayer).
 #[derive(Clone, Debug)]
 pub struct PeekBody<S> {
     inner: S,

@@ -36,11 +36,11 @@ pub enum StopReason {
     Deadline,
     /// The server asked to wait longer than the policy's `max_retry_after`.
     RetryAfterTooLong,
-    /// The request carries the [`NoRetry`](crate::NoRetry) marker.
+    /// The request carries the [`NoRetry`](crate::classify::NoRetry) marker.
     NoRetryMarker,
     /// The request body could not be sent again: a stream that is not recorded, one past the
     /// replay buffer's limit, a response before its end…
-    /// ([`RetryReport::body_not_replayable`](crate::RetryReport::body_not_replayable) says which).
+    /// ([`RetryReport::body_not_replayable`](crate::attempts::RetryReport::body_not_replayable) says which).
     BodyNotReplayable,
     /// An outer retry layer made this attempt; it decides about retries, not this one.
     RetriedByOuterLayer,
@@ -48,7 +48,7 @@ pub enum StopReason {
     ServiceNotReady,
     /// The response is the server's stored response: its first answer to an earlier attempt with
     /// the same idempotency key, sent again (see
-    /// [`stored_response_header`](crate::RetryPolicyBuilder::stored_response_header)): the server had already run
+    /// [`stored_response_header`](crate::policy::RetryPolicyBuilder::stored_response_header)): the server had already run
     /// the request, and every repeat of the key gets this same answer, whatever its status.
     StoredResponse,
     /// The next attempt (or the first) could not start before the caller's deadline: the
@@ -104,7 +104,8 @@ impl RetryPolicy {
     /// drawn with jitter if the policy has it. Allocates nothing.
     ///
     /// ```
-    /// use tower_retry_safety::{Decision, FailureClass, RetryPolicy, StopReason};
+    /// use tower_retry_safety::policy::Decision;
+    /// use tower_retry_safety::{FailureClass, RetryPolicy, StopReason};
     ///
     /// let policy = RetryPolicy::builder().jitter(false).build()?;
     /// let post = http::Request::post("/v1/messages").body(())?;

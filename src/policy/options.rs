@@ -9,7 +9,7 @@ use super::builder::MAX_RETRIES_LIMIT;
 /// (`req.extensions_mut().insert(..)`, or reqwest's `RequestBuilder::with_extension`).
 ///
 /// The per-call form of OpenAI/Stainless SDKs' `with_options(max_retries=…, timeout=…)`.
-/// `max_retries(0)` sends the request once, like [`NoRetry`](crate::NoRetry), but the request's
+/// `max_retries(0)` sends the request once, like [`NoRetry`](crate::classify::NoRetry), but the request's
 /// attempts stay marked (an inner retry layer does not retry it either) and its report says
 /// `RetriesExhausted` after a retryable failure.
 ///

@@ -1,10 +1,11 @@
 //! One call to reach this crate's error and report through reqwest-middleware's types.
 
+use crate::attempts::Error;
+use crate::attempts::MayHaveBeenApplied;
+use crate::attempts::RetryReport;
 use crate::classify::{classify_error, FailureClass};
-use crate::{Error, MayHaveBeenApplied, RetryReport};
-
 /// Always answers: this crate's error inside answers for itself; a bare `reqwest::Error` (a
-/// client without [`RetrySafetyMiddleware`](crate::RetrySafetyMiddleware)) is classified as
+/// client without [`RetrySafetyMiddleware`](crate::reqwest::RetrySafetyMiddleware)) is classified as
 /// an attempt's error is (a connect failure was not sent, a timeout may have been applied);
 /// any other middleware's error is ambiguous, since it may have failed after sending.
 ///
@@ -38,7 +39,7 @@ impl MayHaveBeenApplied for reqwest_middleware::Error {
 impl Error {
     /// This crate's error inside a `reqwest_middleware::Error`, if it is one.
     ///
-    /// [`RetrySafetyMiddleware`](crate::RetrySafetyMiddleware) returns its errors as
+    /// [`RetrySafetyMiddleware`](crate::reqwest::RetrySafetyMiddleware) returns its errors as
     /// `reqwest_middleware::Error::Middleware`; this finds ours there, also behind context a
     /// middleware further out added with anyhow. `None` for an error our middleware did not
     /// make (a `reqwest_middleware::Error::Reqwest` comes from a client without it).
@@ -68,7 +69,7 @@ impl Error {
 }
 
 impl RetryReport {
-    /// The report [`RetrySafetyMiddleware`](crate::RetrySafetyMiddleware) put in a reqwest
+    /// The report [`RetrySafetyMiddleware`](crate::reqwest::RetrySafetyMiddleware) put in a reqwest
     /// response's extensions; `None` when the response did not come through it.
     ///
     /// ```no_run

@@ -7,18 +7,19 @@ use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::classify::BodyVerdict;
+use crate::classify::FailureClass;
 use crate::peek::classifier::Classifier;
-use crate::FailureClass;
 
-/// [`PeekBodyLayer`](crate::PeekBodyLayer) for reqwest-middleware: reads the beginning of a
+/// [`PeekBodyLayer`](crate::peek::PeekBodyLayer) for reqwest-middleware: reads the beginning of a
 /// response's body so that a classifier that knows the API can classify the response by it.
-/// Add it after [`RetrySafetyMiddleware`](crate::RetrySafetyMiddleware), so that it runs on
+/// Add it after [`RetrySafetyMiddleware`](crate::reqwest::RetrySafetyMiddleware), so that it runs on
 /// every attempt. The response keeps its status, headers, version, URL and extensions; what
 /// was read is sent again in front of the rest of the body.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
-/// use tower_retry_safety::{FailureClass, PeekBodyMiddleware, RetryPolicy, RetrySafetyMiddleware};
+/// use tower_retry_safety::peek::PeekBodyMiddleware;
+/// use tower_retry_safety::{FailureClass, RetryPolicy, RetrySafetyMiddleware};
 ///
 /// let client = ClientBuilder::new(reqwest::Client::new())
 ///     .with(RetrySafetyMiddleware::new(RetryPolicy::builder().build()?))
@@ -38,7 +39,7 @@ pub struct PeekBodyMiddleware {
 }
 
 impl PeekBodyMiddleware {
-    /// As [`PeekBodyLayer::new`](crate::PeekBodyLayer::new).
+    /// As [`PeekBodyLayer::new`](crate::peek::PeekBodyLayer::new).
     pub fn new<F>(limit: usize, classify: F) -> Self
     where
         F: Fn(StatusCode, &HeaderMap, &[u8]) -> Option<FailureClass> + Send + Sync + 'static,
@@ -48,7 +49,7 @@ impl PeekBodyMiddleware {
         }
     }
 
-    /// As [`PeekBodyLayer::when`](crate::PeekBodyLayer::when).
+    /// As [`PeekBodyLayer::when`](crate::peek::PeekBodyLayer::when).
     pub fn when<F>(self, when: F) -> Self
     where
         F: Fn(StatusCode, &HeaderMap) -> bool + Send + Sync + 'static,

@@ -9,10 +9,11 @@ use http_body_util::BodyExt;
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{Middleware, Next};
 
+use crate::box_error::BoxError;
+use crate::resume::future::ResponseFuture;
 use crate::resume::resumer::{Again, SendRange};
 use crate::resume::ReadPlan;
-use crate::resume::{NoResume, ResponseFuture, DEFAULT_READ_LIMIT};
-use crate::BoxError;
+use crate::resume::{NoResume, DEFAULT_READ_LIMIT};
 
 /// A reqwest body whose errors never print the URL (a `reqwest::Error` does, query string
 /// included).
@@ -22,8 +23,8 @@ fn without_url(err: reqwest::Error) -> reqwest::Error {
     err.without_url()
 }
 
-/// [`ReadWholeLayer`](crate::ReadWholeLayer) for reqwest-middleware. Add it after
-/// [`RetrySafetyMiddleware`](crate::RetrySafetyMiddleware), so that it runs on every attempt:
+/// [`ReadWholeLayer`](crate::resume::ReadWholeLayer) for reqwest-middleware. Add it after
+/// [`RetrySafetyMiddleware`](crate::reqwest::RetrySafetyMiddleware), so that it runs on every attempt:
 /// a body whose length is known to be within the limit is read inside the attempt, and a cut
 /// is a failed attempt that the retry middleware recovers as the decision model allows (read
 /// again; a keyed write sent again with the same key; an unkeyed write never sent again, its
@@ -39,7 +40,8 @@ fn without_url(err: reqwest::Error) -> reqwest::Error {
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
-/// use tower_retry_safety::{ReadWholeMiddleware, RetryPolicy, RetrySafetyMiddleware};
+/// use tower_retry_safety::resume::ReadWholeMiddleware;
+/// use tower_retry_safety::{RetryPolicy, RetrySafetyMiddleware};
 ///
 /// let client = reqwest::Client::new();
 /// let with_retries = ClientBuilder::new(client.clone())
@@ -65,10 +67,10 @@ impl ReadWholeMiddleware {
         }
     }
 
-    /// As [`ReadWholeLayer::limit`](crate::ReadWholeLayer::limit). Defaults to 64 KiB.
+    /// As [`ReadWholeLayer::limit`](crate::resume::ReadWholeLayer::limit). Defaults to 64 KiB.
     ///
     /// ```
-    /// let read = tower_retry_safety::ReadWholeMiddleware::new().limit(16 * 1024);
+    /// let read = tower_retry_safety::resume::ReadWholeMiddleware::new().limit(16 * 1024);
     /// # drop(read);
     /// ```
     pub fn limit(mut self, limit: u64) -> Self {
@@ -81,7 +83,7 @@ impl ReadWholeMiddleware {
     /// Defaults to none: a cut past the limit ends the body with the error.
     ///
     /// ```
-    /// let read = tower_retry_safety::ReadWholeMiddleware::new().resume_with(reqwest::Client::new());
+    /// let read = tower_retry_safety::resume::ReadWholeMiddleware::new().resume_with(reqwest::Client::new());
     /// # drop(read);
     /// ```
     pub fn resume_with(mut self, client: reqwest::Client) -> Self {

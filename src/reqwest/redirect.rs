@@ -3,7 +3,7 @@
 //! could reach a host that never asked for it.
 
 use crate::classify::host::HostSeen;
-use crate::RetryPolicy;
+use crate::policy::RetryPolicy;
 
 /// reqwest's default limit, kept: a chain longer than this is an error.
 const MAX_REDIRECTS: usize = 10;

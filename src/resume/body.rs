@@ -10,9 +10,9 @@ use http_body::{Body, Frame, SizeHint};
 use super::cut::{BodyCutError, NoResume};
 use super::resumer::Resume;
 use crate::attempt_clock::FrameClock;
-use crate::{BoxError, RetryReport};
-
-/// A response body behind [`ReadWholeLayer`](crate::ReadWholeLayer): read whole inside the
+use crate::attempts::RetryReport;
+use crate::box_error::BoxError;
+/// A response body behind [`ReadWholeLayer`](crate::resume::ReadWholeLayer): read whole inside the
 /// attempt (then sent from memory), or streamed as it comes when it is longer than the limit,
 /// and then resumed with `Range` where a cut allows it. A cut that was not recovered ends it
 /// with a [`BodyCutError`]; the transport's error is its source.
@@ -80,7 +80,7 @@ impl<B> WholeBody<B> {
     /// How many times the rest of the body was asked for with `Range`.
     ///
     /// ```
-    /// # fn show(body: &tower_retry_safety::WholeBody<hyper::body::Incoming>) {
+    /// # fn show(body: &tower_retry_safety::resume::WholeBody<hyper::body::Incoming>) {
     /// println!("resumed {} time(s)", body.resumes());
     /// # }
     /// ```
@@ -91,11 +91,11 @@ impl<B> WholeBody<B> {
     /// The report of the request's attempts with the resumes of this body, once a cut has
     /// handed the retry layer's bookkeeping to it; `None` before (the response's
     /// [`RetryReport`] is then the whole story). Its
-    /// [`body_cut_after`](crate::AttemptOutcome::body_cut_after) records say how many bytes had
+    /// [`body_cut_after`](crate::attempts::AttemptOutcome::body_cut_after) records say how many bytes had
     /// been delivered at each cut, and its stop reason why the resumes stopped.
     ///
     /// ```
-    /// # fn show(body: &tower_retry_safety::WholeBody<hyper::body::Incoming>) {
+    /// # fn show(body: &tower_retry_safety::resume::WholeBody<hyper::body::Incoming>) {
     /// if let Some(report) = body.report() {
     ///     println!("{} attempt(s), stopped: {:?}", report.attempts(), report.stop_reason());
     /// }

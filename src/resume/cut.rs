@@ -3,16 +3,16 @@ use std::fmt;
 
 use http::StatusCode;
 
+use crate::attempts::RetryReport;
+use crate::box_error::BoxError;
 use crate::timed_out::TimedOut;
-use crate::{BoxError, RetryReport};
-
 /// The error a response body gives when it was cut before its end and could not be recovered:
 /// the server had answered (with [`status`](Self::status), which the caller already has), and
 /// only the rest of the body was lost. [`source`](StdError::source) is the transport's error.
 ///
 /// The request was not sent again because of it when a repeat could repeat a write (a
 /// non-idempotent request without a trusted idempotency key), or when the retry layer
-/// refused (retries used up, the budget, the deadline: its [`RetryReport`](crate::RetryReport)
+/// refused (retries used up, the budget, the deadline: its [`RetryReport`](crate::attempts::RetryReport)
 /// says which). It never holds any of the body's bytes, headers or URL.
 ///
 /// ```

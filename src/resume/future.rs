@@ -1,3 +1,5 @@
+//! The future of [`ReadWhole`](super::ReadWhole)'s calls.
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -14,8 +16,8 @@ use super::resumer::{Again, Resume};
 use super::{BodyReport, WholeBody};
 use crate::attempt_clock::{AttemptClock, FrameClock};
 use crate::attempts::{BodyCut, ResumeSlot};
+use crate::box_error::BoxError;
 use crate::timed_out::TimedOut;
-use crate::BoxError;
 
 /// The most frames without data read from one body inside the attempt: a body of many empty
 /// frames is handed on as a stream from there, so the reading ends. Data frames are bounded by

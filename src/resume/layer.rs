@@ -5,7 +5,7 @@ use super::ReadWhole;
 /// The default limit: bodies of a known length up to 64 KiB are read inside the attempt.
 pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 
-/// Makes a response body part of the attempt: put it inside [`RetrySafety`](crate::RetrySafety)
+/// Makes a response body part of the attempt: put it inside [`RetrySafety`](crate::service::RetrySafety)
 /// and a body whose length the transport knows to be within the limit is read whole before
 /// the layer decides. A body cut mid-way is then a failure of that attempt, which the layer
 /// recovers as the decision model allows: a request whose repeat is harmless (idempotent, or
@@ -15,8 +15,8 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// (the server had answered), and its body ends, after the bytes that arrived, with a
 /// [`BodyCutError`](crate::resume::BodyCutError) that says so.
 ///
-/// Each re-read is an attempt in the [`RetryReport`](crate::RetryReport);
-/// [`AttemptOutcome::body_cut_after`](crate::AttemptOutcome::body_cut_after) gives the bytes
+/// Each re-read is an attempt in the [`RetryReport`](crate::attempts::RetryReport);
+/// [`AttemptOutcome::body_cut_after`](crate::attempts::AttemptOutcome::body_cut_after) gives the bytes
 /// that had arrived before the cut. The layer's per-attempt timeout bounds the wait for the
 /// head, then each wait for a frame of the body (the retry layer's timer leaves the body to
 /// this layer once the head is in): a body that stalls is cut and read again, and a slow body
@@ -35,7 +35,7 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// the same key, never with `Range`, and its body continues only if the answer is the server's
 /// replay of the same response (marked as a replay, the same status, length, coding and
 /// `ETag`): the bytes already delivered are skipped.
-/// [`WholeBody::report`](crate::WholeBody::report) and
+/// [`WholeBody::report`](crate::resume::WholeBody::report) and
 /// [`BodyReport`](crate::resume::BodyReport) cover the resumes. While such a body
 /// streams, the policy's per-attempt timeout bounds each wait for a frame (a stall is cut and
 /// resumed; a long transfer that keeps moving is not), and its deadline stays absolute. Without a retry
@@ -59,7 +59,8 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// use hyper_util::client::legacy::Client;
 /// use hyper_util::rt::TokioExecutor;
 /// use tower::ServiceBuilder;
-/// use tower_retry_safety::{ReadWholeLayer, RetryPolicy};
+/// use tower_retry_safety::resume::ReadWholeLayer;
+/// use tower_retry_safety::RetryPolicy;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -87,7 +88,7 @@ impl ReadWholeLayer {
     /// request is at most this much.
     ///
     /// ```
-    /// use tower_retry_safety::ReadWholeLayer;
+    /// use tower_retry_safety::resume::ReadWholeLayer;
     ///
     /// let layer = ReadWholeLayer::new().limit(16 * 1024);
     /// # let _ = layer;

@@ -1,11 +1,12 @@
 //! Response bodies as part of the attempt: [`ReadWholeLayer`], inside
-//! [`RetrySafety`](crate::RetrySafety), reads a body within a limit before the layer decides,
+//! [`RetrySafety`](crate::service::RetrySafety), reads a body within a limit before the layer decides,
 //! so that a body cut mid-way is a failed attempt the layer can recover (read again, or sent
 //! again with the same idempotency key), and never a write sent twice.
 //!
 //! ```
 //! use tower::ServiceBuilder;
-//! use tower_retry_safety::{ReadWholeLayer, RetryPolicy};
+//! use tower_retry_safety::resume::ReadWholeLayer;
+//! use tower_retry_safety::RetryPolicy;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let client = tower::service_fn(|_req: http::Request<String>| async {
@@ -22,7 +23,7 @@
 
 mod body;
 pub(crate) mod cut;
-mod future;
+pub mod future;
 mod layer;
 pub(crate) mod range;
 mod report;
@@ -31,10 +32,12 @@ mod service;
 
 pub use body::WholeBody;
 pub use cut::{BodyCutError, NoResume};
-pub use future::ResponseFuture;
 pub use layer::{ReadWholeLayer, DEFAULT_READ_LIMIT};
 pub use report::BodyReport;
 pub use service::ReadWhole;
+
+#[cfg(feature = "reqwest-middleware")]
+pub use crate::reqwest::ReadWholeMiddleware;
 
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::ReadPlan;

@@ -13,11 +13,11 @@ use super::future::ResponseFuture;
 use super::resumer::{Again, SendRange};
 use super::WholeBody;
 use crate::attempt_clock::AttemptClock;
+use crate::box_error::BoxError;
 use crate::service::KeyHeader;
-use crate::{BoxError, ReplayBody};
-
+use crate::service::ReplayBody;
 /// Reads response bodies within a limit inside the attempt; made by
-/// [`ReadWholeLayer`](crate::ReadWholeLayer).
+/// [`ReadWholeLayer`](crate::resume::ReadWholeLayer).
 #[derive(Clone, Debug)]
 pub struct ReadWhole<S> {
     inner: S,

@@ -10,15 +10,15 @@ use crate::classify::StackErrors;
 /// The layer keeps a copy of each request it may retry. Bodies that are cheap to copy
 /// (`Full<Bytes>`, `Empty<Bytes>`, `String`, `Vec<u8>`, `Bytes`, `()`, `&'static str`) return
 /// `Some`. Streaming bodies return `None`; of those, `BoxBody`, `UnsyncBoxBody` and
-/// [`Replayable`](crate::Replayable) are recorded as they stream, up to the policy's
-/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), so that a retry can replay
+/// [`Replayable`](crate::service::Replayable) are recorded as they stream, up to the policy's
+/// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), so that a retry can replay
 /// them ([`record`](Self::record)). Other streams (`hyper::body::Incoming`, a channel,
-/// `StreamBody`: wrap them in [`Replayable`](crate::Replayable) to have them recorded) still go through the
+/// `StreamBody`: wrap them in [`Replayable`](crate::service::Replayable) to have them recorded) still go through the
 /// layer, are sent exactly once and are never refused before sending, and their report says
-/// [`StopReason::BodyNotReplayable`](crate::StopReason::BodyNotReplayable).
+/// [`StopReason::BodyNotReplayable`](crate::policy::StopReason::BodyNotReplayable).
 ///
 /// A body type that is neither is refused at compile time, with a message that names
-/// [`Replayable::new`](crate::Replayable::new) and the bodies that work. rustc shows that message where it
+/// [`Replayable::new`](crate::service::Replayable::new) and the bodies that work. rustc shows that message where it
 /// checks the bound itself (`Service::call`, a function that takes `impl Service<Request<B>>`);
 /// through `ServiceExt::oneshot` or `ready` it reports only that the method's trait bounds
 /// are not satisfied (E0599) by `RetrySafety<…>`: then the request body is the cause.
@@ -43,7 +43,7 @@ use crate::classify::StackErrors;
 #[diagnostic::on_unimplemented(
     message = "the retry layer cannot send a `{Self}` request body again",
     label = "this body type is not a `ReplayBody`",
-    note = "wrap a streaming body in `tower_retry_safety::Replayable::new(body)` and build the client for `Replayable<{Self}>`; it is then recorded up to the policy's `replay_buffer` for retries",
+    note = "wrap a streaming body in `tower_retry_safety::service::Replayable::new(body)` and build the client for `Replayable<{Self}>`; it is then recorded up to the policy's `replay_buffer` for retries",
     note = "bodies that work as they are: `Full<Bytes>`, `Empty<Bytes>`, `Bytes`, `String`, `Vec<u8>`, `BoxBody`, `UnsyncBoxBody`, `hyper::body::Incoming` (sent once), `reqwest::Body` (feature `reqwest-middleware`), `axum::body::Body` (feature `axum`) and `tonic::body::Body` (feature `tonic`)"
 )]
 pub trait ReplayBody: Sized {
@@ -51,9 +51,9 @@ pub trait ReplayBody: Sized {
     fn try_clone_body(&self) -> Option<Self>;
 
     /// Makes a body that cannot be copied ready to be recorded as it streams, so that a retry
-    /// can replay it (see [`Replayable`](crate::Replayable)). Called only when the request may be retried and
+    /// can replay it (see [`Replayable`](crate::service::Replayable)). Called only when the request may be retried and
     /// the policy's replay buffer is on. Defaults to [`Recorded::once`]: the body is sent
-    /// once. `BoxBody`, `UnsyncBoxBody`, [`Replayable`](crate::Replayable) and (with their
+    /// once. `BoxBody`, `UnsyncBoxBody`, [`Replayable`](crate::service::Replayable) and (with their
     /// features) `reqwest::Body`, axum's and tonic's `Body` record themselves with
     /// [`Recorded::stream`].
     fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
@@ -131,7 +131,7 @@ where
     D: Buf + Clone + Send + Sync + 'static,
     E: 'static,
 {
-    /// A stream: not copied, recorded (see [`Replayable`](crate::Replayable)).
+    /// A stream: not copied, recorded (see [`Replayable`](crate::service::Replayable)).
     fn try_clone_body(&self) -> Option<Self> {
         None
     }
@@ -146,7 +146,7 @@ where
     D: Buf + Clone + Send + 'static,
     E: 'static,
 {
-    /// A stream: not copied, recorded (see [`Replayable`](crate::Replayable)).
+    /// A stream: not copied, recorded (see [`Replayable`](crate::service::Replayable)).
     fn try_clone_body(&self) -> Option<Self> {
         None
     }
@@ -179,7 +179,7 @@ never_replay!(
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl ReplayBody for axum_core::body::Body {
-    /// A stream: not copied, recorded (see [`Replayable`](crate::Replayable)).
+    /// A stream: not copied, recorded (see [`Replayable`](crate::service::Replayable)).
     fn try_clone_body(&self) -> Option<Self> {
         None
     }
@@ -188,7 +188,7 @@ impl ReplayBody for axum_core::body::Body {
         Recorded::stream(
             self,
             buffer,
-            axum_core::body::Body::new::<crate::Replayable<axum_core::body::Body>>,
+            axum_core::body::Body::new::<crate::service::Replayable<axum_core::body::Body>>,
         )
     }
 }

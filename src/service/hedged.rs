@@ -16,8 +16,8 @@ use tracing::Span;
 use super::send::{poll_attempt, refused, resend, AttemptTimer, Replay};
 use super::ReplayBody;
 use crate::attempts::{superseded, Attempts, HedgeStep, Outcome};
+use crate::box_error::BoxError;
 use crate::policy::StopReason;
-use crate::BoxError;
 
 /// The attempts of a hedged request.
 pub(super) struct Hedged<F> {

@@ -1,7 +1,7 @@
 use tower_layer::Layer;
 
 use super::RetrySafety;
-use crate::RetryPolicy;
+use crate::policy::RetryPolicy;
 
 /// The policy is the layer: `ServiceBuilder::new().layer(policy)`.
 impl<S> Layer<S> for RetryPolicy {

@@ -1,4 +1,4 @@
-//! The tower middleware: [`RetrySafety`], made by [`RetryPolicy`](crate::RetryPolicy)'s
+//! The tower middleware: [`RetrySafety`], made by [`RetryPolicy`](crate::policy::RetryPolicy)'s
 //! [`Layer`](tower::Layer) impl.
 //!
 //! Put it outside a per-attempt timeout, over any HTTP client service:
@@ -26,8 +26,9 @@
 //! asks the policy whether to retry. Before each retry it waits the backoff or the server's
 //! Retry-After, then waits for the inner service to be ready. Attempts it makes are marked in
 //! the request's extensions, so a second layer of this crate further in does not retry them
-//! again. A response is always returned with its [`RetryReport`], even when retries ended on
-//! it; an [`Error`](crate::Error) is returned only when the last attempt ended in an error.
+//! again. A response is always returned with its
+//! [`RetryReport`](crate::attempts::RetryReport), even when retries ended on it; an
+//! [`Error`](crate::attempts::Error) is returned only when the last attempt ended in an error.
 //!
 //! Dropping the response future stops everything: nothing more is sent.
 //!
@@ -37,20 +38,18 @@
 //! Without a subscriber that wants INFO spans, none is made.
 #![doc = include_str!("../docs/bodies.md")]
 
-mod body;
-mod future;
+pub(crate) mod body;
+pub mod future;
 mod hedged;
 mod layer;
 pub(crate) mod replay;
 mod send;
 #[allow(clippy::module_inception)]
-mod service;
+pub(crate) mod service;
 
-pub use crate::attempts::{AttemptOutcome, RetryReport};
-pub use body::ReplayBody;
-pub use future::ResponseFuture;
-pub use replay::{NotReplayable, Recorded, ReplayBuffer, Replayable};
-pub use service::RetrySafety;
+pub use crate::attempts::{attempt_number, AttemptOutcome, NotReplayable};
+pub use replay::{Recorded, ReplayBuffer, Replayable};
 
-pub use crate::attempts::attempt_number;
 pub(crate) use crate::attempts::{AttemptNumber, KeyHeader, LayerAttempt};
+pub(crate) use body::ReplayBody;
+pub(crate) use service::RetrySafety;

@@ -5,8 +5,9 @@ use tower_service::Service;
 
 use super::future::ResponseFuture;
 use super::ReplayBody;
-use crate::{BoxError, Error, RetryPolicy};
-
+use crate::attempts::Error;
+use crate::box_error::BoxError;
+use crate::policy::RetryPolicy;
 /// Retries requests through `S` as the [`RetryPolicy`] allows. Made by the policy's
 /// [`Layer`](tower::Layer) impl or [`RetrySafety::new`].
 ///

@@ -18,7 +18,7 @@ use std::time::Duration;
 use crate::support::logs::block_on as paused;
 use proptest::prelude::*;
 use tower::retry::budget::{Budget, TpsBudget};
-use tower_retry_safety::LockFreeBudget;
+use tower_retry_safety::budget::LockFreeBudget;
 
 fn both(ttl_secs: u64, min_per_sec: u32, percent: f32) -> (LockFreeBudget, TpsBudget) {
     let ttl = Duration::from_secs(ttl_secs);

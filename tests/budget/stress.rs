@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower::retry::budget::Budget;
-use tower_retry_safety::LockFreeBudget;
+use tower_retry_safety::budget::LockFreeBudget;
 
 use crate::support::soak::soak;
 

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use tower::{Layer, ServiceExt};
-use tower_retry_safety::{NotReplayable, RetryReport, StopReason};
+use tower_retry_safety::service::NotReplayable;
+use tower_retry_safety::{RetryReport, StopReason};
 
 // --- bodies ---
 

@@ -5,9 +5,8 @@
 use crate::scripted_layer::{builder, get, post, report, run, Out};
 use crate::support::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
 use http::{Method, Request};
-use tower_retry_safety::{
-    FailureClass, Idempotency, NoRetry, RetryReport, StopReason, VerdictSource,
-};
+use tower_retry_safety::classify::VerdictSource;
+use tower_retry_safety::{FailureClass, Idempotency, NoRetry, RetryReport, StopReason};
 
 fn no_retry_get() -> Request<String> {
     let mut r = get();

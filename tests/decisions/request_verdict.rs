@@ -1,7 +1,8 @@
 //! Every precedence rule of the request verdict (`RetryPolicy::classify`'s docs).
 
 use http::{Method, Request};
-use tower_retry_safety::{Idempotency, NoRetry, RetryPolicy, VerdictSource};
+use tower_retry_safety::classify::VerdictSource;
+use tower_retry_safety::{Idempotency, NoRetry, RetryPolicy};
 
 use Idempotency::{Idempotent, NonIdempotent};
 

@@ -13,7 +13,7 @@ fn res(status: u16, headers: &[(&str, &str)]) -> Response<()> {
     b.body(()).unwrap()
 }
 
-fn get_verdict(p: &RetryPolicy) -> tower_retry_safety::RequestVerdict {
+fn get_verdict(p: &RetryPolicy) -> tower_retry_safety::classify::RequestVerdict {
     p.classify(&http::Request::get("/v1/things").body(()).unwrap())
 }
 

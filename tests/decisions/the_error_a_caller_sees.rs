@@ -4,7 +4,8 @@
 use crate::scripted_layer::{builder, get, post, report, run};
 use crate::support::script::{ok, status, Refused, Reset, Script, Status, Timeout};
 use http::{Method, Request};
-use tower_retry_safety::{FailureClass, Idempotency, NoRetry, StopReason, VerdictSource};
+use tower_retry_safety::classify::VerdictSource;
+use tower_retry_safety::{FailureClass, Idempotency, NoRetry, StopReason};
 
 // --- the error as a caller sees it ---
 

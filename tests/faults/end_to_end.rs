@@ -155,7 +155,7 @@ async fn a_post_routed_as_idempotent_is_retried() {
     let report = res.extensions().get::<RetryReport>().unwrap();
     assert_eq!(
         report.verdict().source(),
-        tower_retry_safety::VerdictSource::Route
+        tower_retry_safety::classify::VerdictSource::Route
     );
     let classes: Vec<_> = report.attempt_outcomes().map(|r| r.class()).collect();
     assert_eq!(classes, [FailureClass::Ambiguous, FailureClass::Final]);

@@ -18,7 +18,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::{Layer, ServiceExt};
-use tower_retry_safety::{classify_error, FailureClass, RetryPolicy, StopReason};
+use tower_retry_safety::classify::classify_error;
+use tower_retry_safety::{FailureClass, RetryPolicy, StopReason};
 
 type Seen = Arc<Mutex<HashMap<String, u32>>>;
 

@@ -19,7 +19,8 @@ use tower::buffer::Buffer;
 use tower::load_shed::LoadShed;
 use tower::util::Optional;
 use tower::{BoxError, Layer, Service, ServiceExt};
-use tower_retry_safety::{classify_error, FailureClass, RetryPolicy, StopReason};
+use tower_retry_safety::classify::classify_error;
+use tower_retry_safety::{FailureClass, RetryPolicy, StopReason};
 
 type Req = Request<String>;
 type Res = Response<String>;

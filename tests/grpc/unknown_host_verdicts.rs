@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use http::{HeaderValue, Method, Request};
-use tower_retry_safety::{Idempotency, RetryPolicy, RetryPolicyBuilder, VerdictSource};
+use tower_retry_safety::classify::VerdictSource;
+use tower_retry_safety::{Idempotency, RetryPolicy, RetryPolicyBuilder};
 
 pub(crate) fn builder() -> RetryPolicyBuilder {
     RetryPolicy::builder()

@@ -17,7 +17,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tower::{service_fn, Layer, Service, ServiceExt};
-use tower_retry_safety::{attempt_number, Hedge, RetryPolicy, RetryReport};
+use tower_retry_safety::service::attempt_number;
+use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};
 
 // ---------------------------------------------------------------------------------------------
 // Scripted inner service on paused time.

@@ -15,7 +15,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, Service, ServiceExt};
-use tower_retry_safety::{attempt_number, Hedge, RetryPolicy, RetryReport};
+use tower_retry_safety::service::attempt_number;
+use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};
 
 /// Hedging with `ReadWholeLayer` inside: the hedge's body is cut after its first frame (a
 /// success whose body a reading layer found cut is ambiguous), so the next attempt goes at

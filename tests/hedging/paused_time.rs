@@ -412,7 +412,7 @@ async fn the_attempt_hook_names_the_hedge_that_answered() {
         [(
             2,
             Some(200),
-            tower_retry_safety::Decision::Stop(StopReason::Final)
+            tower_retry_safety::policy::Decision::Stop(StopReason::Final)
         )]
     );
 }

@@ -8,7 +8,8 @@ use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_retry_safety::{Decision, FailureClass, RetryPolicy, StopReason};
+use tower_retry_safety::policy::Decision;
+use tower_retry_safety::{FailureClass, RetryPolicy, StopReason};
 
 const OPS_PER_FAULT: usize = 5;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use tower::{service_fn, Layer, ServiceExt};
-use tower_retry_safety::{attempt_number, Hedge, RetryPolicy};
+use tower_retry_safety::service::attempt_number;
+use tower_retry_safety::{Hedge, RetryPolicy};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::Subscriber;

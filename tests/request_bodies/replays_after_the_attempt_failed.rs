@@ -18,7 +18,8 @@ use http_body::Frame;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{Layer, Service, ServiceExt};
-use tower_retry_safety::{NotReplayable, StopReason};
+use tower_retry_safety::service::NotReplayable;
+use tower_retry_safety::StopReason;
 
 /// An inner service like hyper's h2 client (its body is piped by a task of its own) behind a
 /// policy with an attempt timeout: the first attempt's body goes on being read, one frame

@@ -9,7 +9,8 @@ use crate::replay_reader::{
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use proptest::prelude::*;
-use tower_retry_safety::{NotReplayable, Replayable, StopReason};
+use tower_retry_safety::service::{NotReplayable, Replayable};
+use tower_retry_safety::StopReason;
 
 /// What the model expects of a run: each attempt's frames, and why it stopped. It plays the
 /// recording as the layer should: an attempt is sent the recorded data chunks (empty ones are

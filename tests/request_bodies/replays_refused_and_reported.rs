@@ -14,9 +14,8 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
-use tower_retry_safety::{
-    NoRetry, NotReplayable, Replayable, RequestOptions, RetryPolicy, RetryReport, StopReason,
-};
+use tower_retry_safety::service::{NotReplayable, Replayable};
+use tower_retry_safety::{NoRetry, RequestOptions, RetryPolicy, RetryReport, StopReason};
 
 /// A body that streams past the limit: the attempt goes on to the end, and the request is not
 /// sent again; the report gives the limit.

@@ -14,7 +14,8 @@ use http_body::{Body, Frame};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use tower::{Layer, Service, ServiceExt};
-use tower_retry_safety::{Recorded, ReplayBody, ReplayBuffer, RetryPolicy};
+use tower_retry_safety::service::{Recorded, ReplayBuffer};
+use tower_retry_safety::{ReplayBody, RetryPolicy};
 
 /// A body type that records itself, and keeps what `record` was given.
 struct Probe(Boxed, Arc<Mutex<Option<String>>>);
@@ -116,7 +117,8 @@ async fn the_recording_is_freed_when_the_request_future_returns() {
 /// again.
 #[tokio::test(start_paused = true)]
 async fn check_what_is_recorded() {
-    use tower_retry_safety::{NoRetry, Replayable};
+    use tower_retry_safety::service::Replayable;
+    use tower_retry_safety::NoRetry;
     type R = Replayable<Boxed>;
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
     let log = seen.clone();

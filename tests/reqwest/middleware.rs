@@ -12,9 +12,10 @@ use http::{Extensions, Method};
 use reqwest::{Request, Response, StatusCode};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use tower::{Layer, ServiceExt};
+use tower_retry_safety::service::NotReplayable;
 use tower_retry_safety::{
-    FailureClass, Idempotency, NoRetry, NotReplayable, RetryPolicy, RetryPolicyBuilder,
-    RetryReport, RetrySafetyMiddleware, StopReason,
+    FailureClass, Idempotency, NoRetry, RetryPolicy, RetryPolicyBuilder, RetryReport,
+    RetrySafetyMiddleware, StopReason,
 };
 
 // Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
@@ -342,7 +343,7 @@ fn reqwest_errors_are_classified_by_kind() {
     let builder_err = reqwest::Client::new().get("not a url").build().unwrap_err();
     assert!(builder_err.is_builder());
     assert_eq!(
-        tower_retry_safety::classify_error(&builder_err),
+        tower_retry_safety::classify::classify_error(&builder_err),
         FailureClass::Final
     );
 }
@@ -359,7 +360,7 @@ async fn reqwest_timeout_after_connecting_is_ambiguous_and_refused_is_not_sent()
         .unwrap_err();
     assert!(err.is_timeout() && !err.is_connect());
     assert_eq!(
-        tower_retry_safety::classify_error(&err),
+        tower_retry_safety::classify::classify_error(&err),
         FailureClass::Ambiguous
     );
 
@@ -371,14 +372,14 @@ async fn reqwest_timeout_after_connecting_is_ambiguous_and_refused_is_not_sent()
         .unwrap_err();
     assert!(err.is_connect());
     assert_eq!(
-        tower_retry_safety::classify_error(&err),
+        tower_retry_safety::classify::classify_error(&err),
         FailureClass::NotSent
     );
 }
 
 #[tokio::test]
 async fn minted_keys_make_lost_writes_succeed_exactly_once() {
-    use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+    use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
     let client = ours(policy().mint_idempotency_keys(true).build().unwrap());
     for fault in [

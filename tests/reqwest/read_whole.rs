@@ -9,8 +9,8 @@ use crate::support::cut_server::{Cut, CutServer, Options};
 use bytes::Bytes;
 use http::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use tower_retry_safety::resume::{BodyCutError, NoResume};
-use tower_retry_safety::{ReadWholeMiddleware, RetryPolicy, RetryReport, RetrySafetyMiddleware};
+use tower_retry_safety::resume::{BodyCutError, NoResume, ReadWholeMiddleware};
+use tower_retry_safety::{RetryPolicy, RetryReport, RetrySafetyMiddleware};
 
 const MIB: usize = 1024 * 1024;
 

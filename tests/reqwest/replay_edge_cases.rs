@@ -11,7 +11,8 @@ use bytes::Bytes;
 use http::Extensions;
 use http_body_util::BodyExt;
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
-use tower_retry_safety::{NotReplayable, RetryPolicy, RetryReport, RetrySafetyMiddleware};
+use tower_retry_safety::service::NotReplayable;
+use tower_retry_safety::{RetryPolicy, RetryReport, RetrySafetyMiddleware};
 
 /// A middleware after ours, standing for a transport that keeps reading the body after it
 /// failed the attempt: on the first attempt it hands the body to a task that reads one frame

@@ -9,7 +9,8 @@ use http::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceExt};
-use tower_retry_safety::{NotReplayable, RetryPolicy, RetryReport, StopReason};
+use tower_retry_safety::service::NotReplayable;
+use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
 const PAYLOAD: &str = "{\"to\":\"a@example.com\",\"subject\":\"hello\"}";
 

@@ -20,7 +20,7 @@ async fn read_whole_with_max_attempt_timeout(
     limit: u64,
     in_policy: bool,
 ) -> (usize, Option<String>, usize) {
-    use tower_retry_safety::ReadWholeLayer;
+    use tower_retry_safety::resume::ReadWholeLayer;
     let sends = Arc::new(AtomicUsize::new(0));
     let counter = sends.clone();
     let svc = tower::service_fn(move |_req: Request<String>| {
@@ -112,7 +112,8 @@ async fn a_duration_max_attempt_timeout_in_request_options_with_a_read_whole_bod
 /// and error, and the requests the server saw.
 #[cfg(feature = "reqwest-middleware")]
 async fn reqwest_read_whole_with_max_attempt_timeout() -> (usize, Option<String>, usize) {
-    use tower_retry_safety::{ReadWholeMiddleware, RetrySafetyMiddleware};
+    use tower_retry_safety::resume::ReadWholeMiddleware;
+    use tower_retry_safety::RetrySafetyMiddleware;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(AtomicUsize::new(0));

@@ -20,7 +20,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_retry_safety::{FailureClass, PeekBodyLayer, RetryReport};
+use tower_retry_safety::peek::PeekBodyLayer;
+use tower_retry_safety::{FailureClass, RetryReport};
 
 /// Yields the frames given, in order, then ends.
 struct Scripted {

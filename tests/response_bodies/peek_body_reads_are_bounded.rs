@@ -18,7 +18,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_retry_safety::{PeekBodyLayer, RetryPolicy, RetryReport, StopReason};
+use tower_retry_safety::peek::PeekBodyLayer;
+use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
 /// RFC 9112 §6.3: Transfer-Encoding overrides Content-Length; hyper decodes the body as
 /// chunked (an endless stream here) but leaves the Content-Length header in place. The

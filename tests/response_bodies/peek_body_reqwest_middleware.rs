@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::peek_body_support::{policy, rate_limited, raw_server};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
-use tower_retry_safety::{FailureClass, PeekBodyMiddleware, RetrySafetyMiddleware};
+use tower_retry_safety::peek::PeekBodyMiddleware;
+use tower_retry_safety::{FailureClass, RetrySafetyMiddleware};
 
 #[derive(Clone, Debug, PartialEq)]
 struct Marker(u32);

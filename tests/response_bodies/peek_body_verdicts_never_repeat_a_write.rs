@@ -12,7 +12,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
 use tower::{Layer, ServiceBuilder, ServiceExt};
-use tower_retry_safety::{FailureClass, PeekBodyLayer, RetryPolicy, RetryReport};
+use tower_retry_safety::peek::PeekBodyLayer;
+use tower_retry_safety::{FailureClass, RetryPolicy, RetryReport};
 
 /// A handler that applies a write, then calls an upstream through its own retry stack
 /// (`RetrySafety` over `PeekBodyLayer`) and returns the upstream's response as is. The

@@ -15,10 +15,10 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use reqwest_middleware::ClientBuilder;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_retry_safety::resume::{BodyReport, NoResume};
-use tower_retry_safety::{
-    ReadWholeLayer, ReadWholeMiddleware, RetryPolicy, RetryReport, RetrySafetyMiddleware, WholeBody,
+use tower_retry_safety::resume::{
+    BodyReport, NoResume, ReadWholeLayer, ReadWholeMiddleware, WholeBody,
 };
+use tower_retry_safety::{RetryPolicy, RetryReport, RetrySafetyMiddleware};
 
 /// Past this, a body streams to the caller (the server keeps responses up to 64 KiB whole).
 const LIMIT: u64 = 16 * 1024;

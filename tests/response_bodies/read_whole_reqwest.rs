@@ -8,7 +8,8 @@
 use std::error::Error as StdError;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use tower_retry_safety::{ReadWholeMiddleware, RetryPolicy, RetrySafetyMiddleware};
+use tower_retry_safety::resume::ReadWholeMiddleware;
+use tower_retry_safety::{RetryPolicy, RetrySafetyMiddleware};
 
 pub(crate) const BIG: usize = 200_000; // past the 64 KiB limit
 pub(crate) const HALF: usize = 100_000;

@@ -17,7 +17,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_retry_safety::{FailureClass, PeekBodyLayer, RetryPolicy, RetryReport, StopReason};
+use tower_retry_safety::peek::PeekBodyLayer;
+use tower_retry_safety::{FailureClass, RetryPolicy, RetryReport, StopReason};
 
 #[derive(Default)]
 struct Counts {
@@ -238,7 +239,8 @@ async fn by_default_a_body_without_a_declared_length_is_not_read() {
 #[tokio::test]
 async fn the_reqwest_middleware_classifies_alike_and_keeps_the_url() {
     use reqwest_middleware::ClientBuilder;
-    use tower_retry_safety::{PeekBodyMiddleware, RetrySafetyMiddleware};
+    use tower_retry_safety::peek::PeekBodyMiddleware;
+    use tower_retry_safety::RetrySafetyMiddleware;
 
     let (addr, state) = serve().await;
     let client = ClientBuilder::new(reqwest::Client::new())

@@ -18,8 +18,8 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use proptest::prelude::*;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
-use tower_retry_safety::resume::BodyCutError;
-use tower_retry_safety::{ReadWholeLayer, RetryPolicy};
+use tower_retry_safety::resume::{BodyCutError, ReadWholeLayer};
+use tower_retry_safety::RetryPolicy;
 
 const LIMIT: u64 = 1024;
 const MAX_RETRIES: u32 = 3;

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 use tower::{BoxError, ServiceExt};
-use tower_retry_safety::resume::{BodyCutError, NoResume};
-use tower_retry_safety::{RetryPolicy, RetryReport, StopReason, WholeBody};
+use tower_retry_safety::resume::{BodyCutError, NoResume, WholeBody};
+use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
 type Incoming = hyper::body::Incoming;
 

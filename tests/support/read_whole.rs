@@ -11,8 +11,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tower::{BoxError, Service, ServiceBuilder};
-use tower_retry_safety::resume::BodyCutError;
-use tower_retry_safety::{ReadWholeLayer, RetryPolicy, WholeBody};
+use tower_retry_safety::resume::{BodyCutError, ReadWholeLayer, WholeBody};
+use tower_retry_safety::RetryPolicy;
 
 /// A body of `len` bytes whose every position can be told from its neighbours'.
 pub fn representation(len: usize) -> Bytes {

@@ -152,7 +152,7 @@ async fn the_deadline_is_absolute_across_retries() {
 /// Found by the review of 2026-12-04.
 #[tokio::test(start_paused = true)]
 async fn the_deadline_is_absolute_across_body_resumes() {
-    use tower_retry_safety::ReadWholeLayer;
+    use tower_retry_safety::resume::ReadWholeLayer;
     /// When each send came, and its `Range`.
     type Sends = Arc<Mutex<Vec<(Duration, Option<String>)>>>;
     let ranges: Sends = Arc::default();

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tower::{Layer, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{Hedge, Idempotency, RetryPolicy, RetryPolicyBuilder};
 
 // ---------------------------------------------------------------------------------------
@@ -41,7 +41,7 @@ fn hedging() -> RetryPolicyBuilder {
 /// Found by the review of 2026-12-04.
 #[tokio::test(start_paused = true)]
 async fn a_keyed_read_is_hedged_a_keyed_write_is_not() {
-    use tower_retry_safety::VerdictSource;
+    use tower_retry_safety::classify::VerdictSource;
     let policy = hedging().honor_idempotency_key(true).build().unwrap();
     let get = keyed(Method::GET, "http://api.test/v1/things/1");
     let v = policy.classify(&get);

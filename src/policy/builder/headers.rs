@@ -26,7 +26,7 @@ impl RetryPolicyBuilder {
     /// `tower_idempotency_keys::IdempotencyLayer` sets `idempotent-replayed: true`).
     /// A response whose header says `true` is final, whatever its status: every repeat of the
     /// key would get the same answer. The report says so
-    /// ([`StopReason::StoredResponse`](crate::StopReason::StoredResponse)): the server had already run the
+    /// ([`StopReason::StoredResponse`](crate::policy::StopReason::StoredResponse)): the server had already run the
     /// request. `None` ignores the header.
     ///
     /// Defaults to `idempotent-replayed`.

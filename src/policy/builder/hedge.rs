@@ -3,7 +3,7 @@
 use super::*;
 
 impl RetryPolicyBuilder {
-    /// Send a backup attempt when an attempt is slow (see [`Hedge`](crate::Hedge) for what
+    /// Send a backup attempt when an attempt is slow (see [`Hedge`](crate::hedge::Hedge) for what
     /// is hedged, when, and what it costs). A write that may have been applied is never
     /// hedged.
     ///
@@ -16,7 +16,7 @@ impl RetryPolicyBuilder {
     /// ```
     ///
     /// Defaults to no hedging. `build` checks the setting.
-    pub fn hedge(mut self, hedge: crate::Hedge) -> Self {
+    pub fn hedge(mut self, hedge: crate::hedge::Hedge) -> Self {
         self.hedge = Some(hedge);
         self
     }

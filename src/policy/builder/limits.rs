@@ -12,11 +12,11 @@ impl RetryPolicyBuilder {
     }
 
     /// The most bytes of a streaming request body kept so that a retry can replay it (see
-    /// [`Replayable`](crate::Replayable)); `0` turns recording off, and a stream is then sent
+    /// [`Replayable`](crate::service::Replayable)); `0` turns recording off, and a stream is then sent
     /// once. A body is recorded only when the request may be retried, and its chunks are kept
     /// as handles, not copies. A body that is larger (by its size hint before it is sent, or
     /// as it streams) is sent once, and its report says why
-    /// ([`NotReplayable::OverLimit`](crate::NotReplayable::OverLimit)). Bodies that can be
+    /// ([`NotReplayable::OverLimit`](crate::attempts::NotReplayable::OverLimit)). Bodies that can be
     /// copied (`Full`, `Bytes`, `String`…) are not limited by it.
     ///
     /// Defaults to 64 KiB. At most 1 GiB.
@@ -42,7 +42,7 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Limit retries with tower's [`TpsBudget`](crate::TpsBudget) instead, with the same meaning as
+    /// Limit retries with tower's [`TpsBudget`](crate::budget::TpsBudget) instead, with the same meaning as
     /// [`lock_free_budget`](Self::lock_free_budget). It takes a mutex and reads the clock on
     /// every deposit and withdrawal, and two threads withdrawing at once can overdraw it.
     /// `ttl` is 1–60 s, `retry_percent` 0–1000, `min_per_sec` below `i32::MAX`; `build` checks
@@ -58,11 +58,12 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Limit retries with any tower [`Budget`](crate::Budget) (re-exported by this crate).
+    /// Limit retries with any tower [`Budget`](crate::budget::Budget) (re-exported by this crate).
     ///
     /// ```
     /// use std::sync::atomic::{AtomicU32, Ordering};
-    /// use tower_retry_safety::{Budget, RetryPolicy};
+    /// use tower_retry_safety::budget::Budget;
+    /// use tower_retry_safety::RetryPolicy;
     ///
     /// /// At most ten retries for the life of the process.
     /// struct TenRetries(AtomicU32);

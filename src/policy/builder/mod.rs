@@ -9,11 +9,11 @@ use super::host_routes::HostRoutes;
 use super::key_trust::KeyTrust;
 use super::{AttemptEvent, AttemptHook, Headers, Inner, RetryPolicy, DEFAULT_KEY_HEADER};
 use crate::backoff::Backoff;
-pub use crate::build_error::BuildError;
+use crate::budget::LockFreeBudget;
+use crate::build_error::BuildError;
 use crate::classify::response::{ResponseHook, ResponseRules};
 use crate::classify::routes::RouteTable;
 use crate::classify::{FailureClass, Idempotency};
-use crate::LockFreeBudget;
 pub(crate) use described::DescribedRoutes;
 
 /// The replay buffer's default limit, in bytes.
@@ -32,7 +32,7 @@ pub struct RetryPolicyBuilder {
     timing: Timing,
     responses: Responses,
     headers: Headers,
-    hedge: Option<crate::Hedge>,
+    hedge: Option<crate::hedge::Hedge>,
     /// Deadlines across hops.
     hops: deadlines::HopSettings,
     /// The meter the policy's instruments are made with, if any.
@@ -197,7 +197,7 @@ impl RetryPolicyBuilder {
         #[cfg(feature = "opentelemetry")]
         let grpc_methods = self.rules.grpc_methods();
         self.rules.described.add_to(&mut self.rules.routes)?;
-        let hedge = self.hedge.map(crate::Hedge::build).transpose()?;
+        let hedge = self.hedge.map(crate::hedge::Hedge::build).transpose()?;
         let key_trust = self.rules.key_trust()?;
         let (routes, host_routes) = self.rules.route_tables()?;
         let budget = self.timing.budget.build()?;

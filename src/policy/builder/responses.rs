@@ -14,7 +14,7 @@ impl RetryPolicyBuilder {
 
     /// Statuses this API returns only before it applies anything — a rate limiter's 429 in
     /// front of the handler, a documented "not processed" error: a response with one is proof
-    /// that nothing was applied, classified [`NotSent`](crate::FailureClass::NotSent), so a
+    /// that nothing was applied, classified [`NotSent`](crate::classify::FailureClass::NotSent), so a
     /// write is retried on it too (honouring `Retry-After`), as after a refused connection.
     /// Name only statuses you know to be such proof: a write retried on one that was not is
     /// applied twice.
@@ -65,7 +65,8 @@ impl RetryPolicyBuilder {
     /// ```
     /// use std::sync::atomic::{AtomicU64, Ordering};
     /// use std::sync::Arc;
-    /// use tower_retry_safety::{Decision, RetryPolicy, StopReason};
+    /// use tower_retry_safety::policy::Decision;
+    /// use tower_retry_safety::{RetryPolicy, StopReason};
     ///
     /// let suppressed = Arc::new(AtomicU64::new(0));
     /// let counter = suppressed.clone();

@@ -102,7 +102,8 @@ fn other_bad_settings() {
 /// restores the host-scoped behaviour.
 #[test]
 fn a_request_without_a_visible_host_fails_closed() {
-    use crate::{Idempotency, VerdictSource};
+    use crate::classify::Idempotency;
+    use crate::classify::VerdictSource;
     let policy = RetryPolicy::builder()
         .route_for_host(
             "api.test",
@@ -161,7 +162,8 @@ fn a_request_without_a_visible_host_fails_closed() {
 
 #[test]
 fn an_origin_on_its_schemes_default_port_reaches_that_port() {
-    use crate::{Idempotency, VerdictSource};
+    use crate::classify::Idempotency;
+    use crate::classify::VerdictSource;
     let policy = RetryPolicy::builder()
         .route_for_host(
             "api.test:443",
@@ -237,7 +239,7 @@ fn an_unknown_host_is_warned_about_once() {
 /// From the adversarial review of the host-unknown change.
 #[test]
 fn disagreeing_or_repeated_host_fields_make_the_host_unknown() {
-    use crate::Idempotency;
+    use crate::classify::Idempotency;
     let policy = RetryPolicy::builder()
         .route_for_host(
             "api.test",

@@ -32,12 +32,14 @@ impl RetryPolicyBuilder {
 
     /// Total time for a request, counted from its first attempt. An attempt still in flight
     /// when it passes is cut, and a retry whose wait would end past it is not made. A cut
-    /// attempt ends in this crate's [`Error`](crate::Error), not a bare timeout: it
-    /// [`is_timeout`](crate::Error::is_timeout), and it [`is_ambiguous`](crate::Error::is_ambiguous)
-    /// (the request may have been sent and applied), with the report, the request id and
-    /// the idempotency key — which a `tower::timeout` outside the layer would lose.
+    /// attempt ends in this crate's [`Error`](crate::attempts::Error), not a bare timeout: it
+    /// [`is_timeout`](crate::attempts::Error::is_timeout), and it
+    /// [`is_ambiguous`](crate::attempts::Error::is_ambiguous) (it may have reached the server;
+    /// a write [`may_have_been_applied`](crate::attempts::Error::may_have_been_applied)), with
+    /// the report, the request id and the idempotency key — which a `tower::timeout` outside
+    /// the layer would lose.
     ///
-    /// Per request: [`RequestOptions::deadline`](crate::RequestOptions::deadline).
+    /// Per request: [`RequestOptions::deadline`](crate::policy::RequestOptions::deadline).
     ///
     /// Defaults to none. Must be above zero.
     pub fn deadline(mut self, deadline: Duration) -> Self {
@@ -50,7 +52,7 @@ impl RetryPolicyBuilder {
     /// retried and a write is not. The same as a `tower::timeout` inside the layer, except that
     /// a cut that coincides with the deadline ends the request with this crate's error.
     ///
-    /// Per request: [`RequestOptions::attempt_timeout`](crate::RequestOptions::attempt_timeout).
+    /// Per request: [`RequestOptions::attempt_timeout`](crate::policy::RequestOptions::attempt_timeout).
     ///
     /// Defaults to none. Must be above zero.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {

@@ -6,14 +6,14 @@ use http_body::{Body, Frame, SizeHint};
 
 use super::tape::Playback;
 use super::{Recorded, ReplayBuffer};
-use crate::ReplayBody;
+use crate::service::ReplayBody;
 
 /// A streaming request body that the layer can send again: build your client for
 /// `Replayable<B>` and wrap each request's body in it.
 ///
 /// The first attempt streams the body as it comes while the layer keeps each chunk it sends
 /// (the chunk's own handle, not a copy), up to the policy's
-/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer). A retry replays what was kept
+/// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer). A retry replays what was kept
 /// and then goes on reading the caller's body where the last attempt stopped. Past the limit
 /// the kept chunks are dropped at once, the attempt goes on streaming, and the request is not
 /// retried again.
@@ -31,7 +31,8 @@ use crate::ReplayBody;
 /// use http_body::Frame;
 /// use http_body_util::{BodyExt, StreamBody};
 /// use tower::{service_fn, Layer, ServiceExt};
-/// use tower_retry_safety::{Replayable, RetryPolicy, RetryReport};
+/// use tower_retry_safety::service::Replayable;
+/// use tower_retry_safety::{RetryPolicy, RetryReport};
 ///
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 /// // An upload streamed in chunks, as a proxied request or a file would be.

@@ -4,7 +4,7 @@ use http::header::CONTENT_LENGTH;
 use http::HeaderMap;
 
 use super::{NotReplayable, ReplayBuffer, Replays};
-use crate::ReplayBody;
+use crate::service::ReplayBody;
 
 /// What the layer keeps to send a request's body again.
 pub(crate) enum Kept<B> {

@@ -7,7 +7,7 @@ use http_body::Body;
 use super::tape::{HoldsRecording, Playback, Recording, RecordingHandle};
 use super::{NotReplayable, Replayable};
 
-/// The replay buffer a request gets: what [`ReplayBody::record`](crate::ReplayBody::record)
+/// The replay buffer a request gets: what [`ReplayBody::record`](crate::service::ReplayBody::record)
 /// passes on to [`Recorded::stream`].
 #[derive(Clone, Copy)]
 pub struct ReplayBuffer {
@@ -27,14 +27,14 @@ impl fmt::Debug for ReplayBuffer {
 
 impl ReplayBuffer {
     /// The most bytes kept for replay: the policy's
-    /// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer).
+    /// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer).
     pub fn limit(&self) -> usize {
         self.limit
     }
 }
 
 /// A request body made ready for its first attempt, and what the layer keeps to send it again:
-/// what [`ReplayBody::record`](crate::ReplayBody::record) returns.
+/// what [`ReplayBody::record`](crate::service::ReplayBody::record) returns.
 pub struct Recorded<T> {
     body: T,
     replays: Result<Arc<dyn NextBody<T>>, NotReplayable>,

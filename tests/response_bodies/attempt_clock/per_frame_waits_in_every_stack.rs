@@ -23,8 +23,8 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tower::buffer::BufferLayer;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::resume::NoResume;
-use tower_retry_safety::{ReadWholeLayer, RetryPolicy, RetryReport, StopReason, WholeBody};
+use tower_retry_safety::resume::{NoResume, ReadWholeLayer, WholeBody};
+use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
 /// **Hang.** A body past the limit that cannot resume (a `GET` without a validator, an unkeyed
 /// `POST`) and stalls for good after half of it: the per-attempt timeout does not bound the

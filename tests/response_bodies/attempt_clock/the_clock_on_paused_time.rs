@@ -20,7 +20,7 @@ use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::ReadWholeLayer;
+use tower_retry_safety::resume::ReadWholeLayer;
 
 /// A body of an exact length fed by a channel: it stalls while the sender is alive and sends
 /// nothing.

@@ -24,7 +24,8 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_retry_safety::{ReadWholeLayer, RetryPolicy, WholeBody};
+use tower_retry_safety::resume::{ReadWholeLayer, WholeBody};
+use tower_retry_safety::RetryPolicy;
 
 fn h2_stack(
     policy: RetryPolicy,

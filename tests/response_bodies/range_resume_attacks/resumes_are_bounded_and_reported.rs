@@ -15,8 +15,9 @@ use crate::support::read_whole::{find_cut, read_all, stack};
 use http::Method;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
+use tower_retry_safety::budget::Budget;
 use tower_retry_safety::resume::{BodyReport, NoResume};
-use tower_retry_safety::{Budget, RetryPolicy, RetryReport, StopReason};
+use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
 /// Every response is cut after 0 bytes of its body (the first one, and every `206`).
 async fn always_cut_at_zero() -> Raw {
