@@ -8,6 +8,7 @@ use crate::build_error::BuildError;
 use crate::classify::grpc::{is_full_name, is_name};
 use crate::policy::builder::DescribedRoutes;
 use crate::policy::RetryPolicyBuilder;
+
 /// Adds the harmless methods of `set` to `routes`, or says why `set` is refused.
 fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {
     for file in &set.file {

@@ -6,6 +6,7 @@ use tonic::{Code, Status};
 use crate::attempts::Error;
 
 use crate::attempts::MayHaveBeenApplied;
+
 /// Metadata key of the attempts made, in a `tonic::Status` made by [`status_of`], and in the
 /// status of a call whose last attempt the server answered with a failed `grpc-status`.
 pub const ATTEMPTS_KEY: &str = "retry-safety-attempts";

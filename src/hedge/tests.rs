@@ -9,6 +9,7 @@ use crate::classify::Idempotency;
 use crate::classify::NoRetry;
 
 use crate::policy::RetryPolicy;
+
 fn policy(hedge: Hedge) -> RetryPolicy {
     RetryPolicy::builder()
         .honor_idempotency_key_for_host("trusted.example")

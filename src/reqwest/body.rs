@@ -7,6 +7,7 @@ use crate::service::Recorded;
 use crate::service::ReplayBody;
 
 use crate::service::ReplayBuffer;
+
 /// A buffered body (built from bytes or a string: `as_bytes()` is `Some`) is copied for each
 /// retry; reqwest exposes it only as a slice, so each copy copies its bytes. A stream
 /// (`Body::wrap_stream`, `Body::wrap`) is recorded as it streams, up to the policy's

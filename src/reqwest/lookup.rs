@@ -4,6 +4,7 @@ use crate::attempts::Error;
 use crate::attempts::MayHaveBeenApplied;
 use crate::attempts::RetryReport;
 use crate::classify::{classify_error, FailureClass};
+
 /// Always answers: this crate's error inside answers for itself; a bare `reqwest::Error` (a
 /// client without [`RetrySafetyMiddleware`](crate::reqwest::RetrySafetyMiddleware)) is classified as
 /// an attempt's error is (a connect failure was not sent, a timeout may have been applied);

@@ -12,6 +12,7 @@ use super::resumer::Resume;
 use crate::attempt_clock::FrameClock;
 use crate::attempts::RetryReport;
 use crate::box_error::BoxError;
+
 /// A response body behind [`ReadWholeLayer`](crate::resume::ReadWholeLayer): read whole inside the
 /// attempt (then sent from memory), or streamed as it comes when it is longer than the limit,
 /// and then resumed with `Range` where a cut allows it. A cut that was not recovered ends it

@@ -6,6 +6,7 @@ use http::StatusCode;
 use crate::attempts::RetryReport;
 use crate::box_error::BoxError;
 use crate::timed_out::TimedOut;
+
 /// The error a response body gives when it was cut before its end and could not be recovered:
 /// the server had answered (with [`status`](Self::status), which the caller already has), and
 /// only the rest of the body was lost. [`source`](StdError::source) is the transport's error.

@@ -16,6 +16,7 @@ use crate::attempt_clock::AttemptClock;
 use crate::box_error::BoxError;
 use crate::service::KeyHeader;
 use crate::service::ReplayBody;
+
 /// Reads response bodies within a limit inside the attempt; made by
 /// [`ReadWholeLayer`](crate::resume::ReadWholeLayer).
 #[derive(Clone, Debug)]

@@ -8,6 +8,7 @@ use super::ReplayBody;
 use crate::attempts::Error;
 use crate::box_error::BoxError;
 use crate::policy::RetryPolicy;
+
 /// Retries requests through `S` as the [`RetryPolicy`] allows. Made by the policy's
 /// [`Layer`](tower::Layer) impl or [`RetrySafety::new`].
 ///
