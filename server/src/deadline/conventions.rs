@@ -99,7 +99,9 @@ impl Conventions {
                 earliest = Some((timeout, by));
             }
         };
-        if let Some(value) = headers.get(&self.timeout_header) {
+        // Every line of a header counts (a repeated header is one field to HTTP, and a
+        // proxy may add a line): the earliest well-formed value wins.
+        for value in headers.get_all(&self.timeout_header) {
             match deadline::parse_timeout_ms(value) {
                 Ok(timeout) => named(timeout, None),
                 Err(bad) => notes.own(bad.into()),
@@ -109,7 +111,7 @@ impl Conventions {
             if self.skip_deadlines & (1 << i) != 0 {
                 continue;
             }
-            if let Some(value) = headers.get(name) {
+            for value in headers.get_all(name) {
                 match parse(value) {
                     Ok(timeout) => named(timeout, Some(name)),
                     Err(bad) => notes.on(bad.into(), name),
@@ -129,7 +131,7 @@ impl Conventions {
         };
 
         let mut caller_retries = false;
-        if let Some(value) = headers.get(&self.attempt_header) {
+        for value in headers.get_all(&self.attempt_header) {
             match deadline::parse_attempt(value) {
                 Some(_) => caller_retries = true,
                 None => notes.on(Note::Malformed, &self.attempt_header),
@@ -139,7 +141,7 @@ impl Conventions {
             if self.skip_attempts & (1 << i) != 0 {
                 continue;
             }
-            if let Some(value) = headers.get(name) {
+            for value in headers.get_all(name) {
                 match parse(value) {
                     Some(retries) => caller_retries |= retries,
                     None => notes.on(Note::Malformed, name),

@@ -122,7 +122,11 @@ where
                             continue;
                         }
                         let req = req.take().expect("a waiting future holds its request");
-                        let future = deadline::scope(*this.inbound, service.call(req));
+                        // `call` itself runs in the deadline too: a service may start its
+                        // nested call there, before its future is first polled.
+                        let inbound = *this.inbound;
+                        let future = deadline::sync_scope(inbound, || service.call(req));
+                        let future = deadline::scope(inbound, future);
                         this.state.set(State::Called { future });
                     }
                     Poll::Ready(Err(err)) => {

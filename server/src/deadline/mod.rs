@@ -30,8 +30,9 @@
 //! # What it reads
 //!
 //! No HTTP standard carries a deadline, so the layer reads every convention real clients
-//! send, each header by lookup (a request that names none pays a few lookups and no
-//! allocation):
+//! send, each header by lookup (a request that names none pays a few lookups; reading allocates
+//! nothing, and the caller's [`Inbound`](tower_retry_safety::deadline::Inbound) put in the
+//! request's extensions costs the map's first insert, as any extension does):
 //!
 //! | who | deadline | attempt |
 //! |---|---|---|

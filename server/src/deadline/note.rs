@@ -42,18 +42,32 @@ impl From<BadDeadline> for Note {
 #[derive(Debug, Default)]
 pub(crate) struct Notes(Vec<HeaderValue>);
 
+/// The most notes an answer carries: one per header read, at most.
+const MAX_NOTES: usize = 16;
+
 impl Notes {
     /// A note on the server's own deadline header: the bare value.
     pub(crate) fn own(&mut self, note: Note) {
-        self.0.push(HeaderValue::from_static(note.as_str()));
+        self.push(HeaderValue::from_static(note.as_str()));
+    }
+
+    /// Kept once each, and at most [`MAX_NOTES`]: a caller that repeats a bad header a
+    /// thousand times gets one note, not a thousand.
+    fn push(&mut self, value: HeaderValue) {
+        if self.0.len() < MAX_NOTES && !self.0.contains(&value) {
+            self.0.push(value);
+        }
     }
 
     /// A note on `header`, named in the value.
     #[cold]
     pub(crate) fn on(&mut self, note: Note, header: &HeaderName) {
         // A header name is a valid field value; a refusal would only lose the note.
+        if self.0.len() >= MAX_NOTES {
+            return;
+        }
         if let Ok(value) = HeaderValue::try_from(format!("{}; {header}", note.as_str())) {
-            self.0.push(value);
+            self.push(value);
         }
     }
 
