@@ -27,9 +27,10 @@ impl std::error::Error for NotKeyed {}
 
 impl IntoResponse for NotKeyed {
     fn into_response(self) -> Response {
-        let mut res = Response::new(axum_core::body::Body::from(
-            "this endpoint needs an Idempotency-Key header: a quoted string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\"",
-        ));
+        // The `Display` text, then the key's form.
+        let mut res = Response::new(axum_core::body::Body::from(format!(
+            "{self}: a quoted string, such as \"8e03978e-40d5-43e8-bc93-6894a57f9324\""
+        )));
         *res.status_mut() = StatusCode::BAD_REQUEST;
         res.headers_mut().insert(
             header::CONTENT_TYPE,
