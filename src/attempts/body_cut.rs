@@ -72,6 +72,7 @@ impl Attempts {
             caller_deadline: self.caller_deadline,
             never_sent: self.never_sent,
             sends_deadline: self.sends_deadline,
+            wired_limit: None,
             stack: self.stack,
             hedge: None,
             span: None,
@@ -130,7 +131,7 @@ impl Attempts {
 
 /// A response whose body was cut while it was read inside the attempt, carried to the retry
 /// layer in the response's extensions: the attempt failed after the server answered. Put there
-/// by [`ReadWholeLayer`](crate::ReadWholeLayer); used up by the layer that decides on it.
+/// by [`ReadWholeLayer`](crate::resume::ReadWholeLayer); used up by the layer that decides on it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BodyCut {
     /// Bytes of the body received before the cut.

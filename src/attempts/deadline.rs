@@ -105,8 +105,34 @@ impl Attempts {
     /// the deadline, whichever comes first. What goes on the wire: a callee that works past
     /// it works for nobody.
     #[inline]
-    pub(super) fn attempt_wait(&self) -> Option<Duration> {
-        self.attempt_limit().map(|(limit, _)| limit)
+    pub(super) fn attempt_wait(&mut self) -> Option<Duration> {
+        let limit = self.attempt_limit();
+        self.wired_limit = limit;
+        limit.map(|(limit, _)| limit)
+    }
+
+    /// Bounds the wait the attempt just numbered carries on the wire by `cap`, a timeout of
+    /// the client's own below the layer (reqwest's per-request `timeout`): the client stops
+    /// waiting at the earlier of the two.
+    #[cfg_attr(not(feature = "reqwest-middleware"), allow(dead_code))]
+    pub(crate) fn cap_wire_wait(&mut self, headers: &mut HeaderMap, cap: Duration) {
+        let Some(convention) = self.sends_deadline else {
+            return;
+        };
+        if self.wired_limit.is_none_or(|(limit, _)| limit > cap) {
+            headers.insert(
+                convention.timeout_header(),
+                crate::deadline::timeout_value(cap),
+            );
+        }
+    }
+
+    /// [`attempt_limit`](Self::attempt_limit) for the attempt just numbered by
+    /// [`next_attempt`](Self::next_attempt): the very limit its headers carry, when they
+    /// carry one (so its timer never waits less than the wire says), else read now.
+    #[inline]
+    pub(crate) fn sent_attempt_limit(&mut self) -> Option<(Duration, TimedOut)> {
+        self.wired_limit.take().or_else(|| self.attempt_limit())
     }
 }
 
@@ -128,15 +154,11 @@ pub(super) fn mark(
         return;
     };
     // The first attempts' numbers without an allocation each.
-    const SMALL: [HeaderValue; 4] = [
-        HeaderValue::from_static("1"),
-        HeaderValue::from_static("2"),
-        HeaderValue::from_static("3"),
-        HeaderValue::from_static("4"),
-    ];
-    let value = match SMALL.get(number.wrapping_sub(1) as usize) {
-        Some(value) => value.clone(),
-        None => HeaderValue::from(number),
+    let value = match number {
+        1 => HeaderValue::from_static("1"),
+        2 => HeaderValue::from_static("2"),
+        3 => HeaderValue::from_static("3"),
+        _ => HeaderValue::from(number),
     };
     headers.insert(name, value);
 }

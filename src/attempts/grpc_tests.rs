@@ -8,9 +8,10 @@ use http::{Extensions, HeaderMap, HeaderValue, Method, Request, StatusCode};
 
 use super::{Attempts, Outcome, Plan, Step};
 use crate::classify::grpc::{parse_timeout, GRPC_TIMEOUT, PREVIOUS_ATTEMPTS};
+use crate::classify::Idempotency;
+use crate::policy::RetryPolicy;
 use crate::policy::StopReason;
 use crate::target::Target;
-use crate::{Idempotency, RetryPolicy};
 
 fn policy() -> RetryPolicy {
     RetryPolicy::builder()
@@ -58,6 +59,7 @@ fn drive(
         policy,
         &parts.method,
         || crate::classify::host::HostSeen::Nothing,
+        None,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,
@@ -151,6 +153,7 @@ fn a_pushback_longer_than_the_time_left_stops_on_the_deadline() {
         &p,
         &parts.method,
         || crate::classify::host::HostSeen::Nothing,
+        None,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,

@@ -6,9 +6,10 @@ use std::time::Duration;
 use http::{Extensions, HeaderMap, HeaderValue, Request, StatusCode};
 
 use super::{Attempts, HedgeStep, Outcome, Plan};
+use crate::hedge::Hedge;
+use crate::policy::RetryPolicy;
 use crate::policy::StopReason;
 use crate::target::Target;
-use crate::{Hedge, RetryPolicy};
 
 fn policy(hedge: Hedge) -> RetryPolicy {
     RetryPolicy::builder()
@@ -27,6 +28,7 @@ fn start(policy: &RetryPolicy, req: Request<()>, copyable: bool) -> (Attempts, O
         policy,
         &parts.method,
         || crate::classify::host::HostSeen::Nothing,
+        None,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,

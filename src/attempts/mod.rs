@@ -32,13 +32,13 @@ use std::time::{Duration, SystemTime};
 use http::{Extensions, HeaderMap, HeaderValue, StatusCode};
 use tokio::time::Instant;
 
+use crate::box_error::BoxError;
 use crate::classify::{
     classify_error_with, BodyVerdict, Classification, RequestVerdict, StackErrors,
 };
 use crate::policy::{AttemptEvent, Decision, Facts, RetryPolicy, StopReason};
 use crate::target::Target;
 use crate::timed_out::TimedOut;
-use crate::BoxError;
 
 /// Longest wait, after the backoff, for the last attempt's transport to let go of a recorded
 /// body. hyper drops a body as it reports the attempt's failure, so this is a bound for inner
@@ -141,6 +141,9 @@ pub(crate) struct Attempts {
     never_sent: bool,
     /// Each attempt carries the time left and its number (an HTTP host that asked).
     sends_deadline: Option<crate::deadline::Convention>,
+    /// The limit the attempt about to be sent carries on the wire, kept for its timer: the
+    /// wire never says more than the timer waits, and the clock is read once.
+    wired_limit: Option<(Duration, TimedOut)>,
     /// What the client stack's own errors say (the front end's hook).
     stack: &'static StackErrors,
     /// Hedging's bookkeeping, for a request the policy may hedge (boxed: a request that is
@@ -226,6 +229,7 @@ impl Attempts {
             caller_deadline,
             never_sent: false,
             sends_deadline: sends_deadline.filter(|_| !outer_layer),
+            wired_limit: None,
             stack,
             hedge: None,
             span: None,

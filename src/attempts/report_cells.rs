@@ -30,6 +30,7 @@ fn drive(
             Some(h) => crate::classify::host::HostSeen::Uri(h, None),
             None => crate::classify::host::HostSeen::Nothing,
         },
+        None,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,
@@ -69,7 +70,7 @@ fn drive(
                     "the error is ambiguous when an attempt may have reached the server"
                 );
                 assert_eq!(
-                    crate::MayHaveBeenApplied::may_have_been_applied(&err),
+                    crate::attempts::MayHaveBeenApplied::may_have_been_applied(&err),
                     err.may_have_been_applied()
                 );
                 (report.clone(), Some(ambiguous))
@@ -80,7 +81,7 @@ fn drive(
     unreachable!("no outcomes")
 }
 
-fn policy(b: crate::RetryPolicyBuilder) -> RetryPolicy {
+fn policy(b: crate::policy::RetryPolicyBuilder) -> RetryPolicy {
     b.jitter(false).no_budget().max_retries(3).build().unwrap()
 }
 
@@ -247,6 +248,7 @@ fn an_untrusted_key_is_named_in_the_report_and_the_error() {
         &p,
         &parts.method,
         || crate::classify::host::HostSeen::Nothing,
+        None,
         parts.uri.path(),
         &headers,
         &parts.extensions,
@@ -370,7 +372,7 @@ fn a_read_called_a_write_by_a_rule_or_marker_may_have_been_applied() {
     assert!(report.may_have_been_applied());
 
     let mut once = get();
-    once.extensions_mut().insert(crate::NoRetry);
+    once.extensions_mut().insert(crate::classify::NoRetry);
     let (report, err) = drive(policy(RetryPolicy::builder()), once, &[E(TimedOut)]);
     assert_eq!(report.stop_reason(), StopReason::NoRetryMarker);
     assert!(!report.may_have_been_applied());

@@ -7,9 +7,11 @@ use http::{Extensions, HeaderMap, Method, Request, StatusCode};
 
 use super::{Attempts, Outcome, Plan, Step};
 use super::{NotReplayable, RetryReport};
+use crate::classify::Idempotency;
+use crate::classify::NoRetry;
+use crate::policy::RetryPolicy;
 use crate::policy::StopReason;
 use crate::target::Target;
-use crate::{Idempotency, NoRetry, RetryPolicy};
 
 /// How an attempt ends, in these tests.
 #[derive(Clone, Copy, Debug)]
@@ -27,12 +29,13 @@ fn drive(
     req: Request<()>,
     ends: &[Ends],
     resend: Option<Result<(), NotReplayable>>,
-) -> (Vec<Step>, Result<RetryReport, crate::Error>) {
+) -> (Vec<Step>, Result<RetryReport, crate::attempts::Error>) {
     let (parts, ()) = req.into_parts();
     let plan = Plan::new(
         policy,
         &parts.method,
         || crate::classify::host::HostSeen::Nothing,
+        None,
         parts.uri.path(),
         &parts.headers,
         &parts.extensions,
@@ -213,6 +216,7 @@ fn a_refused_body_after_the_wait_ends_in_an_error_that_says_why() {
         &p,
         &parts.method,
         || crate::classify::host::HostSeen::Nothing,
+        None,
         "/v1/x",
         &parts.headers,
         &parts.extensions,

@@ -250,17 +250,26 @@ pub(crate) fn of_request<'a>(
     headers: &'a http::HeaderMap,
     version: http::Version,
 ) -> HostSeen<'a> {
-    let mut all = headers.get_all(http::header::HOST).iter();
-    let header = all.next();
-    if all.next().is_some() {
-        // Two `Host` fields: servers differ on which one counts (or refuse the request).
-        return HostSeen::Conflict;
-    }
-    match (uri.host(), header) {
-        (Some(host), header) => match unless_disagreeing(host, effective_port(uri), header) {
-            Some((host, port)) => HostSeen::Uri(host, port),
-            None => HostSeen::Conflict,
-        },
+    // One lookup when there is no `Host` (the common case for a client's request).
+    let header = match headers.get(http::header::HOST) {
+        None => None,
+        Some(first) => {
+            if headers.get_all(http::header::HOST).iter().nth(1).is_some() {
+                // Two `Host` fields: servers differ on which one counts (or refuse it).
+                return HostSeen::Conflict;
+            }
+            Some(first)
+        }
+    };
+    let parts = uri.authority().map(|a| authority_parts(a.as_str()));
+    match (parts, header) {
+        (Some((host, port)), header) => {
+            let port = port.or_else(|| scheme_port(uri));
+            match unless_disagreeing(host, port, header) {
+                Some((host, port)) => HostSeen::Uri(host, port),
+                None => HostSeen::Conflict,
+            }
+        }
         (None, Some(value)) => match host_header(value) {
             Some((host, port)) => HostSeen::Header {
                 host,
@@ -306,10 +315,57 @@ pub(crate) fn host_header(value: &http::HeaderValue) -> Option<(&str, Option<u16
     (!host.is_empty()).then_some((host, port))
 }
 
-/// The port a request reaches: its own, or its scheme's default. `None` without a scheme
-/// known to have one.
-pub(crate) fn effective_port(uri: &http::Uri) -> Option<u16> {
-    uri.port_u16().or_else(|| default_port(uri.scheme_str()?))
+/// An authority's host and port, as `http::uri::Authority::host` and `port_u16` read them,
+/// in one pass over its bytes (those two search it four times: a third of what finding a
+/// request's host cost). The host is what follows the last `@`: up to its first `]` if it
+/// opens with `[`, else up to its first `:`; the port is the digits after the last `:`.
+pub(crate) fn authority_parts(authority: &str) -> (&str, Option<u16>) {
+    let bytes = authority.as_bytes();
+    // The start of what follows the last `@`, the first `:` after it, and the last `:`.
+    let (mut start, mut first_colon, mut last_colon) = (0, None, None);
+    for (i, &b) in bytes.iter().enumerate() {
+        if b == b':' {
+            first_colon.get_or_insert(i);
+            last_colon = Some(i);
+        } else if b == b'@' {
+            start = i + 1;
+            first_colon = None;
+        }
+    }
+    let host = if bytes.get(start) == Some(&b'[') {
+        let host_port = &authority[start..];
+        host_port
+            .find(']')
+            .map_or(host_port, |i| &host_port[..=i])
+    } else {
+        &authority[start..first_colon.unwrap_or(bytes.len())]
+    };
+    let port = last_colon.and_then(|i| port_digits(&bytes[i + 1..]));
+    (host, port)
+}
+
+/// A port as `http::uri::Port` parses one: 1 to 5 ASCII digits within `u16`.
+fn port_digits(digits: &[u8]) -> Option<u16> {
+    if digits.is_empty() || digits.len() > 5 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u32, |n, b| n * 10 + u32::from(b - b'0'));
+    u16::try_from(n).ok()
+}
+
+/// The default port of a URI's scheme, if it is one that has one (a comparison of http's
+/// scheme values: no text is compared for the standard two).
+fn scheme_port(uri: &http::Uri) -> Option<u16> {
+    let scheme = uri.scheme()?;
+    if *scheme == http::uri::Scheme::HTTPS {
+        Some(443)
+    } else if *scheme == http::uri::Scheme::HTTP {
+        Some(80)
+    } else {
+        default_port(scheme.as_str())
+    }
 }
 
 pub(crate) fn default_port(scheme: &str) -> Option<u16> {

@@ -112,10 +112,29 @@ fn a_port_limits_a_scope() {
     assert!(one.covers("api.example.com", Some(8443)));
     assert!(!one.covers("api.example.com", Some(443)));
     let uri: http::Uri = "https://api.example.com/x".parse().unwrap();
-    assert_eq!(effective_port(&uri), Some(443));
+    let headers = http::HeaderMap::new();
+    assert!(matches!(
+        of_request(&uri, &headers, http::Version::HTTP_11),
+        HostSeen::Uri("api.example.com", Some(443))
+    ));
 }
 
 proptest::proptest! {
+    /// The one-pass reading of an authority finds what http's `Authority::host` and
+    /// `port_u16` find, for any authority http accepts (user information, IPv6 brackets,
+    /// ports of any length, stray colons and at-signs included).
+    #[test]
+    fn authority_parts_read_as_http_does(
+        authority in "[a-zA-Z0-9.:@%\\[\\]_~-]{1,32}",
+    ) {
+        if let Ok(parsed) = authority.parse::<http::uri::Authority>() {
+            proptest::prop_assert_eq!(
+                authority_parts(parsed.as_str()),
+                (parsed.host(), parsed.port_u16())
+            );
+        }
+    }
+
     /// Canonical is final: a canonical host is its own canonical form, so a rule's host
     /// (made canonical once, at build) and a request's compare alike whatever the spelling.
     #[test]
@@ -129,6 +148,29 @@ proptest::proptest! {
 /// decoded round after round (its length squared, per request: 64 KB took a second) and is no
 /// host the request could go to: unknown, so the rules fail closed. Found by the adversarial
 /// review of issue 41.
+/// Authorities of every shape read as http reads them.
+#[test]
+fn authority_parts_of_each_shape() {
+    for authority in [
+        "api.example.com",
+        "api.example.com:8443",
+        "user:pw@api.example.com:8443",
+        "[::1]:8080",
+        "[::1]",
+        "a@b@c:1",
+        "host:99999",
+        "host:",
+        "host:0080",
+    ] {
+        let parsed: http::uri::Authority = authority.parse().expect(authority);
+        assert_eq!(
+            authority_parts(parsed.as_str()),
+            (parsed.host(), parsed.port_u16()),
+            "{authority}"
+        );
+    }
+}
+
 #[test]
 fn an_overlong_host_header_is_no_host_and_is_not_decoded() {
     let nested = format!("%{}61pi.example.com", "25".repeat(32_000));

@@ -82,8 +82,28 @@ pub fn parse_attempt(value: &HeaderValue) -> Option<u32> {
 /// The value written for `left`: whole milliseconds, rounded down (the callee must not wait
 /// longer than the caller).
 pub(crate) fn timeout_value(left: Duration) -> HeaderValue {
-    let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-    HeaderValue::from(ms.min(9_999_999_999))
+    let ms = u64::try_from(left.as_millis())
+        .unwrap_or(u64::MAX)
+        .min(9_999_999_999);
+    // The last value this thread wrote, kept: the requests of one millisecond (or one attempt
+    // timeout) share it, a clone instead of a string and an allocation each.
+    thread_local! {
+        static LAST: std::cell::RefCell<Option<(u64, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    LAST.with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return HeaderValue::from(ms);
+        };
+        match &*last {
+            Some((kept, value)) if *kept == ms => value.clone(),
+            _ => {
+                let value = HeaderValue::from(ms);
+                *last = Some((ms, value.clone()));
+                value
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -17,6 +17,10 @@ pub(crate) struct Hops {
     /// Hosts (and ports) an HTTP request hands its deadline and attempt number to, each in
     /// the convention its server reads.
     pub(crate) hosts: Vec<(HostScope, Convention)>,
+    /// The authorities that name one of `hosts` exactly as written (`host`, or `host:port`
+    /// for a scope limited to a port), for hosts named once: what the URI of a request to
+    /// such a host usually holds.
+    pub(crate) spellings: Vec<(Box<str>, Convention)>,
     /// Nested calls read the inbound deadline of the task they run in.
     pub(crate) inherit: bool,
     /// Kept for the way back: a nested call's deadline is the inbound one less this.
@@ -29,6 +33,7 @@ impl Default for Hops {
     fn default() -> Self {
         Hops {
             hosts: Vec::new(),
+            spellings: Vec::new(),
             inherit: true,
             margin: DEFAULT_MARGIN,
             retries_when_caller_retries: None,
@@ -47,6 +52,36 @@ impl Hops {
         Ok(())
     }
 
+    /// Makes [`spelled`](Self::spelled)'s list once every host is added. A host named
+    /// twice is left to [`sends_to`](Self::sends_to), whose first match decides.
+    pub(crate) fn spell_hosts(&mut self) {
+        self.spellings = self
+            .hosts
+            .iter()
+            .filter(|(scope, _)| self.hosts.iter().filter(|(s, _)| s.host == scope.host).count() == 1)
+            .map(|(scope, convention)| {
+                let spelling = match scope.port {
+                    None => scope.host.to_string(),
+                    Some(port) => format!("{}:{port}", scope.host),
+                };
+                (spelling.into_boxed_str(), *convention)
+            })
+            .collect();
+    }
+
+    /// The convention of a request whose URI's authority is `authority` and whose headers
+    /// have no `Host`, when that authority is one of a named host's spellings: what
+    /// [`sends_to`](Self::sends_to) finds for it, by one comparison. `None`: ask `sends_to`.
+    #[inline]
+    pub(crate) fn spelled(&self, authority: &str, headers: &http::HeaderMap) -> Option<Convention> {
+        if self.spellings.is_empty() {
+            return None;
+        }
+        let (_, convention) = self.spellings.iter().find(|(s, _)| **s == *authority)?;
+        // A `Host` may name another host, or two: the slow look decides.
+        (!headers.contains_key(http::header::HOST)).then_some(*convention)
+    }
+
     /// The convention a request whose host is `seen` (an origin the layer was told aside)
     /// carries the deadline headers in, if it carries them; `seen` is asked only when the
     /// policy names hosts. A host that is not known gets none: the headers are for hosts that
@@ -60,7 +95,17 @@ impl Hops {
         if self.hosts.is_empty() {
             return None;
         }
-        let host = seen().target(origin)?;
+        let seen = seen();
+        // A host spelled exactly as a named one is that host (a canonical name is its own
+        // canonical form): no canonical form to make, the common case when a client calls
+        // the host it named.
+        if let HostSeen::Uri(name, port) = seen {
+            let exact = self.hosts.iter().find(|(h, _)| h.covers(name, port));
+            if let Some((_, convention)) = exact {
+                return Some(*convention);
+            }
+        }
+        let host = seen.target(origin)?;
         self.hosts
             .iter()
             .find(|(h, _)| h.covers(&host.host, host.port))

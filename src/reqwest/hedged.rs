@@ -41,7 +41,7 @@ pub(super) async fn run(
     copy: &Request,
     delay: Duration,
 ) -> reqwest_middleware::Result<Response> {
-    let limit = attempts.attempt_limit();
+    let limit = attempts.sent_attempt_limit();
     let span = attempts.span().clone();
     let first = launch(next.clone(), first, extensions.clone(), limit, span.clone());
     let mut in_flight = vec![(1, first, span)];
@@ -92,7 +92,10 @@ pub(super) async fn run(
             continue;
         };
         let number = attempts.next_attempt(req.headers_mut());
-        let limit = attempts.attempt_limit();
+        if let Some(timeout) = req.timeout().copied() {
+            attempts.cap_wire_wait(req.headers_mut(), timeout);
+        }
+        let limit = attempts.sent_attempt_limit();
         let mut ext = extensions.clone();
         ext.insert(AttemptNumber(number));
         let span = attempts.span().clone();

@@ -18,12 +18,14 @@ use reqwest_middleware::{Middleware, Next};
 use tracing::Instrument;
 
 use crate::attempt_clock::{timed, AttemptClock};
+use crate::attempts::Error;
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
+use crate::box_error::BoxError;
+use crate::policy::RetryPolicy;
 use crate::service::replay::{keep_stream, Kept};
 use crate::service::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable};
 use crate::target::Target;
 use crate::timed_out::TimedOut;
-use crate::{BoxError, Error, RetryPolicy};
 
 /// Retries requests in a reqwest-middleware chain as the [`RetryPolicy`] allows: the same
 /// decisions, from the same code, as the tower layer. One policy value can serve a tower stack
@@ -37,25 +39,29 @@ use crate::{BoxError, Error, RetryPolicy};
 /// `timeout` (on the `Client` or the `RequestBuilder`) applies to each attempt: an attempt
 /// that times out after connecting is ambiguous, one that times out while connecting is not
 /// sent. Turn off reqwest's built-in retries if you enable them, so they do not compound.
+/// A deadline handed on ([`send_deadline_to`](crate::policy::RetryPolicyBuilder::send_deadline_to))
+/// is bounded by a request's own `timeout` (`RequestBuilder::timeout`); a timeout set on the
+/// `Client` is not visible to a middleware: give the policy an
+/// [`attempt_timeout`](crate::policy::RetryPolicyBuilder::attempt_timeout) no longer than it.
 ///
 /// # Hedging
 ///
-/// With [`RetryPolicyBuilder::hedge`](crate::RetryPolicyBuilder::hedge), a slow request that
+/// With [`RetryPolicyBuilder::hedge`](crate::policy::RetryPolicyBuilder::hedge), a slow request that
 /// a repeat cannot harm gets backup attempts as in the tower layer (see
-/// [`Hedge`](crate::Hedge)). Each attempt runs through its own clone of the rest of the chain
+/// [`Hedge`](crate::hedge::Hedge)). Each attempt runs through its own clone of the rest of the chain
 /// with a copy of the request's extensions; the winner's extensions become the caller's. A
 /// request whose body is a stream is not hedged.
 ///
 /// # Markers
 ///
-/// Put [`Idempotency`](crate::Idempotency) or [`NoRetry`](crate::NoRetry) in the request with
+/// Put [`Idempotency`](crate::classify::Idempotency) or [`NoRetry`](crate::classify::NoRetry) in the request with
 /// `RequestBuilder::with_extension(..)`; route rules and method defaults apply as in the layer.
 ///
 /// # Errors
 ///
 /// Returns `reqwest_middleware::Error::Middleware` wrapping a [`tower_retry_safety::Error`](Error)
 /// when the last attempt ended in an error: [`Error::from_reqwest_middleware`] finds it, and
-/// [`RetryReport::of_reqwest`](crate::RetryReport::of_reqwest) reads a response's report.
+/// [`RetryReport::of_reqwest`](crate::attempts::RetryReport::of_reqwest) reads a response's report.
 ///
 /// ```no_run
 /// # async fn demo(client: reqwest_middleware::ClientWithMiddleware) {
@@ -67,7 +73,7 @@ use crate::{BoxError, Error, RetryPolicy};
 ///         println!("{} after {attempts:?} attempt(s)", res.status());
 ///     }
 ///     Err(err) => match Error::from_reqwest_middleware(&err) {
-///         Some(e) if e.is_ambiguous() => eprintln!("may have been applied: {e}"),
+///         Some(e) if e.may_have_been_applied() => eprintln!("may have been applied: {e}"),
 ///         _ => eprintln!("{err}"),
 ///     },
 /// }
@@ -76,11 +82,11 @@ use crate::{BoxError, Error, RetryPolicy};
 ///
 /// A streaming body (`Body::wrap_stream`, `Body::wrap`: `Request::try_clone()` gives `None`) is
 /// recorded as it streams, up to the policy's
-/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), and a retry replays it (see
-/// [`Replayable`](crate::Replayable)): the adapter hands reqwest each attempt's body through
+/// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), and a retry replays it (see
+/// [`Replayable`](crate::service::Replayable)): the adapter hands reqwest each attempt's body through
 /// `reqwest::Body::wrap`. A larger stream is sent exactly once, never refused before sending;
-/// the report says [`StopReason::BodyNotReplayable`](crate::StopReason::BodyNotReplayable) and
-/// [`body_not_replayable`](crate::RetryReport::body_not_replayable) says why.
+/// the report says [`StopReason::BodyNotReplayable`](crate::policy::StopReason::BodyNotReplayable) and
+/// [`body_not_replayable`](crate::attempts::RetryReport::body_not_replayable) says why.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -114,7 +120,7 @@ impl RetrySafetyMiddleware {
 
     /// The redirect policy to build the `reqwest::Client` under this middleware with, when
     /// the policy hands deadlines on
-    /// ([`send_deadline_to`](crate::RetryPolicyBuilder::send_deadline_to)). reqwest follows
+    /// ([`send_deadline_to`](crate::policy::RetryPolicyBuilder::send_deadline_to)). reqwest follows
     /// redirects below the middleware and copies every header of the request it redirects:
     /// the deadline headers would go on with a stale time left, perhaps to a host that never
     /// asked for them. This policy follows redirects as reqwest's default does (at most ten),
@@ -168,6 +174,9 @@ impl Middleware for RetrySafetyMiddleware {
         };
         if let (Some(delay), Some(KeptRequest::Copy(copy))) = (hedge, &kept) {
             attempts.next_attempt(req.headers_mut());
+            if let Some(timeout) = req.timeout().copied() {
+                attempts.cap_wire_wait(req.headers_mut(), timeout);
+            }
             return hedged::run(&mut attempts, next, req, extensions, copy, delay).await;
         }
         loop {
@@ -219,6 +228,7 @@ fn start(
                 None => HostSeen::Conflict,
             }
         },
+        None,
         req.url().path(),
         req.headers(),
         extensions,
@@ -253,11 +263,14 @@ async fn send_attempt(
     extensions: &mut Extensions,
 ) -> reqwest_middleware::Result<Response> {
     let number = attempts.next_attempt(req.headers_mut());
+    if let Some(timeout) = req.timeout().copied() {
+        attempts.cap_wire_wait(req.headers_mut(), timeout);
+    }
     if number > 1 {
         extensions.insert(AttemptNumber(number));
     }
     // With a clock, the attempt's clock, for a middleware that reads the body.
-    let limit = attempts.attempt_limit();
+    let limit = attempts.sent_attempt_limit();
     let clock = limit.map(|_| attempts.clock());
     if let Some(clock) = &clock {
         extensions.insert(clock.clone());

@@ -13,10 +13,11 @@ use super::cut::{BodyCutError, NoResume};
 use super::range::Expect;
 use super::BodyReport;
 use crate::attempt_clock::FrameClock;
+use crate::attempts::RetryReport;
 use crate::attempts::{Attempts, Outcome, ResumeSlot, Step};
+use crate::box_error::BoxError;
 use crate::policy::StopReason;
 use crate::timed_out::TimedOut;
-use crate::{BoxError, RetryReport};
 
 /// A `Range` request's response, on its way.
 pub(crate) type RangeFuture<B> =
@@ -187,7 +188,7 @@ impl<B> Resume<B> {
         self.expect.ask_from(received, &mut headers);
         attempts.next_attempt(&mut headers);
         let timer = attempts
-            .attempt_limit()
+            .sent_attempt_limit()
             .map(|(limit, why)| (Box::pin(tokio::time::sleep(limit)), why));
         let send = self.send.get_mut().unwrap_or_else(|e| e.into_inner());
         let future = send(headers);

@@ -1,3 +1,5 @@
+//! The future of [`RetrySafety`](super::RetrySafety)'s calls.
+
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -12,10 +14,12 @@ use super::hedged::{self, Hedged};
 use super::replay::{keep_stream, Kept};
 use super::send::{attempt_timer, poll_attempt, poll_resend, refused, AttemptTimer, Head, Replay};
 use super::{KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
+use crate::attempts::Error;
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
+use crate::box_error::BoxError;
+use crate::policy::RetryPolicy;
 use crate::policy::StopReason;
 use crate::target::Target;
-use crate::{BoxError, Error, RetryPolicy};
 
 pin_project! {
     /// The response future of [`RetrySafety`](super::RetrySafety): sends the request, waits,
@@ -93,6 +97,7 @@ where
             policy,
             &parts.method,
             || host_seen::<B>(&parts),
+            authority::<B>(&parts),
             parts.uri.path(),
             &parts.headers,
             &parts.extensions,
@@ -147,7 +152,7 @@ where
             KeyHeader::mark(policy, &mut parts.extensions);
         }
         attempts.next_attempt(&mut parts.headers);
-        let timer = attempt_timer(&attempts, &mut parts.extensions);
+        let timer = attempt_timer(&mut attempts, &mut parts.extensions);
         // Entered for `call` too: a tracing layer further in may open its span there.
         let future = {
             let _span = attempts.enter_span();
@@ -253,6 +258,16 @@ fn host_seen<B: ReplayBody>(parts: &http::request::Parts) -> crate::classify::ho
         return crate::classify::host::HostSeen::Nothing;
     }
     crate::classify::host::of_request(&parts.uri, &parts.headers, parts.version)
+}
+
+/// The URI's authority as written, when it names where the request goes (not below a stack
+/// that rewrites it).
+#[inline]
+fn authority<B: ReplayBody>(parts: &http::request::Parts) -> Option<&str> {
+    if B::stack_errors().rewrites_authority {
+        return None;
+    }
+    parts.uri.authority().map(http::uri::Authority::as_str)
 }
 
 /// The one way a request ends: done, the copy or recording and the retry's service dropped,

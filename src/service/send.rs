@@ -15,9 +15,9 @@ use super::replay::Kept;
 use super::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempt_clock::{when_fired, AttemptClock, Fired};
 use crate::attempts::Attempts;
+use crate::box_error::BoxError;
 use crate::policy::StopReason;
 use crate::timed_out::TimedOut;
-use crate::BoxError;
 
 pin_project! {
     /// The timer that cuts an attempt, why it would, and the attempt's clock (a body read
@@ -205,10 +205,10 @@ pub(super) fn refused<R>(attempts: &mut Attempts, why: NotReplayable) -> Ended<R
 /// timeout; the attempt's clock then goes in its `extensions`.
 #[inline]
 pub(super) fn attempt_timer(
-    attempts: &Attempts,
+    attempts: &mut Attempts,
     extensions: &mut http::Extensions,
 ) -> AttemptTimer {
-    let (limit, why) = attempts.attempt_limit()?;
+    let (limit, why) = attempts.sent_attempt_limit()?;
     let clock = attempts.clock();
     extensions.insert(clock.clone());
     Some(Box::pin(Timer {

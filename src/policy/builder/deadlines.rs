@@ -38,7 +38,7 @@ impl RetryPolicyBuilder {
     /// request arrived with ([`deadline::current`](crate::deadline::current)), less
     /// `margin` for the way back: its own deadline becomes the earlier of the two, and an
     /// attempt that cannot start before it is not sent
-    /// ([`StopReason::CallerDeadline`](crate::StopReason::CallerDeadline)).
+    /// ([`StopReason::CallerDeadline`](crate::policy::StopReason::CallerDeadline)).
     ///
     /// Defaults to inheriting, with a margin of 5 ms. `None` inherits nothing (and reads
     /// nothing).
@@ -97,6 +97,7 @@ impl HopSettings {
         for (host, convention) in &self.hosts {
             hops.add_host(host, *convention)?;
         }
+        hops.spell_hosts();
         Ok(hops)
     }
 }
