@@ -334,9 +334,7 @@ pub(crate) fn authority_parts(authority: &str) -> (&str, Option<u16>) {
     }
     let host = if bytes.get(start) == Some(&b'[') {
         let host_port = &authority[start..];
-        host_port
-            .find(']')
-            .map_or(host_port, |i| &host_port[..=i])
+        host_port.find(']').map_or(host_port, |i| &host_port[..=i])
     } else {
         &authority[start..first_colon.unwrap_or(bytes.len())]
     };

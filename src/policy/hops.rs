@@ -58,7 +58,13 @@ impl Hops {
         self.spellings = self
             .hosts
             .iter()
-            .filter(|(scope, _)| self.hosts.iter().filter(|(s, _)| s.host == scope.host).count() == 1)
+            .filter(|(scope, _)| {
+                self.hosts
+                    .iter()
+                    .filter(|(s, _)| s.host == scope.host)
+                    .count()
+                    == 1
+            })
             .map(|(scope, convention)| {
                 let spelling = match scope.port {
                     None => scope.host.to_string(),
