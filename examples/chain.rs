@@ -36,7 +36,7 @@ use tokio::net::TcpListener;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::{
-    IdempotencyLayer, KeyTransaction, MemoryStore, PostgresStore, RequestKey,
+    stores::MemoryStore, stores::PostgresStore, IdempotencyLayer, KeyTransaction, RequestKey,
 };
 use tower_retry_safety::{RetryPolicy, RetrySafety};
 

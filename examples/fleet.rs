@@ -28,7 +28,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinHandle;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::RedisStore;
+use tower_idempotency_keys::stores::RedisStore;
 use tower_retry_safety::RetryPolicy;
 
 const OPS_PER_FAULT: usize = 10;

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use support::redis::{count_keys, TestRedis};
-use tower_idempotency_keys::{Begin, Fingerprint, IdempotencyStore, RedisStore};
+use tower_idempotency_keys::{stores::RedisStore, Begin, Fingerprint, IdempotencyStore};
 
 #[tokio::test]
 async fn keys_are_deleted_when_a_test_ends_and_no_redis_fails_in_one_line() {

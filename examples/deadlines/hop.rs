@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::deadline::DeadlineLayer;
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::RetrySafety;
 
 use crate::chain::Row;

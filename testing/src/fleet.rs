@@ -21,7 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tower::{BoxError, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, RedisStore, StoreError};
+use tower_idempotency_keys::{stores::RedisStore, IdempotencyLayer, StoreError};
 
 type Body = BoxBody<Bytes, BoxError>;
 

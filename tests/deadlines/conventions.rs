@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 use tower::{service_fn, ServiceBuilder};
 use tower_idempotency_keys::deadline::{DeadlineLayer, DEADLINE_NOTE};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::deadline::Inbound;
 
 use crate::loopback::{send, serve, Ledger};

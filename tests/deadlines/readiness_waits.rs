@@ -14,7 +14,7 @@ use tower::limit::ConcurrencyLimitLayer;
 use tower::util::BoxCloneService;
 use tower::{service_fn, ServiceBuilder};
 use tower_idempotency_keys::deadline::DeadlineLayer;
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 use crate::loopback::{send, serve, Ledger};
 

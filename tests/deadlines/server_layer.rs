@@ -14,7 +14,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::{service_fn, BoxError, ServiceBuilder};
 use tower_idempotency_keys::deadline::{DeadlineLayer, DEADLINE_NOTE};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::deadline::Inbound;
 
 use crate::support::runtime_server::{accept, listener};

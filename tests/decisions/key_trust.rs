@@ -12,7 +12,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{Idempotency, RetryPolicy, RetryPolicyBuilder};
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {

@@ -16,7 +16,7 @@ use crate::grpc_lab::lab::Entry;
 use crate::grpc_lab::{channel, request, serve, serve_keyed, Fault};
 use http::Method;
 use tower::ServiceBuilder;
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy, RetryPolicyBuilder};
 
 /// The gRPC tests' policy: the lab's proto, fast retries.

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 use tonic::Code;
 use tower::Layer;
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::grpc::MAY_HAVE_BEEN_APPLIED_KEY;
 use tower_retry_safety::{NoRetry, RetryPolicyBuilder};
 
@@ -252,7 +252,8 @@ async fn a_keyed_answer_too_large_to_keep_replays_as_a_status_that_says_it_ran()
 #[tokio::test]
 async fn redis_keeps_trailers_and_reads_the_older_record_kind() {
     use tower_idempotency_keys::{
-        Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore, RedisStore, StoredResponse,
+        stores::RedisStore, Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore,
+        StoredResponse,
     };
     let redis = crate::support::redis::TestRedis::start("grpc-trailers");
     let store = RedisStore::connect(redis.url())
@@ -317,7 +318,8 @@ async fn redis_keeps_trailers_and_reads_the_older_record_kind() {
 #[tokio::test]
 async fn postgres_keeps_trailers() {
     use tower_idempotency_keys::{
-        Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore, PostgresStore, StoredResponse,
+        stores::PostgresStore, Begin, Entry as StoreEntry, Fingerprint, IdempotencyStore,
+        StoredResponse,
     };
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(2).await);

@@ -10,7 +10,7 @@ use crate::grpc_lab::lab::Entry;
 use crate::grpc_lab::{channel, request, serve_keyed, Fault};
 use tonic::Code;
 use tower::ServiceBuilder;
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{NoRetry, RetryPolicy, RetryPolicyBuilder};
 
 fn builder() -> RetryPolicyBuilder {
@@ -188,7 +188,7 @@ async fn our_client_waits_out_an_in_flight_key_and_gets_the_replay() {
 
 #[tokio::test]
 async fn atomic_mode_replays_a_keyed_call_with_its_trailers() {
-    use tower_idempotency_keys::PostgresStore;
+    use tower_idempotency_keys::stores::PostgresStore;
     let db = crate::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(4).await);
     store.migrate().await.unwrap();

@@ -10,7 +10,7 @@ use crate::support::fault_server::{Fault, FaultServer};
 use http::Method;
 use http_body_util::BodyExt;
 use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{FailureClass, Idempotency, RetryPolicy, RetryReport, StopReason};
 
 // Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.

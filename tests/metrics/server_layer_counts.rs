@@ -13,7 +13,7 @@ use http_body_util::Full;
 use retry_safety_testing::pg;
 use tokio::sync::Notify;
 use tower::{service_fn, Layer, ServiceExt};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 /// The server layer over the memory store: each keyed request is counted once by how it was
 /// answered — claimed, answered from the stored response, 409 while in flight, 422 for a key
@@ -170,7 +170,7 @@ async fn lease_renewals_are_counted_while_a_handler_runs() {
 async fn atomic_mode_counts_commits_and_rollbacks() {
     use http_body_util::Either;
     use tower::BoxError;
-    use tower_idempotency_keys::PostgresStore;
+    use tower_idempotency_keys::stores::PostgresStore;
 
     let meters = Meters::new();
     let db = pg::TestDb::new().await;

@@ -105,7 +105,7 @@ async fn a_chunked_upload_is_replayed_with_its_trailers() {
 async fn the_server_layer_replays_a_stored_responses_trailers() {
     use http_body_util::{Either, Full};
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+    use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
     let runs = Arc::new(AtomicUsize::new(0));
     let counted = runs.clone();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::support::fault_server::{Fault, FaultServer};
 use http::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport, RetrySafetyMiddleware};
 
 fn client(hedge: Hedge) -> ClientWithMiddleware {

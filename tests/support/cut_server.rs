@@ -30,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 use tower::ServiceExt;
-use tower_idempotency_keys::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
 /// What happens to one response's body.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
