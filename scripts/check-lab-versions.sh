@@ -5,9 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' lab/Cargo.toml | head -1)
+version=$(scripts/crate-version.sh lab)
 fail=0
-differs() { echo "check-lab-versions: $1 says $2, lab/Cargo.toml $version" >&2; fail=1; }
+differs() { echo "check-lab-versions: $1 says $2, lab/Cargo.toml (the workspace's) $version" >&2; fail=1; }
 
 # The npm main package, and each platform package it depends on (one per platforms.json entry).
 while IFS=$'\t' read -r what found; do
@@ -38,7 +38,7 @@ for built in target/lab-packages/*.whl target/lab-packages/*.tgz; do
 done
 
 if ((fail)); then
-    echo "check-lab-versions: bump them together (lab/Cargo.toml, lab/npm/retry-safety-lab/package.json)" >&2
+    echo "check-lab-versions: bump them together (the workspace's version in Cargo.toml, lab/npm/retry-safety-lab/package.json)" >&2
     exit 1
 fi
 echo "check-lab-versions: all $version"

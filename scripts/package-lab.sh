@@ -19,7 +19,7 @@ step() { echo "== package-lab: $* (at ${SECONDS}s)"; }
 python=$(command -v python3 || command -v python) # Windows runners have no python3
 platform=${LAB_PLATFORM:-$(node -p 'process.platform + "-" + process.arch')}
 node -e 'const p = require("./lab/npm/platforms.json"); if (!p[process.argv[1]]) { console.error(`no npm package for ${process.argv[1]}: add it to lab/npm/platforms.json`); process.exit(1); }' "$platform"
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' lab/Cargo.toml | head -1)
+version=$(scripts/crate-version.sh lab)
 
 step "tools: maturin $MATURIN_VERSION, auditwheel $AUDITWHEEL_VERSION in $tools"
 stamp=$tools/versions-$MATURIN_VERSION-$AUDITWHEEL_VERSION

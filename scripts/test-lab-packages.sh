@@ -15,7 +15,7 @@ fail() { echo "test-lab-packages: $*" >&2; exit 1; }
 step "versions and the README's snippets"
 scripts/check-lab-versions.sh
 scripts/check-lab-readme-snippets.sh
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' lab/Cargo.toml | head -1)
+version=$(scripts/crate-version.sh lab)
 wheel=$(ls "$packages"/retry_safety_lab-"$version"-*.whl) || fail "no wheel: run scripts/package-lab.sh"
 
 # PATH without any directory holding a Rust toolchain: only the packages provide the lab.
