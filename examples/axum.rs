@@ -67,19 +67,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let res = svc.oneshot(req).await?;
     let report = RetryReport::of(&res).cloned().ok_or("no report")?;
     let status = res.status();
-    let replayed = res.headers().contains_key("idempotent-replayed");
+    let stored = res.headers().contains_key("idempotent-replayed");
     let body = res.into_body().collect().await?.to_bytes();
 
     let sent = outbox.0.load(Ordering::SeqCst);
     println!(
-        "{status} {:?} after {} attempts (replayed: {replayed}); the email was sent {sent} time(s)",
+        "{status} {:?} after {} attempts (stored: {stored}); the email was sent {sent} time(s)",
         String::from_utf8_lossy(&body),
         report.attempts(),
     );
     println!("report: {report}");
     server.abort();
-    if sent != 1 || status != StatusCode::CREATED || !replayed {
-        return Err("expected one send and a replayed 201".into());
+    if sent != 1 || status != StatusCode::CREATED || !stored {
+        return Err("expected one send and a stored 201".into());
     }
     Ok(())
 }

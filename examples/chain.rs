@@ -6,12 +6,12 @@
 //! - The **server** runs `IdempotencyLayer::new(PostgresStore).atomic()`: its handler writes
 //!   the order in the request's transaction ([`KeyTransaction`]) and charges the provider with
 //!   the key derived from the request's ([`RequestKey::derive`]), through the same retry
-//!   layer. The key's record commits with the order, once.
+//!   layer. The key's entry commits with the order, once.
 //! - The **provider** honours keys (`IdempotencyLayer` over a `MemoryStore`).
 //!
 //! Faults: the provider's first answer is lost after it charged (the server's client repeats
-//! the derived key: the provider replays), and the server's first answer is lost after it
-//! committed (the client repeats its key: the server replays). A server that crashed instead
+//! the derived key: the provider sends its stored response), and the server's first answer is lost after it
+//! committed (the client repeats its key: the server sends its stored response). A server that crashed instead
 //! would have rolled the order back, and its re-run would send the provider the same derived
 //! key: `server/tests/postgres/crash.rs` kills a real process at each point.
 //!
@@ -201,13 +201,13 @@ async fn run(url: &str, schema: &str) -> Result<(), BoxError> {
         )
         .await?;
     let status = res.status();
-    let replayed = res.headers().contains_key("idempotent-replayed");
+    let stored = res.headers().contains_key("idempotent-replayed");
     let body = res.into_body().collect().await?.to_bytes();
     let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
         .fetch_one(&db)
         .await?;
     println!(
-        "client got {status} (replayed: {replayed}): {}",
+        "client got {status} (stored: {stored}): {}",
         String::from_utf8_lossy(&body)
     );
     println!("orders written: {orders}");

@@ -260,7 +260,7 @@ pub struct Answer {
     pub attempts: Option<u32>,
     pub stop: String,
     pub not_replayable: Option<String>,
-    pub replayed: bool,
+    pub stored: bool,
 }
 
 /// Streams `len` bytes of the pattern in 4 KiB chunks to the proxy.
@@ -295,7 +295,7 @@ pub async fn send(
         attempts: header("x-proxy-attempts").and_then(|v| v.parse().ok()),
         stop: header("x-proxy-stop").unwrap_or_default(),
         not_replayable: header("x-proxy-not-replayable"),
-        replayed: header("idempotent-replayed").is_some(),
+        stored: header("idempotent-replayed").is_some(),
     })
 }
 
@@ -336,9 +336,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let answer = send(proxy, method.clone(), path, fault, len).await?;
         let seen = upstream.seen(path);
         let why = answer.not_replayable.as_deref().unwrap_or("");
-        let replayed = if answer.replayed { " (replayed)" } else { "" };
+        let stored = if answer.stored { " (stored)" } else { "" };
         println!(
-            "{:<5} {:<14} {:<18} {:>7}K  {:>6} {:>8} {:>7} {:>7}  {}{replayed} {why}",
+            "{:<5} {:<14} {:<18} {:>7}K  {:>6} {:>8} {:>7} {:>7}  {}{stored} {why}",
             method.as_str(),
             path,
             fault.name(),

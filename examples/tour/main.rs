@@ -181,7 +181,7 @@ async fn our_rows() -> Result<Vec<Row>, Box<dyn std::error::Error>> {
     rows.extend(hedging_rows().await?);
 
     // Keys end to end: the client mints one per write and reuses it on every attempt; the
-    // server's IdempotencyLayer replays the stored response of a write that already ran.
+    // server's IdempotencyLayer sends the stored response of a write that already ran.
     let keyed = ServiceBuilder::new()
         .layer(policy().mint_idempotency_keys(true).build()?)
         .timeout(PER_ATTEMPT)

@@ -349,13 +349,13 @@ impl Ledger {
         }
     }
 
-    /// What the client was given for the attempt, recorded as answers complete: the latest
+    /// What the client was given for the attempt, noted as answers complete: the latest
     /// is the operation's, unless it holds less than the client already had (see
     /// [`Answer::rank`]): a 2xx given stays, and nothing given (`Lost`) does not replace a
     /// response. A client that has its 2xx is not taken back by an attempt it abandoned
     /// ending later: a hedge, or on pipelined HTTP/1.1 an answer held on a connection it
     /// left, which hyper does not see close behind the requests it buffered, so the hold
-    /// ends and records the answer lost after the client had the resend's 2xx.
+    /// ends and notes the answer lost after the client had the resend's 2xx.
     pub(crate) fn answered(&self, attempt: &Attempt, answer: Answer) {
         if let Some(state) = self.books().ops.get_mut(attempt.op) {
             if answer.rank() >= state.answer.rank() {

@@ -38,7 +38,7 @@
 //! - [`op_id`]: [`OpIdentity`](op_id::OpIdentity), how attempts are linked into operations,
 //!   and the design behind it.
 //! - [`KeysCheck`] (`keys/`): the conformance check, its [`KeysReport`] of [`RuleResult`]s,
-//!   each a [`RuleOutcome`]; [`headers`]: what it asks of a test deployment.
+//!   each holding a [`RuleVerdict`]; [`headers`]: what it asks of a test deployment.
 //! - [`Upstream`] (`serve`): a test upstream behind tower-idempotency-keys' layer.
 //! - [`LabError`] (`error`): the one error, a line naming the input at fault.
 //! - Inside: `listen` (accept loops), `preface` (HTTP/1.1 or HTTP/2), `h2_serve`,
@@ -70,7 +70,7 @@ mod unanswered;
 
 pub use error::LabError;
 pub use fault::Fault;
-pub use keys::{KeysCheck, KeysReport, RuleOutcome, RuleResult};
+pub use keys::{KeysCheck, KeysReport, RuleResult, RuleVerdict};
 pub use proxy::{Proxy, ProxyConfig};
 pub use report::{ProxyReport, RouteCounts};
 pub use serve::Upstream;

@@ -88,7 +88,7 @@ impl RouteCounts {
 /// may have applied. What the client got is the answer that completed last for the operation,
 /// except that a 2xx, once given, stays (a hedged request's 2xx counts even if a later hedge was
 /// begun, and an attempt the client abandoned does not take it back by ending later), and that no
-/// answer does not replace one given; an answer held for the slow fault records nothing unless the
+/// answer does not replace one given; an answer held for the slow fault notes nothing unless the
 /// client waited it out. An answer is counted only if the client is still there to take it: an
 /// HTTP/1.1 client that closed its connection (behind requests it pipelined, which hide the close
 /// from hyper) is given nothing. When requests it pipelined are still unread, a close behind them

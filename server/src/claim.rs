@@ -13,7 +13,7 @@ pub(crate) struct Claimed<St> {
     pub(crate) key: Arc<str>,
     /// The key as the client sent it: what logs show (a scope may be a secret).
     pub(crate) shown: Arc<str>,
-    pub(crate) claim: FencingToken,
+    pub(crate) token: FencingToken,
     /// The request's fingerprint: a completion that outlived the claim's lease writes it anew.
     pub(crate) fingerprint: Fingerprint,
 }

@@ -3,7 +3,7 @@
 //! ```text
 //! version      u8      1
 //! kind         u8      b'F' in flight, b'C' completed, b'T' completed with trailers
-//! claim token  u64 BE  the claim that holds (or completed) the key
+//! fencing token u64 BE the token of the claim that holds (or completed) the key
 //! fingerprint  [u8;32] SHA-256 of the request
 //! -- completed entries only --
 //! status       u16 BE
@@ -30,28 +30,28 @@ const COMPLETED: u8 = b'C';
 /// A kind of its own, so a server that does not read trailers refuses the entry rather
 /// than send it without them, and an entry cut after its body is never read as whole.
 const COMPLETED_WITH_TRAILERS: u8 = b'T';
-/// Version, kind and claim token: what a compare-and-set compares.
+/// Version, kind and fencing token: what a compare-and-set compares.
 pub(crate) const HOLDER_LEN: usize = 10;
 
-/// The ten bytes that an in-flight entry held by `claim` starts with.
-pub(crate) fn in_flight_holder(claim: FencingToken) -> [u8; HOLDER_LEN] {
+/// The ten bytes that an in-flight entry held under `token` starts with.
+pub(crate) fn in_flight_holder(token: FencingToken) -> [u8; HOLDER_LEN] {
     let mut out = [0; HOLDER_LEN];
     out[0] = VERSION;
     out[1] = IN_FLIGHT;
-    out[2..].copy_from_slice(&claim.token().to_be_bytes());
+    out[2..].copy_from_slice(&token.token().to_be_bytes());
     out
 }
 
-pub(crate) fn encode_in_flight(claim: FencingToken, fingerprint: Fingerprint) -> Vec<u8> {
+pub(crate) fn encode_in_flight(token: FencingToken, fingerprint: Fingerprint) -> Vec<u8> {
     let mut out = Vec::with_capacity(HOLDER_LEN + 32);
-    out.extend_from_slice(&in_flight_holder(claim));
+    out.extend_from_slice(&in_flight_holder(token));
     out.extend_from_slice(fingerprint.as_bytes());
     out
 }
 
 /// A completed entry: the claim that completed it, the request's fingerprint, the response.
 pub(crate) fn encode_completed(
-    claim: FencingToken,
+    token: FencingToken,
     fingerprint: Fingerprint,
     response: &StoredResponse,
 ) -> Result<Vec<u8>, &'static str> {
@@ -62,7 +62,7 @@ pub(crate) fn encode_completed(
         COMPLETED
     };
     out.extend_from_slice(&[VERSION, kind]);
-    out.extend_from_slice(&claim.token().to_be_bytes());
+    out.extend_from_slice(&token.token().to_be_bytes());
     out.extend_from_slice(fingerprint.as_bytes());
     encode_response(response, &mut out)?;
     Ok(out)
@@ -112,9 +112,9 @@ impl std::fmt::Display for DecodeError {
         match self {
             DecodeError::UnknownVersion(v) => write!(
                 f,
-                "an idempotency record of version {v}, which this server (version {VERSION}) does not read"
+                "an idempotency entry of version {v}, which this server (version {VERSION}) does not read"
             ),
-            DecodeError::Malformed(why) => write!(f, "a malformed idempotency record: {why}"),
+            DecodeError::Malformed(why) => write!(f, "a malformed idempotency entry: {why}"),
         }
     }
 }
@@ -199,9 +199,9 @@ mod tests {
     #[test]
     fn records_round_trip_byte_for_byte() {
         let fp = Fingerprint::of(&http::Method::POST, "/v1/send?to=a", b"hi");
-        let claim = FencingToken::from_token(0x0102_0304_0506_0708);
-        let bytes = encode_in_flight(claim, fp);
-        assert_eq!(bytes[..HOLDER_LEN], in_flight_holder(claim));
+        let token = FencingToken::from_token(0x0102_0304_0506_0708);
+        let bytes = encode_in_flight(token, fp);
+        assert_eq!(bytes[..HOLDER_LEN], in_flight_holder(token));
         assert_eq!(decode(&bytes), Ok(Entry::InFlight { fingerprint: fp }));
 
         let mut headers = HeaderMap::new();
@@ -213,7 +213,7 @@ mod tests {
         );
         let body = Bytes::from((0..=255u8).collect::<Vec<_>>());
         let response = StoredResponse::new(StatusCode::CREATED, headers, body);
-        let bytes = encode_completed(claim, fp, &response).unwrap();
+        let bytes = encode_completed(token, fp, &response).unwrap();
         assert_eq!(
             decode(&bytes),
             Ok(Entry::Completed {
@@ -263,7 +263,7 @@ mod tests {
     /// values read fine; more distinct names than a map holds are malformed, not a panic.
     #[test]
     fn a_huge_header_count_is_read_or_malformed_never_a_panic() {
-        let record = |count: u16, distinct: bool| {
+        let encoded = |count: u16, distinct: bool| {
             let mut bytes = vec![VERSION, COMPLETED];
             bytes.extend_from_slice(&1u64.to_be_bytes());
             bytes.extend_from_slice(&[7; 32]);
@@ -283,9 +283,9 @@ mod tests {
             bytes.extend_from_slice(&0u32.to_be_bytes());
             bytes
         };
-        assert!(decode(&record(30_000, false)).is_ok());
+        assert!(decode(&encoded(30_000, false)).is_ok());
         assert_eq!(
-            decode(&record(40_000, true)),
+            decode(&encoded(40_000, true)),
             Err(DecodeError::Malformed("too many headers"))
         );
     }

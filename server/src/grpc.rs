@@ -14,8 +14,8 @@
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 
+use crate::answers::{BODY_OMITTED, CALLER_GONE};
 use crate::body::ResponseBody;
-use crate::outcome::{BODY_OMITTED, CALLER_GONE};
 use tower_retry_safety::wire::grpc::{GRPC_STATUS, PUSHBACK};
 use tower_retry_safety::wire::parse_retry_after;
 

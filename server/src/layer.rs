@@ -70,7 +70,7 @@ impl<St: IdempotencyStore> IdempotencyLayer<St> {
     /// with its unit and attributes; keys and paths are never attributes. For the global meter
     /// provider, hand over `opentelemetry::global::meter("tower-retry-safety")`.
     ///
-    /// Defaults to none: nothing is recorded.
+    /// Defaults to none: nothing is counted.
     #[cfg(feature = "opentelemetry")]
     #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
     pub fn meter(self, meter: opentelemetry::metrics::Meter) -> Self {

@@ -373,6 +373,7 @@
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod answers;
 #[cfg(feature = "axum")]
 mod axum;
 mod body;
@@ -391,7 +392,6 @@ mod layer;
 mod memory;
 mod mode;
 mod observe;
-mod outcome;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]

@@ -145,14 +145,14 @@ impl State {
         live(&mut self.entries, key, now)
     }
 
-    /// The in-flight slot that `claim` holds, or `fenced`.
+    /// The in-flight slot held under `token`, or `fenced`.
     fn held(
         &mut self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         now: Instant,
     ) -> Result<&mut Slot, StoreError> {
-        held(&mut self.entries, key, claim, now)
+        held(&mut self.entries, key, token, now)
     }
 }
 
@@ -165,26 +165,26 @@ fn live<'a>(entries: &'a mut Entries, key: &str, now: Instant) -> Option<&'a mut
 fn held<'a>(
     entries: &'a mut Entries,
     key: &str,
-    claim: FencingToken,
+    token: FencingToken,
     now: Instant,
 ) -> Result<&'a mut Slot, StoreError> {
     match live(entries, key, now) {
-        Some(slot) if matches!(slot.holds, Holds::Claimed(c) if c == claim) => Ok(slot),
+        Some(slot) if matches!(slot.holds, Holds::Claimed(c) if c == token) => Ok(slot),
         _ => Err(StoreError::fenced()),
     }
 }
 
-/// Whether `claim` may complete `key`: the key holds the claim (its lease may have run out), or
-/// nothing live (the lease ran out and no other claim took the key since: the handler ran, and
-/// its outcome is kept rather than lost). `Some(size)` of the slot the entry replaces.
+/// Whether the claim with `token` may complete `key`: the key is held under `token` (its lease
+/// may have run out), or nothing live (the lease ran out and no other claim took the key since:
+/// the handler ran, and its response is stored rather than lost). `Some(size)` of the slot the entry replaces.
 fn completable(
     entries: &Entries,
     key: &str,
-    claim: FencingToken,
+    token: FencingToken,
     now: Instant,
 ) -> Result<Option<usize>, StoreError> {
     match entries.get(key) {
-        Some(slot) if matches!(slot.holds, Holds::Claimed(c) if c == claim) => Ok(Some(slot.size)),
+        Some(slot) if matches!(slot.holds, Holds::Claimed(c) if c == token) => Ok(Some(slot.size)),
         Some(slot) if slot.expires > now => Err(StoreError::fenced()),
         Some(slot) => Ok(Some(slot.size)),
         None => Ok(None),
@@ -214,10 +214,10 @@ impl MemoryStore {
         let now = Instant::now();
         let mut state = self.lock();
         let size = key_size(key);
-        let claim = FencingToken::new();
+        let token = FencingToken::new();
         let slot = Slot {
             fingerprint,
-            holds: Holds::Claimed(claim),
+            holds: Holds::Claimed(token),
             expires: later(now, lease),
             size,
         };
@@ -234,7 +234,7 @@ impl MemoryStore {
                 // Expired: the claim takes its place (the same key, so never more bytes).
                 state.bytes = state.bytes - old.size + size;
                 *old = slot;
-                return Ok(Begin::Started(claim));
+                return Ok(Begin::Started(token));
             }
             Vacancy::Vacant(vacant) => vacant,
         };
@@ -246,30 +246,30 @@ impl MemoryStore {
             }
             state.bytes += size;
             state.entries.insert(key, slot);
-            return Ok(Begin::Started(claim));
+            return Ok(Begin::Started(token));
         }
         state.bytes += size;
         vacant.insert(slot);
-        Ok(Begin::Started(claim))
+        Ok(Begin::Started(token))
     }
 
-    fn renew_now(&self, key: &str, claim: FencingToken, lease: Duration) -> Result<(), StoreError> {
+    fn renew_now(&self, key: &str, token: FencingToken, lease: Duration) -> Result<(), StoreError> {
         let now = Instant::now();
-        self.lock().held(key, claim, now)?.expires = later(now, lease);
+        self.lock().held(key, token, now)?.expires = later(now, lease);
         Ok(())
     }
 
     fn complete_now(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         // Made before the lock is taken: no allocation while it is held.
         let size = key_size(key) + response.size();
-        let record = response.with_own_body();
+        let stored = response.with_own_body();
         let now = Instant::now();
         let mut state = self.lock();
         let state = &mut *state;
@@ -279,10 +279,10 @@ impl MemoryStore {
             state.bytes - replaced.unwrap_or(0) + size <= self.max_bytes
                 && (replaced.is_some() || state.entries.len() < self.max_entries)
         };
-        let mut replaced = completable(&state.entries, key, claim, now)?;
+        let mut replaced = completable(&state.entries, key, token, now)?;
         if !fits(state, replaced) {
             state.evict_expired(now);
-            replaced = completable(&state.entries, key, claim, now)?;
+            replaced = completable(&state.entries, key, token, now)?;
             if !fits(state, replaced) {
                 return Err(StoreError::full());
             }
@@ -291,7 +291,7 @@ impl MemoryStore {
         state.bytes = state.bytes - replaced.unwrap_or(0) + size;
         let slot = Slot {
             fingerprint,
-            holds: Holds::Completed(record),
+            holds: Holds::Completed(stored),
             expires: later(now, ttl),
             size,
         };
@@ -309,10 +309,10 @@ impl MemoryStore {
         Ok(self.lock().live(key, now).map(|s| s.entry()))
     }
 
-    fn release_now(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
+    fn release_now(&self, key: &str, token: FencingToken) -> Result<(), StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
-        state.held(key, claim, now)?;
+        state.held(key, token, now)?;
         state.remove(key);
         Ok(())
     }
@@ -331,21 +331,21 @@ impl IdempotencyStore for MemoryStore {
     fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        ready(self.renew_now(key, claim, lease))
+        ready(self.renew_now(key, token, lease))
     }
 
     fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        ready(self.complete_now(key, claim, fingerprint, response, ttl))
+        ready(self.complete_now(key, token, fingerprint, response, ttl))
     }
 
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send {
@@ -355,9 +355,9 @@ impl IdempotencyStore for MemoryStore {
     fn release(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        ready(self.release_now(key, claim))
+        ready(self.release_now(key, token))
     }
 }
 
@@ -383,7 +383,7 @@ mod tests {
 
     async fn claim(s: &MemoryStore, key: &str, lease: Duration) -> FencingToken {
         match s.begin(key, fp(1), lease).await.unwrap() {
-            Begin::Started(claim) => claim,
+            Begin::Started(token) => token,
             other => panic!("expected a claim, got {other:?}"),
         }
     }

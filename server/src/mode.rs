@@ -13,10 +13,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use http_body::Body;
 use http_body_util::{Either, Full};
 
+use crate::answers::{self, reply};
 use crate::body::ResponseBody;
 use crate::buffer::{read_body, ReadError};
-use crate::observe::{KeyedOutcome, Observe};
-use crate::outcome::{self, reply};
+use crate::observe::{KeyHandling, Observe};
 use crate::store::{Entry, Fingerprint, StoredResponse};
 
 use tower_retry_safety::BoxError;
@@ -37,7 +37,7 @@ pub(crate) struct Config {
     pub(crate) max_request_bytes: usize,
     pub(crate) max_response_bytes: usize,
     pub(crate) required: Vec<Method>,
-    /// The instruments keyed requests entry in, if the layer was given a meter.
+    /// The instruments keyed requests are counted in, if the layer was given a meter.
     pub(crate) observe: Observe,
 }
 
@@ -64,10 +64,10 @@ pub(crate) enum BadKey {
 
 impl BadKey {
     /// How the layer's instruments count it.
-    pub(crate) fn outcome(self) -> KeyedOutcome {
+    pub(crate) fn handling(self) -> KeyHandling {
         match self {
-            BadKey::Missing => KeyedOutcome::MissingKey,
-            BadKey::Malformed => KeyedOutcome::MalformedKey,
+            BadKey::Missing => KeyHandling::MissingKey,
+            BadKey::Malformed => KeyHandling::MalformedKey,
         }
     }
 
@@ -185,23 +185,23 @@ pub(crate) fn taken<B>(
     entry: Entry,
     fingerprint: Fingerprint,
     config: &Config,
-) -> (KeyedOutcome, Response<ResponseBody<B>>) {
+) -> (KeyHandling, Response<ResponseBody<B>>) {
     match entry {
         Entry::InFlight { fingerprint: first } if first == fingerprint => {
-            (KeyedOutcome::InFlight, outcome::in_progress())
+            (KeyHandling::InFlight, answers::in_progress())
         }
         Entry::Completed {
             fingerprint: first,
             response,
-        } if first == fingerprint => (KeyedOutcome::StoredResponse, send_stored(response, config)),
-        _ => (KeyedOutcome::Mismatch, outcome::mismatch()),
+        } if first == fingerprint => (KeyHandling::StoredResponse, send_stored(response, config)),
+        _ => (KeyHandling::Mismatch, answers::mismatch()),
     }
 }
 
 /// A stored response sent again to a repeat, marked so.
 pub(crate) fn send_stored<B>(stored: StoredResponse, config: &Config) -> Response<ResponseBody<B>> {
-    let mut res = outcome::stored_response(&stored);
-    let server_error = outcome::is_server_error(res.status(), res.headers());
+    let mut res = answers::stored_response(&stored);
+    let server_error = answers::is_server_error(res.status(), res.headers());
     let headers = res.headers_mut();
     headers.insert(
         config.stored_response_header.clone(),
@@ -211,7 +211,7 @@ pub(crate) fn send_stored<B>(stored: StoredResponse, config: &Config) -> Respons
     // would spend its retries on the same answer. The handler ran; say there is nothing to
     // gain (any hint the handler gave is replaced).
     if server_error {
-        headers.insert(outcome::SHOULD_RETRY, HeaderValue::from_static("false"));
+        headers.insert(answers::SHOULD_RETRY, HeaderValue::from_static("false"));
     }
     res
 }

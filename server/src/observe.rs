@@ -1,12 +1,13 @@
-//! What the layer entries in its OpenTelemetry instruments, when it was given a meter
+//! What the layer counts in its OpenTelemetry instruments, when it was given a meter
 //! (feature `opentelemetry`). Without the feature, `Observe` has no field and its methods
 //! nothing to do; with it and no meter, each costs one check of an `Option`.
 
 use http::Method;
 
-/// How the layer answered a request that carried a key (or needed one).
+/// How the layer handled a request that carried a key (or needed one): the value of
+/// `retry_safety.key.outcome`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum KeyedOutcome {
+pub(crate) enum KeyHandling {
     /// The key was claimed: the handler runs.
     Claimed,
     /// A repeat answered from the stored response.
@@ -70,15 +71,15 @@ impl Observe {
         }
     }
 
-    /// A keyed request answered as `outcome`.
+    /// A keyed request handled as `handling`.
     #[inline]
-    pub(crate) fn keyed(&self, method: &Method, outcome: KeyedOutcome) {
+    pub(crate) fn keyed(&self, method: &Method, handling: KeyHandling) {
         #[cfg(feature = "opentelemetry")]
         if let Some(i) = &self.instruments {
-            i.keyed(method, outcome);
+            i.keyed(method, handling);
         }
         #[cfg(not(feature = "opentelemetry"))]
-        let _ = (method, outcome);
+        let _ = (method, handling);
     }
 
     /// Atomic mode ended a transaction as `result`.
@@ -113,20 +114,20 @@ mod instruments {
     use opentelemetry::metrics::{Counter, Meter};
     use opentelemetry::KeyValue;
 
-    use super::{KeyedOutcome, RenewalResult, TransactionResult};
+    use super::{KeyHandling, RenewalResult, TransactionResult};
 
-    impl KeyedOutcome {
+    impl KeyHandling {
         fn as_str(self) -> &'static str {
             match self {
-                KeyedOutcome::Claimed => "claimed",
-                KeyedOutcome::StoredResponse => "stored-response",
-                KeyedOutcome::InFlight => "in-flight",
-                KeyedOutcome::Mismatch => "mismatch",
-                KeyedOutcome::MalformedKey => "malformed-key",
-                KeyedOutcome::MissingKey => "missing-key",
-                KeyedOutcome::Rejected => "rejected",
-                KeyedOutcome::StoreError => "store-error",
-                KeyedOutcome::Unavailable => "unavailable",
+                KeyHandling::Claimed => "claimed",
+                KeyHandling::StoredResponse => "stored-response",
+                KeyHandling::InFlight => "in-flight",
+                KeyHandling::Mismatch => "mismatch",
+                KeyHandling::MalformedKey => "malformed-key",
+                KeyHandling::MissingKey => "missing-key",
+                KeyHandling::Rejected => "rejected",
+                KeyHandling::StoreError => "store-error",
+                KeyHandling::Unavailable => "unavailable",
             }
         }
     }
@@ -204,12 +205,12 @@ mod instruments {
             );
         }
 
-        pub(super) fn keyed(&self, method: &Method, outcome: KeyedOutcome) {
+        pub(super) fn keyed(&self, method: &Method, handling: KeyHandling) {
             self.keyed.add(
                 1,
                 &[
                     tower_retry_safety::metrics::http_request_method(method),
-                    KeyValue::new("retry_safety.key.outcome", outcome.as_str()),
+                    KeyValue::new("retry_safety.key.outcome", handling.as_str()),
                 ],
             );
         }

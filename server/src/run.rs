@@ -17,13 +17,13 @@ use http_body::Body;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::answers;
 use crate::body::ResponseBody;
 use crate::buffer::{buffer, Buffered};
 use crate::claim::Claimed;
 use crate::deadline::NothingRan;
 use crate::detach::DetachOnDrop;
 use crate::mode::{whole, InnerBody};
-use crate::outcome;
 use crate::renewal::Renewal;
 use crate::store::{IdempotencyStore, StoreError, StoredResponse};
 use crate::text::cap;
@@ -113,7 +113,7 @@ where
         {
             renewal.stop();
             pending.release().await;
-            return Ok(outcome::caller_gone());
+            return Ok(answers::caller_gone());
         }
         let called = renewal
             .during(async {
@@ -142,13 +142,13 @@ where
                 // Called, then no response: it may have applied. Keep an entry that says so
                 // rather than free the key for a second run.
                 pending
-                    .keep(outcome::unknown, Some("the handler failed"))
+                    .keep(answers::unknown, Some("the handler failed"))
                     .await;
                 return Err(err);
             }
         };
         let declined =
-            outcome::is_server_error(parts.status, &parts.headers) && !store_server_errors;
+            answers::is_server_error(parts.status, &parts.headers) && !store_server_errors;
         Ok(finish(pending, parts, buffered, declined).await)
     }
 }
@@ -172,8 +172,8 @@ where
                 if declined {
                     pending.release().await;
                 } else {
-                    let record = || whole(&parts, &bytes, trailers.as_ref());
-                    pending.keep(record, None).await;
+                    let stored = || whole(&parts, &bytes, trailers.as_ref());
+                    pending.keep(stored, None).await;
                 }
                 Response::from_parts(parts, ResponseBody::full_with_trailers(bytes, trailers))
             }
@@ -187,7 +187,7 @@ where
                 if declined {
                     pending.release().await;
                 } else {
-                    let head = || outcome::head_only(parts.status, &parts.headers);
+                    let head = || answers::head_only(parts.status, &parts.headers);
                     pending.keep(head, Some(why)).await;
                 }
                 let body = ResponseBody::stream(prefix, trailers, error, rest);
@@ -197,7 +197,7 @@ where
     }
 }
 
-/// The claim until its outcome is stored. Dropped while still holding it — the handler
+/// The claim until its stored response is written. Dropped while still holding it — the handler
 /// panicked, or the runtime is shutting down — it settles the "unknown" entry from a task of
 /// its own; the key is never freed.
 struct Pending<St: IdempotencyStore> {
@@ -205,16 +205,16 @@ struct Pending<St: IdempotencyStore> {
 }
 
 impl<St: IdempotencyStore> Pending<St> {
-    /// Stores the entry `record` makes (`why` says why it stands in for the response, if it
+    /// Stores the response `stored` makes (`why` says why it stands in for the response, if it
     /// does). A store that is full gets the response's head instead; one that fails, or is
     /// full even for that, is tried again in the background while the key is held: never
     /// freed. The entry is made again only on a refusal, so a stored one costs one copy.
-    async fn keep(&mut self, record: impl Fn() -> StoredResponse, why: Option<&'static str>) {
+    async fn keep(&mut self, stored: impl Fn() -> StoredResponse, why: Option<&'static str>) {
         let Some(c) = self.claimed.take() else {
             return;
         };
         let shown = cap(&c.shown, 64);
-        let err = match complete(&c, record()).await {
+        let err = match complete(&c, stored()).await {
             Ok(()) => {
                 if let Some(why) = why {
                     tracing::warn!(
@@ -228,24 +228,25 @@ impl<St: IdempotencyStore> Pending<St> {
             Err(err) => err,
         };
         if err.is_fenced() {
-            // Another claim holds the key now: its outcome stands, ours is not written over it.
+            // Another claim holds the key now: its stored response stands, ours is not written
+            // over it.
             tracing::warn!(key = shown, "idempotency claim was taken over before its outcome was stored; the newer claim's outcome stands");
             return;
         }
         tracing::warn!(error = %err, cause = crate::store::cause(&err), key = shown, "idempotency store refused an outcome; the key is held in flight and it is tried again");
-        let record = record();
-        let record = if err.is_full() && why.is_none() {
+        let stored = stored();
+        let stored = if err.is_full() && why.is_none() {
             // The whole response did not fit; its head is better than nothing.
-            let head = || outcome::head_only(record.status(), record.headers());
+            let head = || answers::head_only(stored.status(), stored.headers());
             match complete(&c, head()).await {
                 Ok(()) => return,
                 Err(err) if err.is_fenced() => return,
                 Err(_) => head(),
             }
         } else {
-            record
+            stored
         };
-        settle(c, record);
+        settle(c, stored);
     }
 
     /// Frees the key: the handler did not run (its caller's deadline had passed), or it
@@ -253,7 +254,7 @@ impl<St: IdempotencyStore> Pending<St> {
     /// (`store_server_errors(false)`: the handler promises a 5xx applied nothing).
     async fn release(&mut self) {
         if let Some(c) = self.claimed.take() {
-            if let Err(err) = c.store.release(&c.key, c.claim).await {
+            if let Err(err) = c.store.release(&c.key, c.token).await {
                 tracing::warn!(error = %err, cause = crate::store::cause(&err), key = cap(&c.shown, 64), "could not free an idempotency key whose handler did not run or declined; it is freed when its lease ends");
             }
         }
@@ -262,24 +263,24 @@ impl<St: IdempotencyStore> Pending<St> {
 
 fn complete<St: IdempotencyStore>(
     c: &Claimed<St>,
-    record: StoredResponse,
+    stored: StoredResponse,
 ) -> impl Future<Output = Result<(), StoreError>> + '_ {
     c.store
-        .complete(&c.key, c.claim, c.fingerprint, record, c.config.ttl)
+        .complete(&c.key, c.token, c.fingerprint, stored, c.config.ttl)
 }
 
 impl<St: IdempotencyStore> Drop for Pending<St> {
     fn drop(&mut self) {
         if let Some(c) = self.claimed.take() {
-            settle(c, outcome::unknown());
+            settle(c, answers::unknown());
         }
     }
 }
 
 /// Holds the key in flight (renewing its lease) and, from a task of its own, tries to store
-/// `record` again until it is stored, the claim is taken over (a store outage longer than the
+/// `stored` again until it is written, the claim is taken over (a store outage longer than the
 /// lease), or the key's TTL has passed.
-pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredResponse) {
+pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, stored: StoredResponse) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(
             key = cap(&c.shown, 64),
@@ -294,7 +295,7 @@ pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredRespons
         loop {
             match c
                 .store
-                .complete(&c.key, c.claim, c.fingerprint, record.clone(), c.config.ttl)
+                .complete(&c.key, c.token, c.fingerprint, stored.clone(), c.config.ttl)
                 .await
             {
                 Ok(()) => {
@@ -311,7 +312,7 @@ pub(crate) fn settle<St: IdempotencyStore>(c: Claimed<St>, record: StoredRespons
                     // but could not confirm it (`RedisStore` waiting for replicas) holds the
                     // completed entry, which is no claim to renew. The next `complete` says
                     // whether another claim took the key.
-                    let _ = c.store.renew(&c.key, c.claim, lease).await;
+                    let _ = c.store.renew(&c.key, c.token, lease).await;
                 }
             }
             if give_up.is_some_and(|end| Instant::now() >= end) {

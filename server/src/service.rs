@@ -11,13 +11,13 @@ use http_body::Body;
 use http_body_util::{Either, Full};
 use tower_service::Service;
 
+use crate::answers;
 use crate::body::ResponseBody;
 use crate::claim::Claimed;
 use crate::derive::RequestKey;
 use crate::future::ResponseFuture;
 use crate::mode::{self, key_of, prepare, Config, InnerBody, Keyed};
-use crate::observe::KeyedOutcome;
-use crate::outcome;
+use crate::observe::KeyHandling;
 use crate::renewal::Renewals;
 use crate::run;
 use crate::store::{Begin, FencingToken, Fingerprint, IdempotencyStore};
@@ -99,7 +99,7 @@ where
             Ok(Some(key)) => key,
             Ok(None) => return ResponseFuture::passthrough(inner.call(req.map(Either::Right))),
             Err(bad) => {
-                config.observe.keyed(req.method(), bad.outcome());
+                config.observe.keyed(req.method(), bad.handling());
                 if grpc(&req) {
                     return ResponseFuture::reply(crate::grpc::answer(bad.reply()));
                 }
@@ -156,7 +156,7 @@ where
         } = match prepare(&config, &shown, &parts, body).await {
             Ok(keyed) => keyed,
             Err(answer) => {
-                config.observe.keyed(&parts.method, KeyedOutcome::Rejected);
+                config.observe.keyed(&parts.method, KeyHandling::Rejected);
                 return Ok(answer);
             }
         };
@@ -165,8 +165,8 @@ where
         // from here, so a slow reply to `begin` eats none of the margin.
         let sent = renewals.now();
         let store = renewals.store().clone();
-        let claim = match begin(&*store, &key, fingerprint, &config).await {
-            Ok(claim) => claim,
+        let token = match begin(&*store, &key, fingerprint, &config).await {
+            Ok(token) => token,
             Err((outcome, answer)) => {
                 observe(outcome);
                 return Ok(answer);
@@ -183,16 +183,16 @@ where
             config,
             key,
             shown,
-            claim,
+            token,
             fingerprint,
         };
-        let Ok(renewal) = renewals.hold(&claimed.key, &claimed.shown, claimed.claim, sent) else {
+        let Ok(renewal) = renewals.hold(&claimed.key, &claimed.shown, claimed.token, sent) else {
             return Ok(no_timer(claimed, &parts.method).await);
         };
         claimed
             .config
             .observe
-            .keyed(&parts.method, KeyedOutcome::Claimed);
+            .keyed(&parts.method, KeyHandling::Claimed);
         run::call(
             inner,
             claimed,
@@ -210,13 +210,13 @@ async fn begin<St: IdempotencyStore, B>(
     key: &str,
     fingerprint: Fingerprint,
     config: &Config,
-) -> Result<FencingToken, (KeyedOutcome, Response<ResponseBody<B>>)> {
+) -> Result<FencingToken, (KeyHandling, Response<ResponseBody<B>>)> {
     match store.begin(key, fingerprint, config.lease).await {
-        Ok(Begin::Started(claim)) => Ok(claim),
+        Ok(Begin::Started(token)) => Ok(token),
         Ok(Begin::Existing(entry)) => Err(mode::taken(entry, fingerprint, config)),
         Err(err) => {
             tracing::warn!(error = %err, cause = crate::store::cause(&err), full = err.is_full(), "idempotency store refused a key; answering 503");
-            Err((KeyedOutcome::StoreError, outcome::cannot_track()))
+            Err((KeyHandling::StoreError, answers::cannot_track()))
         }
     }
 }
@@ -230,8 +230,8 @@ async fn no_timer<St: IdempotencyStore, B>(
     claimed
         .config
         .observe
-        .keyed(method, KeyedOutcome::Unavailable);
+        .keyed(method, KeyHandling::Unavailable);
     tracing::error!("IdempotencyLayer needs a tokio runtime with its timer enabled (`enable_time`): answering 503");
-    let _ = claimed.store.release(&claimed.key, claimed.claim).await;
-    outcome::cannot_track()
+    let _ = claimed.store.release(&claimed.key, claimed.token).await;
+    answers::cannot_track()
 }

@@ -53,9 +53,9 @@ impl fmt::Debug for Fingerprint {
 }
 
 /// The fencing token of a claim on a key: only the holder of the claim that currently holds
-/// the key may renew, complete or release it; a claim that was taken over (its lease ended
-/// and another request claimed the key) is refused, so a stale server never overwrites a
-/// newer outcome.
+/// the key may renew, complete or release it; the token of a claim that was taken over (its
+/// lease ended and another request claimed the key) is refused, so a stale server never
+/// overwrites a newer stored response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FencingToken(u64);
 
@@ -78,7 +78,7 @@ impl FencingToken {
         self.0
     }
 
-    /// A claim read back from a store.
+    /// A token read back from a store.
     pub fn from_token(token: u64) -> Self {
         FencingToken(token)
     }
@@ -290,11 +290,11 @@ impl std::error::Error for StoreError {
 ///   [`FencingToken`] (its fencing token), or returns what the key holds. A key whose lease ended
 ///   without a completion is free again: a server that crashed mid-handler holds its keys
 ///   no longer than its lease.
-/// - `renew` and `release` are compare-and-set on the claim: they act only if the key is
-///   still in flight under that very claim, and otherwise fail with [`StoreError::fenced`]
+/// - `renew` and `release` are compare-and-set on the fencing token: they act only if the
+///   key is still in flight under that very token, and otherwise fail with [`StoreError::fenced`]
 ///   and change nothing. `complete` also acts on a key that nothing holds any more (the
 ///   claim's lease ran out and no other claim took the key since): the handler ran, and its
-///   outcome must be kept, not lost so that a repeat runs it again.
+///   response must be stored, not lost so that a repeat runs it again.
 ///
 /// [`MemoryStore`](crate::memory::MemoryStore) is the embedded store; `RedisStore` (feature `redis`)
 /// the shared one.
@@ -313,17 +313,18 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
-    /// Extend the lease of `claim` on `key` to `lease` from now, if it still holds the key.
+    /// Extend the lease of the claim whose fencing token is `token` on `key` to `lease` from
+    /// now, if that claim still holds the key.
     fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Entry the response of the request that claimed `key` under `claim` (with
-    /// `fingerprint`), kept for `ttl`, if the claim still holds the key or nothing does (its
-    /// lease ran out and no other claim took the key since: the outcome is kept, not lost).
+    /// Store the response of the request that claimed `key` with `token` (and
+    /// `fingerprint`), kept for `ttl`, if that claim still holds the key or nothing does (its
+    /// lease ran out and no other claim took the key since: the response is kept, not lost).
     /// If another claim, or an entry another claim completed, holds the key, fail with
     /// [`StoreError::fenced`] and change nothing. The entry this very claim completed may be
     /// written again or refused as fenced: a store that confirms its writes apart from them
@@ -333,7 +334,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -342,11 +343,11 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// What the store holds for `key`, if anything (expired entries are absent).
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
 
-    /// Free `key`, if `claim` still holds it: its handler never ran (or produced nothing the
+    /// Free `key`, if the claim whose fencing token is `token` still holds it: its handler never ran (or produced nothing the
     /// layer keeps), so a repeat may run it.
     fn release(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -29,7 +29,7 @@ impl Attempts {
     /// was read inside the attempt. A success whose body was cut is ambiguous, whatever it
     /// says: the attempt reached the server's application, so the table sends again only a
     /// request whose repeat is harmless (a keyed write with the same key, which a server that
-    /// honours keys replays), and a write is never sent twice. Any other status is classified
+    /// honours keys sends its stored response), and a write is never sent twice. Any other status is classified
     /// as it would be whole (the server's hint, `Retry-After`, a final status): a cut body
     /// does not make a response worth asking for again.
     #[cold]
@@ -112,7 +112,7 @@ impl Attempts {
         FrameClock::new(self.attempt_timeout, self.deadline_at())
     }
 
-    /// Whether the server marked `headers`' response a replay of its stored response to this
+    /// Whether the server marked `headers`' response its stored response to this
     /// request's key.
     pub(crate) fn is_stored_response(&self, headers: &HeaderMap) -> bool {
         self.policy.is_stored_response(&self.verdict, headers)

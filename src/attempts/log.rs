@@ -52,7 +52,7 @@ impl Attempts {
             Decision::Stop(StopReason::StoredResponse) => event!(
                 Level::DEBUG,
                 request_id = self.request_id.as_deref(),
-                "not retrying request: the response is the server's replay of a stored response"
+                "not retrying request: the response is the server's stored response"
             ),
             Decision::Stop(
                 reason @ (StopReason::Budget

@@ -77,7 +77,7 @@ impl AttemptOutcome {
 /// covers its resumes). Without it, the status was final by then, so treat a body-read error
 /// on a write as ambiguous and check before repeating it; send a read again; retry a keyed
 /// write by hand with the same key ([`idempotency_key`](Self::idempotency_key)) so the server
-/// can replay its stored response.
+/// can send its stored response again.
 ///
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -173,7 +173,7 @@ impl RetryReport {
     ///
     /// This is the question to ask before telling a caller that a write did not happen. It
     /// holds whatever stopped the retries: a suppressed retry, retries used up on 409 ("still
-    /// in flight") after a timed-out attempt, a [replay](StopReason::StoredResponse) of a stored
+    /// in flight") after a timed-out attempt, a [stored response](StopReason::StoredResponse): a stored
     /// response (the server ran the write), an error response after an earlier ambiguous
     /// attempt. A success was applied, so it answers true too. The same answer as
     /// [`Error::may_have_been_applied`](crate::attempts::Error::may_have_been_applied) for the
@@ -213,7 +213,7 @@ impl RetryReport {
 
     /// True when the response is the server's stored response (its first answer) to an earlier
     /// attempt with the same idempotency key ([`StopReason::StoredResponse`]): the server had already
-    /// run the request, and a repeat with the key gets the same answer. A replayed 5xx means
+    /// run the request, and a repeat with the key gets the same answer. A stored 5xx means
     /// the write ran and then failed on the server: check the resource's state, and do not send
     /// the request again with a new key.
     pub fn is_stored_response(&self) -> bool {
@@ -308,7 +308,7 @@ impl fmt::Debug for RetryReport {
 ///
 /// let policy = RetryPolicy::builder().build()?;
 /// let svc = policy.layer(service_fn(|_req: http::Request<String>| async {
-///     // A server that honours keys replays its stored 503: the handler ran and failed.
+///     // A server that honours keys sends its stored 503 again: the handler ran and failed.
 ///     let res = http::Response::builder()
 ///         .status(503)
 ///         .header("idempotent-replayed", "true")

@@ -9,7 +9,7 @@ use crate::classify::Idempotency;
 enum Outcome {
     /// An error of this kind (`ConnectionRefused`: not sent; `TimedOut`: ambiguous).
     Err(std::io::ErrorKind),
-    /// A response with this status and, if set, the replay header.
+    /// A response with this status and, if set, the stored-response header.
     Res(u16, bool),
 }
 use self::Outcome::{Err as E, Res};
@@ -40,9 +40,9 @@ fn drive(
     for (i, outcome) in outcomes.iter().enumerate() {
         let decision = match outcome {
             E(kind) => attempts.on_error(&std::io::Error::from(*kind)),
-            Res(status, replayed) => {
+            Res(status, stored) => {
                 let mut headers = HeaderMap::new();
-                if *replayed {
+                if *stored {
                     headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
                 }
                 let status = StatusCode::from_u16(*status).unwrap();
@@ -134,25 +134,25 @@ fn applied_exhausted_on_409_after_a_timeout() {
 }
 
 #[test]
-fn applied_on_a_replay_and_exhausted_on_one_when_the_header_is_ignored() {
+fn applied_on_a_stored_response_and_exhausted_on_one_when_the_header_is_ignored() {
     let p = policy(RetryPolicy::builder().honor_idempotency_key(true));
     let (report, _) = drive(p, keyed_post(), &[Res(503, false), Res(503, true)]);
     assert_eq!(report.stop_reason(), StopReason::StoredResponse);
     assert!(report.is_stored_response());
     assert!(report.may_have_been_applied());
-    // A policy that ignores the header retries the replay until none are left.
+    // A policy that ignores the header retries the stored response until none are left.
     let p = policy(
         RetryPolicy::builder()
             .honor_idempotency_key(true)
             .stored_response_header(None),
     );
-    let replays = [
+    let stored_responses = [
         Res(503, false),
         Res(503, true),
         Res(503, true),
         Res(503, true),
     ];
-    let (report, _) = drive(p, keyed_post(), &replays);
+    let (report, _) = drive(p, keyed_post(), &stored_responses);
     assert_eq!(report.stop_reason(), StopReason::RetriesExhausted);
     assert!(report.may_have_been_applied());
 }

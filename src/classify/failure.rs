@@ -45,7 +45,7 @@ pub struct Classification {
     class: FailureClass,
     retry_after: Option<Duration>,
     retry_after_too_long: bool,
-    replayed: bool,
+    stored_response: bool,
 }
 
 impl Classification {
@@ -54,18 +54,18 @@ impl Classification {
             class,
             retry_after,
             retry_after_too_long: false,
-            replayed: false,
+            stored_response: false,
         }
     }
 
-    /// A response the server marked as a replay of its stored response to an earlier request
+    /// A response the server marked as its stored response to an earlier request
     /// with the same idempotency key: it is final, since a repeat gets the same answer.
     pub(crate) fn stored_response() -> Self {
         Classification {
             class: FailureClass::Final,
             retry_after: None,
             retry_after_too_long: false,
-            replayed: true,
+            stored_response: true,
         }
     }
 
@@ -77,7 +77,7 @@ impl Classification {
             class,
             retry_after: Some(delay),
             retry_after_too_long: true,
-            replayed: false,
+            stored_response: false,
         }
     }
 
@@ -102,13 +102,13 @@ impl Classification {
         self.retry_after_too_long
     }
 
-    /// True when the response is the server's replay of the stored response to an earlier
+    /// True when the response is the server's stored response to an earlier
     /// request with the same idempotency key (the policy's
     /// [`stored_response_header`](crate::policy::RetryPolicyBuilder::stored_response_header) says `true`), which made it
     /// final: the server already ran the request once, and a repeat with the same key gets the
     /// same answer, whatever its status.
     pub fn is_stored_response(&self) -> bool {
-        self.replayed
+        self.stored_response
     }
 }
 

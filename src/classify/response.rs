@@ -36,7 +36,7 @@ pub(crate) struct ResponseRules {
     pub(crate) stored_response_header: Option<HeaderName>,
 }
 
-/// Whether the server marked this response a replay of its stored response (read only for a
+/// Whether the server marked this response its stored response (read only for a
 /// request with a key: no other can be answered with one).
 #[inline]
 pub(crate) fn is_stored_response(
@@ -61,9 +61,9 @@ pub(crate) fn classify(
     grpc: bool,
     now: impl FnOnce() -> SystemTime,
 ) -> Classification {
-    // A replay of a stored response never changes: repeating the key gets it again. This
+    // A stored response never changes: repeating the key gets it again. This
     // comes before the caller's classifiers, which read a status that the server will only
-    // ever repeat. Only a request with a key can be answered with a replay: one without is
+    // ever repeat. Only a request with a key can be answered with a stored response: one without is
     // spared the header lookup.
     if is_stored_response(policy, verdict, headers) {
         return Classification::stored_response();

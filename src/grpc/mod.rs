@@ -81,7 +81,7 @@
 //!   metadata too. [`MayHaveBeenApplied`](crate::attempts::MayHaveBeenApplied) answers for a
 //!   `tonic::Status`, as for this crate's error.
 //! - **Server**: `tower_idempotency_keys::IdempotencyLayer` in front of a tonic
-//!   server reads the key from the `idempotency-key` metadata, replays a stored response with
+//!   server reads the key from the `idempotency-key` metadata, sends a stored response again with
 //!   its trailers (its `grpc-status`), and answers a gRPC call's conflicts as gRPC statuses
 //!   (a key in flight: `ABORTED` with `grpc-retry-pushback-ms`; a key reused with another
 //!   call, or malformed: `INVALID_ARGUMENT`).

@@ -363,7 +363,7 @@ impl RetryPolicy {
     /// Classifies the response to a request with this `verdict`: its status against the retry
     /// set, the server's `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
     ///
-    /// - A response marked as a replay (`idempotent-replayed: true`, see
+    /// - A response marked as a stored response (`idempotent-replayed: true`, see
     ///   [`stored_response_header`](RetryPolicyBuilder::stored_response_header)) is final whatever its status, and
     ///   [`is_stored_response`](Classification::is_stored_response) says so: the server answers every repeat of
     ///   the key with the same stored response.
@@ -404,7 +404,7 @@ impl RetryPolicy {
         self.classify_status(verdict, res.status(), res.headers(), body_verdict, true)
     }
 
-    /// Whether the server marked this response to the request a replay of its stored one.
+    /// Whether the server marked this response to the request as its stored response.
     pub(crate) fn is_stored_response(&self, verdict: &RequestVerdict, headers: &HeaderMap) -> bool {
         response::is_stored_response(&self.inner.responses, verdict, headers)
     }

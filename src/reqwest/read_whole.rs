@@ -33,7 +33,7 @@ fn without_url(err: reqwest::Error) -> reqwest::Error {
 /// A longer `GET` body streams to the caller, and with [`resume_with`](Self::resume_with) a
 /// cut there asks for the rest with `Range` + `If-Range`, through the client given (the
 /// middlewares after this one do not see the range requests); a keyed write is sent again
-/// whole with its key, and continues only on the server's replay of the same response. The
+/// whole with its key, and continues only on the same response, stored by the server. The
 /// report of the resumes is in [`BodyReport::of_reqwest`](crate::resume::BodyReport::of_reqwest). Ranges count encoded bytes: a
 /// response that reqwest decoded (it then drops the `content-length`) is not resumed. The response stays a
 /// `reqwest::Response` with its URL, status, headers and extensions.
@@ -79,7 +79,7 @@ impl ReadWholeMiddleware {
     }
 
     /// Resumes `GET` bodies past the limit with range requests sent through `client` (and
-    /// keyed writes' bodies with the server's replay).
+    /// keyed writes' bodies with the server's stored response).
     /// Defaults to none: a cut past the limit ends the body with the error.
     ///
     /// ```

@@ -166,8 +166,8 @@ where
     let status = parts.status;
     let expect = again.unwrap_or(Err(NoResume::NoSender)).and_then(|again| {
         let expect = if again.keyed_write {
-            // The replay repeats whatever status was stored.
-            Expect::replay_of(status, &parts.headers, total)
+            // The stored response repeats whatever status was stored.
+            Expect::stored_response_of(status, &parts.headers, total)
         } else if status != StatusCode::OK {
             // Only a whole representation is resumed with `Range`.
             Err(NoResume::NotTheSame)

@@ -33,7 +33,7 @@ pub const DEFAULT_READ_LIMIT: u64 = 64 * 1024;
 /// original error, whose [`why_no_resume`](crate::resume::BodyCutError::why_no_resume) says
 /// why. A keyed write (its key trusted by the policy) past the limit is sent again whole with
 /// the same key, never with `Range`, and its body continues only if the answer is the server's
-/// replay of the same response (marked as a replay, the same status, length, coding and
+/// stored response, the same response (marked as stored, the same status, length, coding and
 /// `ETag`): the bytes already delivered are skipped.
 /// [`WholeBody::report`](crate::resume::WholeBody::report) and
 /// [`BodyReport`](crate::resume::BodyReport) cover the resumes. While such a body

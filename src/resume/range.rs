@@ -1,6 +1,6 @@
 //! The rules of a resume: which validator proves a second response the same representation,
 //! and whether a `206` continues the body where it was cut; or, for a keyed write, whether the
-//! answer to the same key is the server's replay of the same response.
+//! answer to the same key is the same response, stored by the server.
 
 use std::time::Duration;
 
@@ -22,9 +22,9 @@ pub(crate) struct Expect {
     encoding: Option<HeaderValue>,
     /// The body's length, if the first response gave it.
     total: Option<u64>,
-    /// For a keyed write: the first response's status and `ETag` (if any), which the replay
-    /// must repeat.
-    replay_of: Option<(StatusCode, Option<HeaderValue>)>,
+    /// For a keyed write: the first response's status and `ETag` (if any), which the stored
+    /// response must repeat.
+    stored_response_of: Option<(StatusCode, Option<HeaderValue>)>,
 }
 
 impl Expect {
@@ -42,7 +42,7 @@ impl Expect {
                 etag: true,
                 encoding,
                 total,
-                replay_of: None,
+                stored_response_of: None,
             });
         }
         let date = |name| {
@@ -65,7 +65,7 @@ impl Expect {
                     etag: false,
                     encoding,
                     total,
-                    replay_of: None,
+                    stored_response_of: None,
                 })
             }
             _ => Err(NoResume::NoValidator),
@@ -73,9 +73,9 @@ impl Expect {
     }
 
     /// For a keyed write's response of `status`: sent again with the same key, the answer
-    /// must be the server's replay of this response, which only a known length lets the
+    /// must be the server's stored response to this response, which only a known length lets the
     /// stack check to the byte.
-    pub(crate) fn replay_of(
+    pub(crate) fn stored_response_of(
         status: StatusCode,
         headers: &HeaderMap,
         total: Option<u64>,
@@ -86,7 +86,7 @@ impl Expect {
             etag: false,
             encoding: headers.get(CONTENT_ENCODING).cloned(),
             total: Some(total),
-            replay_of: Some((status, headers.get(ETAG).cloned())),
+            stored_response_of: Some((status, headers.get(ETAG).cloned())),
         })
     }
 
@@ -96,7 +96,7 @@ impl Expect {
     }
 
     /// The headers that ask for the rest from `received` on: `Range` and `If-Range`; none for
-    /// a keyed write (its replay comes whole).
+    /// a keyed write (its stored response comes whole).
     pub(crate) fn ask_from(&self, received: u64, headers: &mut HeaderMap) {
         if let Some(validator) = &self.validator {
             headers.insert(RANGE, range_from(received));
@@ -104,22 +104,22 @@ impl Expect {
         }
     }
 
-    /// Checks the answer to a keyed write sent again: a replay (`replayed`, as the retry
+    /// Checks the answer to a keyed write sent again: a stored response (`stored`, as the retry
     /// policy reads the server's mark) of the same status, length, coding and `ETag`, whose
     /// first `received` bytes were delivered already.
-    fn check_replay(
+    fn check_stored_response(
         &self,
         first: (StatusCode, Option<&HeaderValue>),
         status: StatusCode,
         headers: &HeaderMap,
         received: u64,
-        replayed: bool,
+        stored: bool,
     ) -> Result<u64, NoResume> {
         let length = headers
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        let same = replayed
+        let same = stored
             && status == first.0
             && length.is_some()
             && length == self.total
@@ -139,17 +139,17 @@ impl Expect {
     /// cannot be told from another version). A `206` whose length is first said here fixes the
     /// body's.
     ///
-    /// For a keyed write, see `check_replay`.
+    /// For a keyed write, see `check_stored_response`.
     pub(crate) fn check(
         &mut self,
         status: StatusCode,
         headers: &HeaderMap,
         received: u64,
-        replayed: bool,
+        stored: bool,
     ) -> Result<u64, NoResume> {
-        if let Some((first, etag)) = &self.replay_of {
+        if let Some((first, etag)) = &self.stored_response_of {
             let first = (*first, etag.as_ref());
-            return self.check_replay(first, status, headers, received, replayed);
+            return self.check_stored_response(first, status, headers, received, stored);
         }
         if status != StatusCode::PARTIAL_CONTENT {
             return Err(NoResume::NotTheSame);
@@ -354,21 +354,21 @@ mod tests {
     }
 
     #[test]
-    fn a_keyed_writes_answer_must_be_the_replay_of_the_same_response() {
+    fn a_keyed_writes_answer_must_be_the_same_response_stored() {
         let first = headers(&[("etag", "\"v1\""), ("content-length", "10")]);
-        let mut expect = Expect::replay_of(StatusCode::CREATED, &first, Some(10)).unwrap();
+        let mut expect = Expect::stored_response_of(StatusCode::CREATED, &first, Some(10)).unwrap();
         let mut asked = HeaderMap::new();
         expect.ask_from(6, &mut asked);
         assert!(asked.is_empty(), "no Range on a write: {asked:?}");
-        let replay = headers(&[("etag", "\"v1\""), ("content-length", "10")]);
-        assert_eq!(expect.check(StatusCode::CREATED, &replay, 6, true), Ok(6));
-        // Not marked as a replay: the server may have run the write again.
+        let stored = headers(&[("etag", "\"v1\""), ("content-length", "10")]);
+        assert_eq!(expect.check(StatusCode::CREATED, &stored, 6, true), Ok(6));
+        // Not marked as a stored response: the server may have run the write again.
         assert_eq!(
-            expect.check(StatusCode::CREATED, &replay, 6, false),
+            expect.check(StatusCode::CREATED, &stored, 6, false),
             Err(NoResume::NotTheSame)
         );
         assert_eq!(
-            expect.check(StatusCode::OK, &replay, 6, true),
+            expect.check(StatusCode::OK, &stored, 6, true),
             Err(NoResume::NotTheSame)
         );
         for bad in [
@@ -389,9 +389,9 @@ mod tests {
                 "{bad:?}"
             );
         }
-        // Without a known length the replay could not be checked to the byte.
+        // Without a known length the stored response could not be checked to the byte.
         assert_eq!(
-            Expect::replay_of(StatusCode::OK, &first, None).err(),
+            Expect::stored_response_of(StatusCode::OK, &first, None).err(),
             Some(NoResume::NoValidator)
         );
     }

@@ -28,7 +28,7 @@ pub(crate) type RangeFuture<B> =
 pub(crate) type SendRange<B> = Box<dyn FnMut(HeaderMap) -> RangeFuture<B> + Send>;
 
 /// What sends the request again to resume its body: a `GET` asks for the rest with `Range`; a
-/// keyed write is sent again whole with its key, and its answer must be the server's replay of
+/// keyed write is sent again whole with its key, and its answer must be the server's stored response to
 /// the same response.
 pub(crate) struct Again<B> {
     pub(crate) send: SendRange<B>,
@@ -206,13 +206,13 @@ impl<B> Resume<B> {
         });
         // This response's own stored-response mark, as the retry policy reads it (only on
         // a request with a key).
-        let replayed = self
+        let stored = self
             .attempts
             .as_ref()
             .is_some_and(|a| a.is_stored_response(res.headers()));
         let checked = self
             .expect
-            .check(res.status(), res.headers(), received, replayed);
+            .check(res.status(), res.headers(), received, stored);
         match (checked, res.status().is_success()) {
             (Ok(skip), _) => {
                 self.phase = Phase::Idle;

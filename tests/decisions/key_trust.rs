@@ -109,7 +109,7 @@ async fn a_route_that_ignores_keys_outranks_host_trust() {
 }
 
 #[tokio::test]
-async fn host_trust_retries_a_marked_write_into_the_servers_replay() {
+async fn host_trust_retries_a_marked_write_into_the_servers_stored_response() {
     let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
     let policy = builder()
         .honor_idempotency_key_for_host("127.0.0.1")

@@ -1,10 +1,10 @@
-//! A replayed response is final (issue: "a replayed response is retried as if it could
+//! A stored response is final (issue: "a stored response is retried as if it could
 //! change"). Through real sockets: a hyper server on 127.0.0.1 with `IdempotencyLayer` over a
 //! handler that applies its write and then answers 503 (stored, as Stripe does), and the
 //! retry layer (and the reqwest adapter) with minted keys in front of it.
 //!
 //! Exact counts: the handler runs once; the client sends the first attempt (the handler's own
-//! 503) and one retry, which gets the replay, and nothing after it.
+//! 503) and one retry, which gets the stored response, and nothing after it.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -39,7 +39,7 @@ impl Drop for Server {
 }
 
 /// `old_server`: strip `x-should-retry` from every response, as a server that honours keys
-/// but sends no hint would (the client must stop on the replay header alone).
+/// but sends no hint would (the client must stop on the stored-response header alone).
 async fn start(old_server: bool) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -108,8 +108,8 @@ async fn send(server: &Server, policy: RetryPolicy) -> Response<Incoming> {
 }
 
 #[tokio::test]
-async fn a_replayed_503_is_final_and_says_the_server_ran_the_write() {
-    // An old server (no hint): only the replay header tells the client.
+async fn a_stored_503_is_final_and_says_the_server_ran_the_write() {
+    // An old server (no hint): only the stored-response header tells the client.
     let server = start(true).await;
     let res = send(&server, builder().build().unwrap()).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
@@ -128,7 +128,7 @@ async fn a_replayed_503_is_final_and_says_the_server_ran_the_write() {
     assert_eq!(server.received.load(Ordering::SeqCst), 2);
 }
 
-/// Control: the same client, told to ignore the replay header, spends every retry on the
+/// Control: the same client, told to ignore the stored-response header, spends every retry on the
 /// same replay (this is what the client did before the fix); the handler still ran once.
 #[tokio::test]
 async fn control_without_the_replay_header_every_retry_is_spent_on_the_replay() {
@@ -143,7 +143,7 @@ async fn control_without_the_replay_header_every_retry_is_spent_on_the_replay() 
 }
 
 /// The server says `x-should-retry: false` on every replay of a stored 5xx, so a client
-/// that does not know the replay header (here: ours told to ignore it) stops too.
+/// that does not know the stored-response header (here: ours told to ignore it) stops too.
 #[tokio::test]
 async fn the_server_marks_every_replay_of_a_stored_5xx_should_not_retry() {
     let server = start(false).await;
@@ -181,7 +181,7 @@ async fn the_server_marks_every_replay_of_a_stored_5xx_should_not_retry() {
 /// The reqwest adapter decides with the same code: it stops on the replay too.
 #[cfg(feature = "reqwest-middleware")]
 #[tokio::test]
-async fn the_reqwest_adapter_stops_on_a_replay() {
+async fn the_reqwest_adapter_stops_on_a_stored_response() {
     let server = start(true).await;
     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(tower_retry_safety::RetrySafetyMiddleware::new(
@@ -220,7 +220,7 @@ async fn the_replay_header_is_configurable() {
 
 /// Only a request that carries a key can be answered with a replay: the mark on a response to
 /// one without a key is not read (its status decides), and a key the policy does not trust is
-/// still a key the server may have replayed for.
+/// still a key the server may have stored for.
 #[test]
 fn only_a_request_with_a_key_reads_the_replay_mark() {
     let policy = tower_retry_safety::RetryPolicy::builder().build().unwrap();

@@ -3,7 +3,7 @@
 //! once, a handler's UNAVAILABLE is kept by default, malformed key metadata is refused as
 //! INVALID_ARGUMENT, and the Redis and PostgreSQL stores keep trailers. Two defects the review
 //! found are fixed and their tests run: a handler's UNAVAILABLE was stored even with
-//! `store_server_errors(false)`; an answer too large to keep replayed as a status-less
+//! `store_server_errors(false)`; an answer too large to keep sent again as a status-less
 //! response.
 #![cfg(feature = "tonic")]
 
@@ -113,13 +113,13 @@ async fn concurrent_repeats_of_a_key_run_once() {
 /// `grpc-status: 14`.
 ///
 /// What happened (the review's finding): the layer stored it like a success even so, so the
-/// client's keyed retry got the stored UNAVAILABLE replayed (marked `idempotent-replayed`,
+/// client's keyed retry got the stored UNAVAILABLE (marked `idempotent-replayed`,
 /// final) and the key was burnt: 0 applied, 2 attempts, the call failed. Fixed: a
 /// trailers-only status that gRPC maps to a 5xx (UNAVAILABLE among them) is a server error for
 /// `store_server_errors` (`server::outcome::is_server_error`), in lease and atomic mode.
 ///
 /// (The review read `store_server_errors` as off by default; it is on: by default a server
-/// error is stored and replayed, the key kept, the write not run again; see the next test.)
+/// error is stored and sent to every repeat, the key kept, the write not run again; see the next test.)
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
 #[tokio::test]
@@ -149,7 +149,7 @@ async fn a_handlers_unavailable_before_apply_does_not_burn_the_key() {
 
 /// The default keeps a handler's UNAVAILABLE, as it keeps an HTTP 5xx: the server cannot know
 /// that nothing was applied, so the repeat gets the stored answer and the handler does not run
-/// again (2 attempts, 0 applied, the call fails with the replayed UNAVAILABLE).
+/// again (2 attempts, 0 applied, the call fails with the stored UNAVAILABLE).
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
 #[tokio::test]
@@ -168,7 +168,7 @@ async fn by_default_a_handlers_unavailable_is_kept_and_replayed() {
         .insert("x-rev", "unavailable-first".parse().unwrap());
     let res = within("kept", client.append(req)).await;
     assert_eq!(lab.attempts("kept").len(), 2);
-    let status = res.expect_err("the stored UNAVAILABLE is replayed");
+    let status = res.expect_err("the stored UNAVAILABLE is sent again");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert_eq!(lab.applied("kept"), 0);
 }
@@ -241,7 +241,7 @@ async fn a_keyed_answer_too_large_to_keep_replays_as_a_status_that_says_it_ran()
             .get(MAY_HAVE_BEEN_APPLIED_KEY)
             .map(|v| v.to_str().unwrap().to_owned()),
         Some("true".to_owned()),
-        "the replayed call does not say it ran: {status:?}"
+        "the stored response does not say it ran: {status:?}"
     );
 }
 

@@ -79,7 +79,7 @@ async fn a_keyed_write_lost_after_apply_is_replayed_with_its_grpc_status() {
             .await
             .unwrap_or_else(|s| panic!("{fault:?}: {s:?}"));
         // The second attempt got the stored answer: the first run's receipt, its OK status
-        // from the trailers, and the replay header as metadata.
+        // from the trailers, and the stored-response header as metadata.
         assert_eq!(res.get_ref().applied, 1, "{fault:?}");
         assert_eq!(res.metadata().get("idempotent-replayed").unwrap(), "true");
         assert_eq!(lab.applied(&id), 1, "{fault:?}");
@@ -171,7 +171,7 @@ async fn our_client_waits_out_an_in_flight_key_and_gets_the_replay() {
         .insert("x-delay-ms", "500".parse().unwrap());
     let running = tokio::spawn(async move { first.append(slow).await });
     seen(&lab, "wait").await;
-    // ABORTED with a pushback of 1 s, then the replay of the first call's answer.
+    // ABORTED with a pushback of 1 s, then the stored response of the first call's answer.
     let policy_wait = second.append(keyed("wait", "k-wait", None)).await.unwrap();
     assert_eq!(policy_wait.get_ref().applied, 1);
     assert_eq!(

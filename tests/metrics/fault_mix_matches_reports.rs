@@ -188,7 +188,7 @@ fn attributes_are_bounded(got: &Recorded) {
 }
 
 /// Keys end to end: the client's count of stored responses received equals its reports'
-/// `replayed()`, and equals the server layer's count of repeats answered from the stored
+/// `is_stored_response()`, and equals the server layer's count of repeats answered from the stored
 /// response; no write is suppressed (the key makes the repeat harmless).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_responses_are_counted_once_by_each_half() {
@@ -205,31 +205,28 @@ async fn stored_responses_are_counted_once_by_each_half() {
     let client = client_meters.read();
     let server = server_meters.read();
 
-    let replayed = reports.iter().filter(|r| r.is_stored_response()).count() as u64;
+    let stored = reports.iter().filter(|r| r.is_stored_response()).count() as u64;
     assert!(
-        replayed > 0,
+        stored > 0,
         "a keyed write whose first answer was lost gets the stored one"
     );
-    assert_eq!(
-        client.total("retry_safety.client.stored_responses"),
-        replayed
-    );
+    assert_eq!(client.total("retry_safety.client.stored_responses"), stored);
     assert_eq!(
         server.sum_where(
             "retry_safety.server.keyed_requests",
             "retry_safety.key.outcome",
             "stored-response"
         ),
-        replayed
+        stored
     );
     assert_eq!(client.total("retry_safety.client.writes.suppressed"), 0);
-    let stopped_replayed: u64 = client
+    let stopped_stored: u64 = client
         .u64_histogram_points("retry_safety.client.attempts")
         .iter()
         .filter(|(a, _)| a["retry_safety.stop_reason"] == "stored-response")
         .map(|(_, count)| count)
         .sum();
-    assert_eq!(stopped_replayed, replayed);
+    assert_eq!(stopped_stored, stored);
 }
 
 /// The same fault mix through the reqwest-middleware adapter: the same instruments, counted

@@ -69,7 +69,7 @@ async fn posts_lost_after_apply_are_never_applied_twice(
     run: usize,
 ) {
     // A streamed POST with a minted key whose response is lost after apply: retried, and
-    // the upstream replays the stored response (the replayed body has the same
+    // the upstream sends its stored response (the stored body has the same
     // fingerprint, or it would answer 422).
     let m = send(
         proxy,
@@ -85,7 +85,7 @@ async fn posts_lost_after_apply_are_never_applied_twice(
         (StatusCode::OK, Some(2)),
         "run {run}"
     );
-    assert!(m.replayed, "run {run}");
+    assert!(m.stored, "run {run}");
     assert_eq!(upstream.seen("/v1/messages"), seen(2, 1), "run {run}");
 
     // A streamed POST on a route that ignores keys, after the same ambiguous failure:

@@ -130,9 +130,9 @@ async fn the_server_layer_replays_a_stored_responses_trailers() {
             .body(Full::new(Bytes::from_static(b"x")))
             .unwrap()
     };
-    for replayed in [false, true] {
+    for stored in [false, true] {
         let res = svc.clone().oneshot(send()).await.unwrap();
-        assert_eq!(res.headers().contains_key("idempotent-replayed"), replayed);
+        assert_eq!(res.headers().contains_key("idempotent-replayed"), stored);
         let collected = res.into_body().collect().await.unwrap();
         assert_eq!(collected.trailers().unwrap()["x-outcome"], "done");
         assert_eq!(collected.to_bytes(), "body");

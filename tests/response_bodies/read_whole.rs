@@ -137,7 +137,7 @@ async fn a_keyed_post_whose_body_was_cut_is_replayed_with_the_same_key() {
     assert!(err.is_none(), "{err:?}");
     assert_eq!(bytes, body);
     assert_eq!(server.requests(), 2);
-    // The handler ran once: the second answer is the server's replay of the stored one.
+    // The handler ran once: the second answer is the server's stored response.
     assert_eq!(server.applied(), 1);
     assert_eq!(server.body_bytes(), 8 * 1024 + 16 * 1024);
     assert_eq!(report.attempts(), 2);

@@ -1,9 +1,9 @@
 //! Keyed writes whose response body is longer than the read-whole limit and is cut while it
-//! streams to the caller: sent again whole with the same key, the server's replay continues the
+//! streams to the caller: sent again whole with the same key, the server's stored response continues the
 //! body where the cut left it (the bytes already delivered are skipped), through both front
 //! ends, against a real hyper server on loopback whose `POST`s are behind the crate's
 //! `IdempotencyLayer` (the cut is between the network and that layer, after the handler ran).
-//! A replay that is not the same response, a key the policy does not trust, and a write without
+//! A stored response that is not the same response, a key the policy does not trust, and a write without
 //! a key are never spliced or never sent again.
 
 use crate::support::cut_server::{Cut, CutServer, Options};
@@ -51,7 +51,7 @@ async fn send_tower(
 }
 
 #[tokio::test]
-async fn a_keyed_write_cut_past_the_limit_continues_with_the_servers_replay() {
+async fn a_keyed_write_cut_past_the_limit_continues_with_the_servers_stored_response() {
     let body = representation(LEN);
     let server = CutServer::start_with_keys(Options::new(body.clone()), vec![Cut::At(CUT)]).await;
     let policy = policy().honor_idempotency_key(true).build().unwrap();
@@ -64,7 +64,7 @@ async fn a_keyed_write_cut_past_the_limit_continues_with_the_servers_replay() {
     let (bytes, err) = read_all(&mut whole).await;
     assert!(err.is_none(), "{err:?}");
     assert_eq!(bytes, body);
-    // Sent twice, applied once: the second answer is the stored response, replayed whole.
+    // Sent twice, applied once: the second answer is the stored response, sent whole.
     assert_eq!(server.requests(), 2);
     assert_eq!(server.applied(), 1);
     assert_eq!(server.range_requests(), 0);
@@ -78,7 +78,7 @@ async fn a_keyed_write_cut_past_the_limit_continues_with_the_servers_replay() {
 }
 
 #[tokio::test]
-async fn reqwest_a_keyed_write_cut_past_the_limit_continues_with_the_servers_replay() {
+async fn reqwest_a_keyed_write_cut_past_the_limit_continues_with_the_servers_stored_response() {
     let body = representation(LEN);
     let server = CutServer::start_with_keys(Options::new(body.clone()), vec![Cut::At(CUT)]).await;
     let policy = policy().honor_idempotency_key(true).build().unwrap();
@@ -107,7 +107,7 @@ async fn reqwest_a_keyed_write_cut_past_the_limit_continues_with_the_servers_rep
 /// The server kept the response without its body (longer than its 64 KiB): the replay is
 /// empty, not the same response, so nothing is spliced and the body ends in the error.
 #[tokio::test]
-async fn a_replay_without_the_body_is_never_spliced() {
+async fn a_stored_response_without_the_body_is_never_spliced() {
     let len = 80 * 1024;
     let body = representation(len);
     let server = CutServer::start_with_keys(Options::new(body.clone()), vec![Cut::At(CUT)]).await;

@@ -7,7 +7,7 @@ use std::time::Instant;
 use http::StatusCode;
 
 use super::reply::Reply;
-use super::report::{RuleOutcome, RuleResult};
+use super::report::{RuleResult, RuleVerdict};
 use super::{result, Ctx};
 use crate::headers::RUN_HEADER;
 
@@ -21,7 +21,7 @@ impl Ctx<'_> {
         let first = self.send(&upper, self.payload("case", 1), &[]).await;
         if !first.is_success() {
             let detail = format!("the first request got {} (want a 2xx)", first.shown());
-            return result(RULE, RuleOutcome::Fail, detail);
+            return result(RULE, RuleVerdict::Fail, detail);
         }
         // Another payload where the body allows it: a server comparing keys without case
         // then answers 422; with one payload, it answers the first run.
@@ -36,11 +36,11 @@ impl Ctx<'_> {
         );
         if other.status() == Some(StatusCode::UNPROCESSABLE_ENTITY) {
             let detail = format!("{shown}: compared without case, taken as a reuse");
-            return result(RULE, RuleOutcome::Fail, detail);
+            return result(RULE, RuleVerdict::Fail, detail);
         }
         if !other.is_success() {
             let detail = format!("{shown} (want a 2xx from a run of its own)");
-            return result(RULE, RuleOutcome::Fail, detail);
+            return result(RULE, RuleVerdict::Fail, detail);
         }
         match (
             first.run() == other.run(),
@@ -48,17 +48,17 @@ impl Ctx<'_> {
         ) {
             (true, true) => result(
                 RULE,
-                RuleOutcome::Fail,
+                RuleVerdict::Fail,
                 format!("{shown}: the first key's run answered it (compared without case)"),
             ),
             (true, false) => result(
                 RULE,
-                RuleOutcome::Skip,
+                RuleVerdict::Skip,
                 format!("{shown}: equal answers without {RUN_HEADER}, unverified"),
             ),
             (false, _) => result(
                 RULE,
-                RuleOutcome::Pass,
+                RuleVerdict::Pass,
                 format!("{shown}: a run of its own"),
             ),
         }
@@ -80,15 +80,15 @@ impl Ctx<'_> {
         );
         if !repeat.is_success() || repeat.run() != baseline.run() {
             let detail = format!("{shown}: the key was forgotten (want its first answer)");
-            return result(RULE, RuleOutcome::Fail, detail);
+            return result(RULE, RuleVerdict::Fail, detail);
         }
         if !(repeat.names_run() && baseline.names_run()) {
             let detail = format!("{shown}: an equal answer without {RUN_HEADER}, unverified");
-            return result(RULE, RuleOutcome::Skip, detail);
+            return result(RULE, RuleVerdict::Skip, detail);
         }
         result(
             RULE,
-            RuleOutcome::Pass,
+            RuleVerdict::Pass,
             format!("{shown}: its first run's answer"),
         )
     }

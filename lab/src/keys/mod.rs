@@ -21,7 +21,7 @@ mod reply;
 mod report;
 mod rules;
 
-pub use self::report::{KeysReport, RuleOutcome, RuleResult};
+pub use self::report::{KeysReport, RuleResult, RuleVerdict};
 
 /// Headers a stored response must repeat, when the first answer had them.
 const HEADERS_THAT_MATTER: [&str; 5] = [
@@ -58,7 +58,7 @@ const MAX_BODY: usize = 1024 * 1024;
 /// (the handler fails after it may have applied its effect), and a response header
 /// `x-lab-handler-run` unique per handler run ([`headers`](crate::headers)); the lab's
 /// [`Upstream`](crate::serve::Upstream) does all three. Without the run header, answers that differ
-/// still fail a rule, but equal answers cannot tell a replay from a second run:
+/// still fail a rule, but equal answers cannot tell a stored response from a second run:
 /// `repeat-same-answer` and `concurrent-run-once` are then `skip` (unverified), not `pass`. The
 /// check first sends one well-formed keyed request: if the route does not answer it 2xx, every rule
 /// is `skip`; with a `--body` without `{variant}`, so is every rule when that payload sent again
@@ -280,7 +280,7 @@ fn skip_all(detail: String) -> KeysReport {
     KeysReport {
         results: RULES
             .into_iter()
-            .map(|rule| result(rule, RuleOutcome::Skip, detail.clone()))
+            .map(|rule| result(rule, RuleVerdict::Skip, detail.clone()))
             .collect(),
     }
 }
@@ -306,18 +306,18 @@ struct Ctx<'a> {
     run: String,
 }
 
-fn result(rule: &'static str, outcome: RuleOutcome, detail: impl Into<String>) -> RuleResult {
+fn result(rule: &'static str, verdict: RuleVerdict, detail: impl Into<String>) -> RuleResult {
     RuleResult {
         rule,
-        outcome,
+        verdict,
         detail: detail.into(),
     }
 }
 
-fn pass_if(ok: bool) -> RuleOutcome {
+fn pass_if(ok: bool) -> RuleVerdict {
     if ok {
-        RuleOutcome::Pass
+        RuleVerdict::Pass
     } else {
-        RuleOutcome::Fail
+        RuleVerdict::Fail
     }
 }

@@ -1,10 +1,10 @@
-//! The check's outcome: one result per rule, and whether the check as a whole passes.
+//! The check's report: one rule result per rule, and whether the check as a whole passes.
 
 use std::fmt;
 
-/// One rule's outcome.
+/// One rule's verdict: kept, broken, or not tried.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RuleOutcome {
+pub enum RuleVerdict {
     /// The server keeps the rule.
     Pass,
     /// The server breaks it.
@@ -13,13 +13,13 @@ pub enum RuleOutcome {
     Skip,
 }
 
-/// One rule, its outcome, and what was seen (statuses and header names only).
+/// One rule's result: the rule, its verdict, and what was seen (statuses and header names only).
 #[derive(Clone, Debug)]
 pub struct RuleResult {
     /// The rule's short name, such as `in-flight-409`.
     pub rule: &'static str,
     /// Pass, fail or skip.
-    pub outcome: RuleOutcome,
+    pub verdict: RuleVerdict,
     /// What the check saw.
     pub detail: String,
 }
@@ -47,10 +47,10 @@ impl KeysReport {
     /// unpassed: a server that re-ran every repeat, or held a repeat instead of answering
     /// 409, could not be told from a conforming one, so the check does not say it conforms.
     pub fn passed(&self) -> bool {
-        let failed = self.results.iter().any(|r| r.outcome == RuleOutcome::Fail);
+        let failed = self.results.iter().any(|r| r.verdict == RuleVerdict::Fail);
         let verified = RUN_ONCE.iter().all(|rule| {
             self.rule(rule)
-                .is_some_and(|r| r.outcome == RuleOutcome::Pass)
+                .is_some_and(|r| r.verdict == RuleVerdict::Pass)
         });
         verified && !failed
     }
@@ -64,16 +64,16 @@ impl KeysReport {
 impl fmt::Display for KeysReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for r in &self.results {
-            let outcome = match r.outcome {
-                RuleOutcome::Pass => "pass",
-                RuleOutcome::Fail => "FAIL",
-                RuleOutcome::Skip => "skip",
+            let verdict = match r.verdict {
+                RuleVerdict::Pass => "pass",
+                RuleVerdict::Fail => "FAIL",
+                RuleVerdict::Skip => "skip",
             };
-            writeln!(f, "{outcome}  {:<22} {}", r.rule, r.detail)?;
+            writeln!(f, "{verdict}  {:<22} {}", r.rule, r.detail)?;
         }
-        if self.results.iter().all(|r| r.outcome == RuleOutcome::Skip) {
+        if self.results.iter().all(|r| r.verdict == RuleVerdict::Skip) {
             writeln!(f, "no rule could be tried: nothing was verified")?;
-        } else if !self.passed() && !self.results.iter().any(|r| r.outcome == RuleOutcome::Fail) {
+        } else if !self.passed() && !self.results.iter().any(|r| r.verdict == RuleVerdict::Fail) {
             writeln!(
                 f,
                 "not passed: the run-once rules ({}) were not all verified",

@@ -3,7 +3,7 @@
 use http::StatusCode;
 
 use super::reply::{futures_join_all, Reply};
-use super::report::{RuleOutcome, RuleResult};
+use super::report::{RuleResult, RuleVerdict};
 use super::{pass_if, result, Ctx, HEADERS_THAT_MATTER, VARIANT};
 use crate::headers::{FAIL_HEADER, HOLD_HEADER, RUN_HEADER};
 
@@ -43,7 +43,7 @@ impl Ctx<'_> {
             if a.run() != b.run() {
                 return result(
                     "in-flight-409",
-                    RuleOutcome::Fail,
+                    RuleVerdict::Fail,
                     detail("two handler runs (want a 2xx and a 409)"),
                 );
             }
@@ -57,7 +57,7 @@ impl Ctx<'_> {
             let why = if a.names_run() && b.names_run() && held {
                 return result(
                     "in-flight-409",
-                    RuleOutcome::Fail,
+                    RuleVerdict::Fail,
                     detail("one handler run answered both, the second held until the first ended (want a 409 while it runs)"),
                 );
             } else if a.names_run() && b.names_run() {
@@ -65,7 +65,7 @@ impl Ctx<'_> {
             } else {
                 format!("equal answers without {RUN_HEADER}: one run or two cannot be told, the rule was not tried")
             };
-            return result("in-flight-409", RuleOutcome::Skip, detail(&why));
+            return result("in-flight-409", RuleVerdict::Skip, detail(&why));
         }
         let conflict = statuses.contains(&Some(StatusCode::CONFLICT));
         let ok = conflict && (a.is_success() || b.is_success());
@@ -84,7 +84,7 @@ impl Ctx<'_> {
         if self.one_payload() {
             return result(
                 "other-payload-422",
-                RuleOutcome::Skip,
+                RuleVerdict::Skip,
                 format!("the --body has no {VARIANT}: every request sends the same payload"),
             );
         }
@@ -93,7 +93,7 @@ impl Ctx<'_> {
         if !first.is_success() {
             return result(
                 "other-payload-422",
-                RuleOutcome::Fail,
+                RuleVerdict::Fail,
                 format!("the first request got {} (want a 2xx)", first.shown()),
             );
         }
@@ -123,7 +123,7 @@ impl Ctx<'_> {
         else {
             return result(
                 "repeat-same-answer",
-                RuleOutcome::Fail,
+                RuleVerdict::Fail,
                 "the first request got no answer",
             );
         };
@@ -136,7 +136,7 @@ impl Ctx<'_> {
         else {
             return result(
                 "repeat-same-answer",
-                RuleOutcome::Fail,
+                RuleVerdict::Fail,
                 "the repeat got no answer",
             );
         };
@@ -151,7 +151,7 @@ impl Ctx<'_> {
         if differ.is_empty() && !(first.names_run() && repeat.names_run()) {
             result(
                 "repeat-same-answer",
-                RuleOutcome::Skip,
+                RuleVerdict::Skip,
                 format!(
                     "a repeat got an equal answer (status {}), but without {RUN_HEADER} a replay cannot be told from a second run: unverified",
                     status.as_u16()
@@ -160,7 +160,7 @@ impl Ctx<'_> {
         } else if differ.is_empty() {
             result(
                 "repeat-same-answer",
-                RuleOutcome::Pass,
+                RuleVerdict::Pass,
                 format!(
                     "a repeat got the first answer: status {}, body, and {}",
                     status.as_u16(),
@@ -174,7 +174,7 @@ impl Ctx<'_> {
         } else {
             result(
                 "repeat-same-answer",
-                RuleOutcome::Fail,
+                RuleVerdict::Fail,
                 format!(
                     "a repeat's answer differs from the first's in: {} (first {}, repeat {})",
                     differ.join(", "),
@@ -209,7 +209,7 @@ impl Ctx<'_> {
         if ok && !named {
             return result(
                 "concurrent-run-once",
-                RuleOutcome::Skip,
+                RuleVerdict::Skip,
                 format!(
                     "{} requests at once and a repeat, one key: {answered} equal 2xx answers, {conflicts} got 409, but without {RUN_HEADER} one run cannot be told from several: unverified",
                     self.check.concurrency
@@ -238,7 +238,7 @@ impl Ctx<'_> {
         if first.status().is_some_and(|s| !s.is_server_error()) {
             return result(
                 "repeat-after-failure",
-                RuleOutcome::Skip,
+                RuleVerdict::Skip,
                 format!(
                     "the handler did not fail as asked ({FAIL_HEADER}): it got {}, the rule was not tried",
                     first.shown()

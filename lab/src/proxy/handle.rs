@@ -1,5 +1,5 @@
 //! One request, from either server: read whole, told to an operation, faulted on its
-//! operation's first attempt, forwarded, and what its client is given recorded.
+//! operation's first attempt, forwarded, and what its client is given noted.
 
 use std::sync::Arc;
 
@@ -214,7 +214,7 @@ async fn after_apply(
             }
         }
         Fault::SlowAfterApply => {
-            // Recorded only if the hold ends before the client gives up (the server drops
+            // Noted only if the hold ends before the client gives up (the server drops
             // this future when the client closes the connection or resets the stream).
             tokio::time::sleep(shared.config.slow).await;
             answered(shared, attempt, peer, res)
@@ -227,10 +227,10 @@ async fn after_apply(
     }
 }
 
-/// Records what the client is given, and gives it. An HTTP/1.1 client that closed its
-/// connection is given nothing (the connection is closed), and recorded so: its answer
+/// Notes what the client is given, and gives it. An HTTP/1.1 client that closed its
+/// connection is given nothing (the connection is closed), and noted so: its answer
 /// would never arrive. One whose pipelined requests are still unread may have closed behind
-/// them: its answer is recorded as unconfirmed until a later look finds it there.
+/// them: its answer is noted as unconfirmed until a later look finds it there.
 fn answered(
     shared: &Shared,
     attempt: &Attempt,

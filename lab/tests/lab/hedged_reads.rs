@@ -19,8 +19,8 @@ async fn a_hedged_read_answered_by_an_earlier_hedge_is_recovered() {
     // are held by the upstream until the test lets the first of them go.
     let upstream = RawUpstream::start(vec![
         Then::Reply("200 OK"),
-        Then::HeldThenOk { replayed: false },
-        Then::HeldThenOk { replayed: false },
+        Then::HeldThenOk { stored: false },
+        Then::HeldThenOk { stored: false },
     ])
     .await;
     let config = ProxyConfig::new(&upstream.url())

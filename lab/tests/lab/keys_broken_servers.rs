@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use retry_safety_lab::headers::{HOLD_HEADER, RUN_HEADER};
-use retry_safety_lab::{KeysCheck, RuleOutcome};
+use retry_safety_lab::{KeysCheck, RuleVerdict};
 use tokio::net::TcpListener;
 
 /// How the stand-in server treats a key.
@@ -180,7 +180,7 @@ async fn a_server_that_reruns_every_repeat_unobserved_is_not_passed() {
     assert!(!report.passed(), "{report}");
     for rule in ["malformed-key-400", "other-payload-422"] {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, RuleOutcome::Pass, "{rule}: {report}");
+        assert_eq!(result.verdict, RuleVerdict::Pass, "{rule}: {report}");
     }
     for rule in [
         "in-flight-409",
@@ -189,7 +189,7 @@ async fn a_server_that_reruns_every_repeat_unobserved_is_not_passed() {
         "repeat-after-failure",
     ] {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, RuleOutcome::Skip, "{rule}: {report}");
+        assert_eq!(result.verdict, RuleVerdict::Skip, "{rule}: {report}");
     }
     assert!(report.to_string().contains("not all verified"), "{report}");
     // The baseline, 2 in flight, the other payload's first, the repeat pair, 4 at once and
@@ -206,7 +206,7 @@ async fn a_server_that_holds_a_repeat_instead_of_409_fails_the_in_flight_rule() 
     let (addr, _server) = start(Breaks::HoldsRepeats).await;
     let report = check(addr).run().await;
     let result = report.rule("in-flight-409").expect("reported");
-    assert_eq!(result.outcome, RuleOutcome::Fail, "{report}");
+    assert_eq!(result.verdict, RuleVerdict::Fail, "{report}");
     assert!(result.detail.contains("held"), "{}", result.detail);
     assert!(!report.passed(), "{report}");
     for rule in [
@@ -215,7 +215,7 @@ async fn a_server_that_holds_a_repeat_instead_of_409_fails_the_in_flight_rule() 
         "repeat-after-failure",
     ] {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, RuleOutcome::Pass, "{rule}: {report}");
+        assert_eq!(result.verdict, RuleVerdict::Pass, "{rule}: {report}");
     }
 }
 
@@ -227,12 +227,12 @@ async fn a_server_that_compares_keys_without_case_fails() {
     let (addr, _server) = start(Breaks::CaseInsensitive).await;
     let report = check(addr).run().await;
     let result = report.rule("key-case-sensitive").expect("reported");
-    assert_eq!(result.outcome, RuleOutcome::Fail, "{report}");
+    assert_eq!(result.verdict, RuleVerdict::Fail, "{report}");
     assert!(!report.passed(), "{report}");
     let failed: Vec<_> = report
         .results
         .iter()
-        .filter(|r| r.outcome == RuleOutcome::Fail)
+        .filter(|r| r.verdict == RuleVerdict::Fail)
         .map(|r| r.rule)
         .collect();
     assert_eq!(failed, ["key-case-sensitive"], "{report}");
@@ -244,8 +244,8 @@ async fn a_server_that_compares_keys_without_case_fails() {
 fn assert_only_fails(report: &retry_safety_lab::KeysReport, rule: &str) {
     for result in report.results.iter().filter(|r| r.rule != rule) {
         assert_eq!(
-            result.outcome,
-            RuleOutcome::Pass,
+            result.verdict,
+            RuleVerdict::Pass,
             "{}: {report}",
             result.rule
         );
@@ -261,7 +261,7 @@ async fn a_server_that_forgets_keys_after_a_second_fails() {
     let (addr, _server) = start(Breaks::ForgetsAfterOneSecond).await;
     let report = check(addr).keep(Duration::from_millis(1500)).run().await;
     let result = report.rule("key-kept").expect("reported");
-    assert_eq!(result.outcome, RuleOutcome::Fail, "{report}");
+    assert_eq!(result.verdict, RuleVerdict::Fail, "{report}");
     assert!(result.detail.contains("forgotten"), "{}", result.detail);
     assert!(!report.passed(), "{report}");
     assert_only_fails(&report, "key-kept");
@@ -276,7 +276,7 @@ async fn a_server_that_runs_then_stores_the_key_is_not_passed() {
     let report = check(addr).run().await;
     assert!(!report.passed(), "{report}");
     let result = report.rule("concurrent-run-once").expect("reported");
-    assert_ne!(result.outcome, RuleOutcome::Pass, "{report}");
+    assert_ne!(result.verdict, RuleVerdict::Pass, "{report}");
     // How many of the burst ran depends on how many arrived within the hold (a loaded
     // machine may spread them): not counted here. The verdict does not depend on it.
     drop(server);

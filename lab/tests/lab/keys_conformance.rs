@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use retry_safety_lab::headers::{HOLD_HEADER, RUN_HEADER};
-use retry_safety_lab::{KeysCheck, RuleOutcome, Upstream};
+use retry_safety_lab::{KeysCheck, RuleVerdict, Upstream};
 use tokio::net::TcpListener;
 
 fn loopback() -> SocketAddr {
@@ -41,7 +41,7 @@ async fn the_crates_layer_over_the_memory_store_passes_every_rule() {
     let report = check.run().await;
     for rule in RULES {
         let result = report.rule(rule).expect("every rule is reported");
-        assert_eq!(result.outcome, RuleOutcome::Pass, "{report}");
+        assert_eq!(result.verdict, RuleVerdict::Pass, "{report}");
     }
     assert!(report.passed(), "{report}");
     // The handler ran: once for the baseline request, the in-flight pair, the other
@@ -159,20 +159,20 @@ async fn a_server_that_ignores_keys_fails_each_rule_it_breaks() {
     assert!(!report.passed(), "{report}");
     for rule in &RULES[..5] {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, RuleOutcome::Fail, "{rule}: {report}");
+        assert_eq!(result.verdict, RuleVerdict::Fail, "{rule}: {report}");
     }
     // It does not fail on request, so the rule cannot be tried.
     let after = report.rule("repeat-after-failure").expect("reported");
-    assert_eq!(after.outcome, RuleOutcome::Skip, "{report}");
+    assert_eq!(after.verdict, RuleVerdict::Skip, "{report}");
     let text = report.to_string();
     assert_eq!(text.lines().count(), RULES.len(), "{text}");
     // And the first key, sent again later, runs again: forgotten.
     let kept = report.rule("key-kept").expect("reported");
-    assert_eq!(kept.outcome, RuleOutcome::Fail, "{report}");
+    assert_eq!(kept.verdict, RuleVerdict::Fail, "{report}");
     assert_eq!(text.lines().filter(|l| l.starts_with("FAIL")).count(), 6);
 }
 
-/// Equal answers without a run header cannot tell a replay from a second run: the rules that
+/// Equal answers without a run header cannot tell a stored response from a second run: the rules that
 /// would need that are not passed, and the rules it breaks outright fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_ignores_keys_without_a_run_header_is_not_passed() {
@@ -186,18 +186,18 @@ async fn a_server_that_ignores_keys_without_a_run_header_is_not_passed() {
     assert!(!report.passed(), "{report}");
     for rule in RULES {
         let result = report.rule(rule).expect("reported");
-        assert_ne!(result.outcome, RuleOutcome::Pass, "{rule}: {report}");
+        assert_ne!(result.verdict, RuleVerdict::Pass, "{rule}: {report}");
     }
     for rule in ["malformed-key-400", "other-payload-422"] {
         assert_eq!(
-            report.rule(rule).expect("reported").outcome,
-            RuleOutcome::Fail,
+            report.rule(rule).expect("reported").verdict,
+            RuleVerdict::Fail,
             "{report}"
         );
     }
     for rule in ["in-flight-409", "repeat-same-answer", "concurrent-run-once"] {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, RuleOutcome::Skip, "{rule}: {report}");
+        assert_eq!(result.verdict, RuleVerdict::Skip, "{rule}: {report}");
         assert!(result.detail.contains(RUN_HEADER), "{}", result.detail);
     }
 }
@@ -219,7 +219,7 @@ async fn a_route_that_refuses_the_checks_payload_gets_skips_not_passes() {
     assert_eq!(report.results.len(), RULES.len());
     for rule in RULES {
         let result = report.rule(rule).expect("reported");
-        assert_eq!(result.outcome, RuleOutcome::Skip, "{rule}: {report}");
+        assert_eq!(result.verdict, RuleVerdict::Skip, "{rule}: {report}");
         assert!(
             result.detail.contains("refused the check's request"),
             "{}",
@@ -238,7 +238,7 @@ async fn requests_that_did_not_overlap_skip_the_in_flight_rule() {
         .run()
         .await;
     let result = report.rule("in-flight-409").expect("reported");
-    assert_eq!(result.outcome, RuleOutcome::Skip, "{report}");
+    assert_eq!(result.verdict, RuleVerdict::Skip, "{report}");
     assert!(
         result.detail.contains("did not overlap"),
         "{}",

@@ -4,7 +4,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 
-use retry_safety_lab::{KeysCheck, KeysReport, RuleOutcome, Upstream};
+use retry_safety_lab::{KeysCheck, KeysReport, RuleVerdict, Upstream};
 use tower_idempotency_keys::IdempotencyLayer;
 
 fn loopback() -> SocketAddr {
@@ -14,7 +14,7 @@ fn loopback() -> SocketAddr {
 fn assert_every_rule_passes(report: &KeysReport) {
     assert_eq!(report.results.len(), 8, "{report}");
     for result in &report.results {
-        assert_eq!(result.outcome, RuleOutcome::Pass, "{report}");
+        assert_eq!(result.verdict, RuleVerdict::Pass, "{report}");
     }
 }
 

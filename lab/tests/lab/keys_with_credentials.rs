@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use retry_safety_lab::{KeysCheck, RuleOutcome, Upstream};
+use retry_safety_lab::{KeysCheck, RuleVerdict, Upstream};
 use tokio::net::TcpListener;
 
 const TOKEN: &str = "Bearer s3cret-token-Zq81";
@@ -99,7 +99,7 @@ async fn an_api_with_credentials_passes_every_rule_with_header_and_body() {
     let report = check.run().await;
     assert!(report.passed(), "{report}");
     for result in &report.results {
-        assert_eq!(result.outcome, RuleOutcome::Pass, "{report}");
+        assert_eq!(result.verdict, RuleVerdict::Pass, "{report}");
     }
     // As over the lab's upstream without the gate: the baseline, the in-flight pair, the
     // other payload's first, the stored response's first, the concurrent burst, the failed
@@ -123,7 +123,7 @@ async fn without_the_credential_nothing_is_verified() {
         report
             .results
             .iter()
-            .all(|r| r.outcome == RuleOutcome::Skip),
+            .all(|r| r.verdict == RuleVerdict::Skip),
         "{report}"
     );
     assert!(report.to_string().contains("401"), "{report}");
@@ -144,11 +144,11 @@ async fn a_body_without_a_variant_skips_only_the_other_payload_rule() {
     assert!(report.passed(), "{report}");
     for result in &report.results {
         let want = if result.rule == "other-payload-422" {
-            RuleOutcome::Skip
+            RuleVerdict::Skip
         } else {
-            RuleOutcome::Pass
+            RuleVerdict::Pass
         };
-        assert_eq!(result.outcome, want, "{}: {report}", result.rule);
+        assert_eq!(result.verdict, want, "{}: {report}", result.rule);
     }
 }
 
@@ -223,8 +223,8 @@ async fn a_payload_refused_as_a_duplicate_passes_no_rule() {
     let report = check(addr).body("{\"amount\":100}").run().await;
     for result in &report.results {
         assert_ne!(
-            result.outcome,
-            RuleOutcome::Pass,
+            result.verdict,
+            RuleVerdict::Pass,
             "{}: {report}",
             result.rule
         );

@@ -34,7 +34,7 @@ fn post(path: &str, body: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_write_behind_a_closed_connection_counts_no_answer_received() {
     let upstream = RawUpstream::start(vec![
-        Then::HeldThenOk { replayed: false },
+        Then::HeldThenOk { stored: false },
         Then::Reply("201 Created"),
     ])
     .await;
@@ -139,7 +139,7 @@ async fn an_unconfirmed_2xx_is_confirmed_once_the_client_is_seen_still_there() {
 /// at once, behind a proxy that injects no fault.
 async fn held_then_created() -> (RawUpstream, Proxy) {
     let upstream = RawUpstream::start(vec![
-        Then::HeldThenOk { replayed: false },
+        Then::HeldThenOk { stored: false },
         Then::Reply("201 Created"),
     ])
     .await;
@@ -153,7 +153,7 @@ async fn held_then_created() -> (RawUpstream, Proxy) {
 }
 
 /// Waits (at most `GUARD`) until the proxy has ended every client connection: every answer
-/// was then given, or recorded as not received.
+/// was then given, or noted as not received.
 async fn connections_ended(proxy: &Proxy) {
     tokio::time::timeout(GUARD, async {
         while proxy.open_connections() > 0 {
@@ -180,7 +180,7 @@ const HOLD: Duration = Duration::from_secs(3);
 
 /// Rounds of four writes pipelined on one connection through the default fault mix, each
 /// write resent once if it got no 2xx; the client parses every answer it receives. A
-/// slow-held answer with pipelined requests behind it was recorded as lost when its hold
+/// slow-held answer with pipelined requests behind it was noted as lost when its hold
 /// ended (hyper does not read the client's close behind buffered requests), over the 2xx the
 /// client had meanwhile read for the write's resend: the lab printed fewer answered 2xx than
 /// the client read (issue 51, item 3: pipelined HTTP/1.1 under-counted answered 2xx).

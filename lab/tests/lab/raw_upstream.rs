@@ -24,8 +24,8 @@ pub enum Then {
     /// Answers a 200 whose body is 4 KiB (over the proxy's 1 KiB limit in these tests).
     Oversized,
     /// Waits for [`RawUpstream::release`] of its request, then answers a 200, marked as a stored response
-    /// when `replayed`.
-    HeldThenOk { replayed: bool },
+    /// when `stored`.
+    HeldThenOk { stored: bool },
     /// Answers at once with this status line's tail and header lines (`"409 Conflict"`,
     /// `"200 OK\r\nx-replayed: true"`) and a `{}` body.
     Reply(&'static str),
@@ -168,9 +168,9 @@ async fn answer(stream: &mut TcpStream, then: Then, held: &Notify) {
                 .into_bytes()
         }
         Then::Verbatim(response) => response.as_bytes().to_vec(),
-        Then::HeldThenOk { replayed } => {
+        Then::HeldThenOk { stored } => {
             held.notified().await;
-            let marked = if replayed {
+            let marked = if stored {
                 "idempotent-replayed: true\r\n"
             } else {
                 ""

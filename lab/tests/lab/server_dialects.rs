@@ -1,4 +1,4 @@
-//! Servers that mark replays, name keys, or refuse requests in their own way: what their
+//! Servers that mark stored responses, name keys, or refuse requests in their own way: what their
 //! answers say about a resend is read as they say it, and only then.
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -47,7 +47,7 @@ async fn resend_through(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_marked_by_the_named_header_is_not_counted_applied() {
+async fn a_stored_response_marked_by_the_named_header_is_not_counted_applied() {
     let plan = || {
         vec![
             Then::Reply("201 Created"),

@@ -122,8 +122,7 @@ async fn a_write_the_proxy_could_not_connect_for_is_counted_never_sent() {
 /// was forwarded, and the report taken after the drain has it answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_still_at_the_upstream_when_stopped_is_counted_applied() {
-    let upstream =
-        RawUpstream::start(vec![Then::Close, Then::HeldThenOk { replayed: false }]).await;
+    let upstream = RawUpstream::start(vec![Then::Close, Then::HeldThenOk { stored: false }]).await;
     let proxy = proxy(&upstream.url()).await;
     let addr = proxy.addr();
     let client = tokio::spawn(async move { naive_write(addr, 2).await });
@@ -144,7 +143,7 @@ async fn a_resend_still_at_the_upstream_when_stopped_is_counted_applied() {
 /// The drain is what lets a late answer say the resend ran nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_stop_waits_for_a_late_stored_response() {
-    let upstream = RawUpstream::start(vec![Then::Close, Then::HeldThenOk { replayed: true }]).await;
+    let upstream = RawUpstream::start(vec![Then::Close, Then::HeldThenOk { stored: true }]).await;
     let proxy = proxy(&upstream.url()).await;
     let addr = proxy.addr();
     let client = tokio::spawn(async move { naive_write(addr, 2).await });
@@ -161,7 +160,7 @@ async fn a_drained_stop_waits_for_a_late_stored_response() {
 /// A drain that ends before the upstream answers reports the resend pending, and applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_unanswered_after_the_drain_is_reported_pending() {
-    let upstream = RawUpstream::start(vec![Then::Close, Then::HeldThenOk { replayed: true }]).await;
+    let upstream = RawUpstream::start(vec![Then::Close, Then::HeldThenOk { stored: true }]).await;
     let proxy = proxy(&upstream.url()).await;
     let addr = proxy.addr();
     let client = tokio::spawn(async move { naive_write(addr, 2).await });

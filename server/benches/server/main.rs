@@ -18,7 +18,7 @@
 //!   the end): `pg_floor`, the handler doing the same `INSERT` in a transaction of its own
 //!   (`BEGIN`, `INSERT`, `COMMIT`: three round trips), and `idem_pg`, the handler doing it in
 //!   the request's transaction behind the layer in atomic mode (the key's lock and check with
-//!   `BEGIN`, the `INSERT`, the record's write with `COMMIT`: three round trips);
+//!   `BEGIN`, the `INSERT`, the entry's write with `COMMIT`: three round trips);
 //!   `pg_floor_async` and `idem_pg_async`, the same two with `synchronous_commit = off` in
 //!   their sessions (what is left without the wait for the WAL flush). Then, through a proxy
 //!   that counts round trips, `count` lines: round trips and WAL bytes per request for both.

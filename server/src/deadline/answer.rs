@@ -29,7 +29,7 @@ pub(crate) fn caller_gone(grpc: bool) -> Response<()> {
         );
     } else {
         headers.insert(
-            crate::outcome::CALLER_GONE,
+            crate::answers::CALLER_GONE,
             HeaderValue::from_static("the caller's deadline had passed: nothing was run"),
         );
     }

@@ -11,15 +11,15 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use super::{lock_id, secs, token, PostgresStore};
+use super::{as_bigint, lock_id, secs, PostgresStore};
 use crate::encoding;
 use crate::store::{
     Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoreError, StoredResponse,
 };
 
 /// A row's `(completed, entry)` as an entry; the entry is decoded, never trusted blindly.
-pub(super) fn entry(record: &[u8]) -> Result<Entry, StoreError> {
-    encoding::decode(record).map_err(StoreError::new)
+pub(super) fn entry(bytes: &[u8]) -> Result<Entry, StoreError> {
+    encoding::decode(bytes).map_err(StoreError::new)
 }
 
 impl IdempotencyStore for PostgresStore {
@@ -31,13 +31,13 @@ impl IdempotencyStore for PostgresStore {
     ) -> Result<Begin, StoreError> {
         self.count_claim();
         let sql = self.sql().await?;
-        let claim = FencingToken::new();
-        let in_flight = encoding::encode_in_flight(claim, fingerprint);
+        let token = FencingToken::new();
+        let in_flight = encoding::encode_in_flight(token, fingerprint);
         // A key that expires between the two statements is claimed on the next round.
         for _ in 0..3 {
             let row = sqlx::query(&sql.lease_begin)
                 .bind(key)
-                .bind(token(claim))
+                .bind(as_bigint(token))
                 .bind(&in_flight)
                 .bind(secs(lease))
                 .bind(lock_id(key))
@@ -45,13 +45,13 @@ impl IdempotencyStore for PostgresStore {
                 .await
                 .map_err(StoreError::new)?;
             let free: bool = row.try_get("free").map_err(StoreError::new)?;
-            let claimed: Option<i64> = row.try_get("claim").map_err(StoreError::new)?;
+            let claimed: Option<i64> = row.try_get("fencing_token").map_err(StoreError::new)?;
             if !free {
                 // An atomic-mode request holds the key (its row commits with it): in flight.
                 return Ok(Begin::Existing(Entry::InFlight { fingerprint }));
             }
             if claimed.is_some() {
-                return Ok(Begin::Started(claim));
+                return Ok(Begin::Started(token));
             }
             if let Some(existing) = self.get(key).await? {
                 return Ok(Begin::Existing(existing));
@@ -65,12 +65,12 @@ impl IdempotencyStore for PostgresStore {
     async fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
         let done = sqlx::query(&self.sql().await?.lease_renew)
             .bind(key)
-            .bind(token(claim))
+            .bind(as_bigint(token))
             .bind(secs(lease))
             .execute(self.own_pool().await)
             .await
@@ -85,16 +85,16 @@ impl IdempotencyStore for PostgresStore {
     async fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let completed =
-            encoding::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
+            encoding::encode_completed(token, fingerprint, &response).map_err(StoreError::new)?;
         let done = sqlx::query(&self.sql().await?.lease_complete)
             .bind(key)
-            .bind(token(claim))
+            .bind(as_bigint(token))
             .bind(&completed)
             .bind(secs(ttl))
             .fetch_optional(self.own_pool().await)
@@ -114,14 +114,14 @@ impl IdempotencyStore for PostgresStore {
             .await
             .map_err(StoreError::new)?;
         let Some(row) = row else { return Ok(None) };
-        let record: Vec<u8> = row.try_get("record").map_err(StoreError::new)?;
-        entry(&record).map(Some)
+        let bytes: Vec<u8> = row.try_get("entry").map_err(StoreError::new)?;
+        entry(&bytes).map(Some)
     }
 
-    async fn release(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
+    async fn release(&self, key: &str, token: FencingToken) -> Result<(), StoreError> {
         let done = sqlx::query(&self.sql().await?.lease_release)
             .bind(key)
-            .bind(token(claim))
+            .bind(as_bigint(token))
             .execute(self.own_pool().await)
             .await
             .map_err(StoreError::new)?;

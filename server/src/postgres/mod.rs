@@ -243,9 +243,9 @@ pub(crate) fn lock_id(key: &str) -> i64 {
     i64::from_be_bytes(id)
 }
 
-/// A claim's token as PostgreSQL's `bigint`: the same 64 bits.
-pub(crate) fn token(claim: FencingToken) -> i64 {
-    i64::from_ne_bytes(claim.token().to_ne_bytes())
+/// A fencing token as PostgreSQL's `bigint`: the same 64 bits.
+pub(crate) fn as_bigint(token: FencingToken) -> i64 {
+    i64::from_ne_bytes(token.token().to_ne_bytes())
 }
 
 /// A duration in seconds for `make_interval(secs => …)`.

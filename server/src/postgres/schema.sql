@@ -6,16 +6,16 @@
 
 CREATE TABLE IF NOT EXISTS idempotency_keys (
     -- The key as stored: the client's key, after a hash of its scope if keys are scoped.
-    key         text        PRIMARY KEY,
+    key           text        PRIMARY KEY,
     -- The fencing token of the claim that holds (or completed) the key.
-    claim       bigint      NOT NULL,
-    -- Whether `record` holds the response (true) or only the claim's fingerprint (false).
-    completed   boolean     NOT NULL,
-    -- The versioned binary record: version, kind, claim, SHA-256 fingerprint, and for a
-    -- completed key the response's status, headers and body.
-    record      bytea       NOT NULL,
-    -- A claim's lease end, or a completed record's end of life. A row past it is free.
-    expires_at  timestamptz NOT NULL
+    fencing_token bigint      NOT NULL,
+    -- Whether `entry` holds the stored response (true) or only the claim's fingerprint (false).
+    completed     boolean     NOT NULL,
+    -- The versioned binary entry: version, kind, fencing token, SHA-256 fingerprint, and for
+    -- a completed key the stored response's status, headers and body.
+    entry         bytea       NOT NULL,
+    -- A claim's lease end, or a completed entry's end of life. A row past it is free.
+    expires_at    timestamptz NOT NULL
 );
 
 -- Expired rows are deleted in small batches, oldest first.

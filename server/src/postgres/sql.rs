@@ -44,54 +44,54 @@ impl Sql {
         Sql {
             lease_begin: lease_begin(&t),
             lease_get: format!(
-                "SELECT record FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
+                "SELECT entry FROM {t} WHERE key = $1 AND expires_at > clock_timestamp()"
             ),
             // Writes the completed entry if the key is in flight under this claim (its lease
             // may have run out), or nothing holds it (absent or expired).
             lease_complete: format!(
-                "INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
+                "INSERT INTO {t} AS t (key, fencing_token, completed, entry, expires_at)
                 VALUES ($1, $2, true, $3, clock_timestamp() + make_interval(secs => $4))
                 ON CONFLICT (key) DO UPDATE
-                    SET claim = excluded.claim, completed = true, record = excluded.record,
+                    SET fencing_token = excluded.fencing_token, completed = true, entry = excluded.entry,
                         expires_at = excluded.expires_at
-                    WHERE (t.claim = excluded.claim AND NOT t.completed)
+                    WHERE (t.fencing_token = excluded.fencing_token AND NOT t.completed)
                         OR t.expires_at <= clock_timestamp()
-                RETURNING claim"
+                RETURNING fencing_token"
             ),
             lease_renew: format!(
                 "UPDATE {t} SET expires_at = clock_timestamp() + make_interval(secs => $3)
-                WHERE key = $1 AND claim = $2 AND NOT completed AND expires_at > clock_timestamp()"
+                WHERE key = $1 AND fencing_token = $2 AND NOT completed AND expires_at > clock_timestamp()"
             ),
             lease_release: format!(
                 "DELETE FROM {t}
-                WHERE key = $1 AND claim = $2 AND NOT completed AND expires_at > clock_timestamp()"
+                WHERE key = $1 AND fencing_token = $2 AND NOT completed AND expires_at > clock_timestamp()"
             ),
             // Writes the completed entry over the claim's in-flight row, in the handler's
             // transaction, only if that transaction is still the one that took the lock (no
             // row otherwise).
             atomic_complete: format!(
-                "INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
+                "INSERT INTO {t} AS t (key, fencing_token, completed, entry, expires_at)
                 SELECT $1, $2, true, $3, clock_timestamp() + make_interval(secs => $4)
                 WHERE current_setting('{LOCKED}', true) = 'true'
                 ON CONFLICT (key) DO UPDATE
-                    SET claim = excluded.claim, completed = true, record = excluded.record,
+                    SET fencing_token = excluded.fencing_token, completed = true, entry = excluded.entry,
                         expires_at = excluded.expires_at
-                RETURNING claim"
+                RETURNING fencing_token"
             ),
             // After a handler ended the transaction itself: keep an entry that says the outcome
             // is unknown, over the claim's own in-flight row (committed with the handler's
             // COMMIT) or a dead one, never over another's live entry.
             atomic_keep_unknown: format!(
-                "INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
+                "INSERT INTO {t} AS t (key, fencing_token, completed, entry, expires_at)
                 VALUES ($1, $2, true, $3, clock_timestamp() + make_interval(secs => $4))
                 ON CONFLICT (key) DO UPDATE
-                    SET claim = excluded.claim, completed = true, record = excluded.record,
+                    SET fencing_token = excluded.fencing_token, completed = true, entry = excluded.entry,
                         expires_at = excluded.expires_at
-                    WHERE t.claim = excluded.claim OR t.expires_at <= clock_timestamp()"
+                    WHERE t.fencing_token = excluded.fencing_token OR t.expires_at <= clock_timestamp()"
             ),
             // Whether the claim's in-flight row was committed: only a hand-made COMMIT can.
             atomic_claim_committed: format!(
-                "SELECT EXISTS (SELECT 1 FROM {t} WHERE key = $1 AND claim = $2 AND NOT completed)"
+                "SELECT EXISTS (SELECT 1 FROM {t} WHERE key = $1 AND fencing_token = $2 AND NOT completed)"
             ),
             // Rows locked by another transaction are skipped, never waited for.
             purge: format!(
@@ -113,15 +113,15 @@ fn lease_begin(t: &str) -> String {
     format!(
         "WITH lock AS (SELECT pg_try_advisory_xact_lock($5) AS free),
                 claimed AS (
-                    INSERT INTO {t} AS t (key, claim, completed, record, expires_at)
+                    INSERT INTO {t} AS t (key, fencing_token, completed, entry, expires_at)
                     SELECT $1, $2, false, $3, clock_timestamp() + make_interval(secs => $4)
                     FROM lock WHERE lock.free
                     ON CONFLICT (key) DO UPDATE
-                        SET claim = excluded.claim, completed = false, record = excluded.record,
+                        SET fencing_token = excluded.fencing_token, completed = false, entry = excluded.entry,
                             expires_at = excluded.expires_at
                         WHERE t.expires_at <= clock_timestamp()
-                    RETURNING claim)
-                SELECT (SELECT free FROM lock) AS free, (SELECT claim FROM claimed) AS claim"
+                    RETURNING fencing_token)
+                SELECT (SELECT free FROM lock) AS free, (SELECT fencing_token FROM claimed) AS fencing_token"
     )
 }
 

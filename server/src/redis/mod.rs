@@ -55,8 +55,8 @@ return 1";
 /// - A claim is `SET key entry NX PX lease GET`: one atomic command that claims a free key
 ///   and returns what a taken one holds. The claim's lease is its expiry, renewed while the
 ///   handler runs; a crashed server's claim ends with its lease.
-/// - `complete`, `renew` and `release` are Lua scripts that compare the entry's claim token
-///   (fencing) before they write, so a server whose claim was taken over changes nothing. Each
+/// - `complete`, `renew` and `release` are Lua scripts that compare the entry's fencing
+///   token before they write, so a server whose claim was taken over changes nothing. Each
 ///   script touches one key: it runs unchanged on Redis Cluster.
 /// - Entries use a compact, versioned binary encoding (`src/encoding.rs` in this package). An entry
 ///   of a version this server does not read is an error: the layer answers 503 and logs it,
@@ -227,7 +227,7 @@ impl RedisStore {
         &self,
         script: &Script,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         arg: &[&[u8]],
         wait: bool,
     ) -> Result<(), StoreError> {
@@ -236,7 +236,7 @@ impl RedisStore {
             .arg(script.get_hash())
             .arg(1)
             .arg(self.key(key))
-            .arg(&encoding::in_flight_holder(claim)[..]);
+            .arg(&encoding::in_flight_holder(token)[..]);
         for a in arg {
             pipe.arg(*a);
         }
@@ -337,11 +337,11 @@ impl IdempotencyStore for RedisStore {
             // Nothing written: the handler does not run, and the request gets 503.
             return Err(self.short_of_replicas("claim"));
         }
-        let claim = FencingToken::new();
+        let token = FencingToken::new();
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(self.key(key))
-            .arg(encoding::encode_in_flight(claim, fingerprint))
+            .arg(encoding::encode_in_flight(token, fingerprint))
             .arg("NX")
             .arg("PX")
             .arg(&*millis(lease))
@@ -355,12 +355,12 @@ impl IdempotencyStore for RedisStore {
         match replies.first() {
             Some(Value::Nil) => {
                 if self.confirmed(&replies)? {
-                    return Ok(Begin::Started(claim));
+                    return Ok(Begin::Started(token));
                 }
                 // Written, not confirmed: a failover now could lose it. The handler has not
                 // run, so the claim is withdrawn (if it still holds the key) and the request
                 // refused; a release that fails leaves the claim to its lease.
-                let _ = self.held(&self.release, key, claim, &[], false).await;
+                let _ = self.held(&self.release, key, token, &[], false).await;
                 Err(self.not_confirmed("claim"))
             }
             Some(Value::BulkString(bytes)) => encoding::decode(bytes)
@@ -380,7 +380,7 @@ impl IdempotencyStore for RedisStore {
     async fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
         let mut pipe = redis::pipe();
@@ -388,7 +388,7 @@ impl IdempotencyStore for RedisStore {
             .arg(RENEW)
             .arg(1)
             .arg(self.key(key))
-            .arg(&encoding::in_flight_holder(claim)[..])
+            .arg(&encoding::in_flight_holder(token)[..])
             .arg(&*millis(lease));
         if self.role {
             pipe.cmd("ROLE");
@@ -410,18 +410,18 @@ impl IdempotencyStore for RedisStore {
     async fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let completed =
-            encoding::encode_completed(claim, fingerprint, &response).map_err(StoreError::new)?;
+            encoding::encode_completed(token, fingerprint, &response).map_err(StoreError::new)?;
         // Short of replicas, the entry is written without waiting (repeats find it on this
         // primary) and reported not confirmed: the layer keeps sending it until it is.
         let wait = self.enough_replicas().await?;
         let args: [&[u8]; 2] = [&completed, &millis(ttl)];
-        self.held(&self.complete, key, claim, &args, wait).await?;
+        self.held(&self.complete, key, token, &args, wait).await?;
         if !wait {
             return Err(self.short_of_replicas("stored response"));
         }
@@ -446,10 +446,10 @@ impl IdempotencyStore for RedisStore {
         }
     }
 
-    async fn release(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
+    async fn release(&self, key: &str, token: FencingToken) -> Result<(), StoreError> {
         // Not waited for: a release lost in a failover leaves the claim to its lease (repeats
         // get 409 meanwhile), never a second run.
-        self.held(&self.release, key, claim, &[], false).await
+        self.held(&self.release, key, token, &[], false).await
     }
 }
 

@@ -39,7 +39,7 @@ impl RedisStore {
         Ok(confirmed)
     }
 
-    /// Reads a `ROLE` reply: entries whether the primary is short of replicas and, if it is,
+    /// Reads a `ROLE` reply: notes whether the primary is short of replicas and, if it is,
     /// has the store ask again where the primary is (as for a `WAIT` not confirmed). Returns
     /// whether it has enough (a reply this store cannot read counts as enough: `WAIT`
     /// decides), and whether the connections are to be resolved again.

@@ -91,7 +91,7 @@ struct Held {
 struct Slot {
     key: Arc<str>,
     shown: Arc<str>,
-    claim: FencingToken,
+    token: FencingToken,
     serial: u64,
     /// When the claim was asked of the store, or its last renewal sent (by the ticker or from
     /// the handler's task).
@@ -170,7 +170,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         Instant::now()
     }
 
-    /// Holds `claim` on `key` (`shown` in logs; asked of the store at `sent`) until the
+    /// Holds the claim with `token` on `key` (`shown` in logs; asked of the store at `sent`) until the
     /// returned guard is stopped or dropped, renewing its lease meanwhile from a ticker on the
     /// current runtime. A claim whose store answered so late that its first renewal is already
     /// due is renewed at once, not at the ticker's next wake. `Err` on a runtime without a
@@ -180,7 +180,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         self: &Arc<Self>,
         key: &Arc<str>,
         shown: &Arc<str>,
-        claim: FencingToken,
+        token: FencingToken,
         sent: Instant,
     ) -> Result<Renewal<St>, NoTimer> {
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
@@ -210,7 +210,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         let slot = Slot {
             key: key.clone(),
             shown: shown.clone(),
-            claim,
+            token,
             serial,
             renewed: sent,
         };
@@ -234,7 +234,7 @@ impl<St: IdempotencyStore> Renewals<St> {
         self.send_from_task(neighbours);
         if late {
             let (renewals, key, shown) = (self.clone(), key.clone(), shown.clone());
-            drop(handle.spawn(async move { renew(&renewals, (key, shown, claim)).await }));
+            drop(handle.spawn(async move { renew(&renewals, (key, shown, token)).await }));
         }
         if let Some(first) = first {
             // The guard goes into the task before it is spawned: a task that the runtime drops
@@ -323,20 +323,20 @@ impl<St: IdempotencyStore> Renewals<St> {
             return Err(next);
         }
         slot.renewed = now;
-        Ok((slot.key.clone(), slot.shown.clone(), slot.claim))
+        Ok((slot.key.clone(), slot.shown.clone(), slot.token))
     }
 
     /// Sends the renewals of `due` from a handler's task (not the ticker's): each is polled
     /// once here, and one that must wait for its reply goes on in a task of its own.
     fn send_from_task(&self, due: Vec<DueClaim>) {
-        for (key, shown, claim) in due {
+        for (key, shown, token) in due {
             send_renewal(
                 &self.store,
                 self.lease,
                 &self.observe,
                 key,
                 shown,
-                claim,
+                token,
                 &mut Context::from_waker(Waker::noop()),
             );
         }

@@ -18,13 +18,13 @@ use crate::text::cap;
 /// from a task of its own, so that the next renewal never waits for it.
 pub(super) async fn renew<St: IdempotencyStore>(
     renewals: &Renewals<St>,
-    (key, shown, claim): DueClaim,
+    (key, shown, token): DueClaim,
 ) {
     let mut call = Some((key, shown));
     std::future::poll_fn(|cx| {
         if let Some((key, shown)) = call.take() {
             let (store, lease, observe) = (&renewals.store, renewals.lease, &renewals.observe);
-            send_renewal(store, lease, observe, key, shown, claim, cx);
+            send_renewal(store, lease, observe, key, shown, token, cx);
         }
         Poll::Ready(())
     })
@@ -43,7 +43,7 @@ pub(super) fn send_renewal<St: IdempotencyStore>(
     observe: &Observe,
     key: Arc<str>,
     shown: Arc<str>,
-    claim: FencingToken,
+    token: FencingToken,
     cx: &mut Context<'_>,
 ) {
     let store = store.clone();
@@ -53,7 +53,7 @@ pub(super) fn send_renewal<St: IdempotencyStore>(
         let pause = (lease / RETRY).max(Duration::from_millis(1));
         let failed = loop {
             let left = end.saturating_duration_since(Instant::now());
-            let failed = match tokio::time::timeout(left, store.renew(&key, claim, lease)).await {
+            let failed = match tokio::time::timeout(left, store.renew(&key, token, lease)).await {
                 Ok(Ok(())) => return observe.renewal(RenewalResult::Renewed),
                 Ok(Err(err)) if err.is_fenced() => {
                     observe.renewal(RenewalResult::Fenced);

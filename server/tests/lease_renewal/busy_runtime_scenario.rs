@@ -222,9 +222,9 @@ async fn send(addr: SocketAddr, key: &str) -> (StatusCode, bool) {
         .unwrap();
     let res = client.request(req).await.expect("a response");
     let status = res.status();
-    let replayed = res.headers().contains_key("idempotent-replayed");
+    let stored = res.headers().contains_key("idempotent-replayed");
     let _ = res.into_body().collect().await;
-    (status, replayed)
+    (status, stored)
 }
 
 /// A client that goes away 50 ms after sending: the call is detached onto the runtime.

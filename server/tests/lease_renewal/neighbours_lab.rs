@@ -68,11 +68,11 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
     fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         let counting = self.0.clone();
-        let call = self.0.inner.renew(key, claim, lease);
+        let call = self.0.inner.renew(key, token, lease);
         async move {
             let r = call.await;
             match &r {
@@ -86,7 +86,7 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
     fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -94,7 +94,7 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
         self.0.completed.fetch_add(1, Ordering::SeqCst);
         self.0
             .inner
-            .complete(key, claim, fingerprint, response, ttl)
+            .complete(key, token, fingerprint, response, ttl)
     }
 
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send {
@@ -104,10 +104,10 @@ impl<St: IdempotencyStore> IdempotencyStore for Shared<St> {
     fn release(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         self.0.released.fetch_add(1, Ordering::SeqCst);
-        self.0.inner.release(key, claim)
+        self.0.inner.release(key, token)
     }
 }
 
@@ -210,9 +210,9 @@ async fn post(client: &HttpClient, addr: SocketAddr, key: &str) -> (StatusCode, 
         .expect("the server answers within five minutes")
         .expect("a response");
     let status = res.status();
-    let replayed = res.headers().get("idempotent-replayed").is_some();
+    let stored = res.headers().get("idempotent-replayed").is_some();
     let _ = res.into_body().collect().await;
-    (status, replayed)
+    (status, stored)
 }
 
 /// Sends every key at once; the statuses in the keys' order.
@@ -246,7 +246,7 @@ pub(crate) async fn wait_started(lab: &Lab, n: usize) {
     );
 }
 
-/// How many of `answers` (status, replayed) are 409s.
+/// How many of `answers` (status, stored) are 409s.
 pub(crate) fn conflicts(answers: &[(StatusCode, bool)]) -> usize {
     answers
         .iter()

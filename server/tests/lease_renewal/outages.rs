@@ -54,11 +54,11 @@ impl IdempotencyStore for Outage {
     async fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> Result<(), StoreError> {
         self.check()?;
-        self.inner.renew(key, claim, lease).await?;
+        self.inner.renew(key, token, lease).await?;
         let mut until = self.until.lock().unwrap();
         if until.is_none() {
             *until = Some(Instant::now() + self.outage);
@@ -69,14 +69,14 @@ impl IdempotencyStore for Outage {
     async fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> Result<(), StoreError> {
         self.check()?;
         self.inner
-            .complete(key, claim, fingerprint, response, ttl)
+            .complete(key, token, fingerprint, response, ttl)
             .await
     }
 
@@ -85,9 +85,9 @@ impl IdempotencyStore for Outage {
         self.inner.get(key).await
     }
 
-    async fn release(&self, key: &str, claim: FencingToken) -> Result<(), StoreError> {
+    async fn release(&self, key: &str, token: FencingToken) -> Result<(), StoreError> {
         self.check()?;
-        self.inner.release(key, claim).await
+        self.inner.release(key, token).await
     }
 }
 

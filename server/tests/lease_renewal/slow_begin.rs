@@ -33,20 +33,20 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.renew(key, claim, lease)
+        self.inner.renew(key, token, lease)
     }
     fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.complete(key, claim, fingerprint, response, ttl)
+        self.inner.complete(key, token, fingerprint, response, ttl)
     }
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send {
         self.inner.get(key)
@@ -54,8 +54,8 @@ impl<St: IdempotencyStore> IdempotencyStore for SlowBegin<St> {
     fn release(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(key, claim)
+        self.inner.release(key, token)
     }
 }

@@ -87,7 +87,7 @@ struct Outcome {
     during: StatusCode,
     first: StatusCode,
     after: StatusCode,
-    after_replayed: bool,
+    after_stored: bool,
 }
 
 /// The write, a repeat while its handler is busy (at 1.5 leases: past the first lease), and a
@@ -105,17 +105,17 @@ async fn write_and_repeat(
         async move {
             let res = client.request(req).await.expect("a response");
             let status = res.status();
-            let replayed = res.headers().get("idempotent-replayed").is_some();
+            let stored = res.headers().get("idempotent-replayed").is_some();
             let _ = res.into_body().collect().await;
-            (status, replayed)
+            (status, stored)
         }
     };
     let first = tokio::spawn(send(client.clone()));
     tokio::time::sleep(LEASE.mul_f64(1.5)).await;
     let (during, _) = send(client.clone()).await;
     let (first, _) = first.await.expect("the first request");
-    let (after, replayed) = send(client).await;
-    (first, during, after, replayed)
+    let (after, stored) = send(client).await;
+    (first, during, after, stored)
 }
 
 fn run_case<St, F, Fut>(flavour: Flavour, fraction: f64, make_store: F, key: &str) -> Outcome
@@ -126,14 +126,14 @@ where
 {
     let (addr, applied, server) = serve(flavour, make_store, Busy::of(fraction));
     let client_rt = tokio::runtime::Runtime::new().expect("client runtime");
-    let (first, during, after, after_replayed) = client_rt.block_on(write_and_repeat(addr, key));
+    let (first, during, after, after_stored) = client_rt.block_on(write_and_repeat(addr, key));
     drop(server);
     Outcome {
         applied: applied.load(Ordering::SeqCst),
         during,
         first,
         after,
-        after_replayed,
+        after_stored,
     }
 }
 
@@ -147,7 +147,7 @@ fn assert_once(o: &Outcome, case: &str) {
     );
     assert_eq!(o.after, StatusCode::OK, "{case}: a repeat after it");
     assert!(
-        o.after_replayed,
+        o.after_stored,
         "{case}: the repeat after it is the stored response"
     );
 }
@@ -292,14 +292,14 @@ fn three_busy_handlers_at_once(flavour: Flavour, fraction: f64) {
     });
     drop(server);
     let case = format!(
-        "{flavour:?}, stretches of {fraction} x lease, (first, during, after, replayed) = {outcomes:?}"
+        "{flavour:?}, stretches of {fraction} x lease, (first, during, after, stored) = {outcomes:?}"
     );
     assert_eq!(applied.load(Ordering::SeqCst), 3, "three writes: {case}");
-    for (first, during, after, replayed) in outcomes {
+    for (first, during, after, stored) in outcomes {
         assert_eq!(first, StatusCode::OK, "{case}");
         assert_eq!(during, StatusCode::CONFLICT, "{case}");
         assert_eq!(after, StatusCode::OK, "{case}");
-        assert!(replayed, "{case}");
+        assert!(stored, "{case}");
     }
 }
 

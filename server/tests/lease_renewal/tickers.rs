@@ -61,9 +61,9 @@ async fn send_keyed(addr: SocketAddr, key: &str) -> (StatusCode, bool) {
         .unwrap();
     let res = client.request(req).await.expect("a response");
     let status = res.status();
-    let replayed = res.headers().get("idempotent-replayed").is_some();
+    let stored = res.headers().get("idempotent-replayed").is_some();
     let _ = res.into_body().collect().await;
-    (status, replayed)
+    (status, stored)
 }
 
 /// The write, and a repeat `repeat_after` later (past the first lease, while the handler runs):

@@ -338,9 +338,9 @@ async fn one_tenants_key_never_gets_anothers_stored_response() {
         let c = c.clone();
         async move {
             let res = c.request(req).await.unwrap();
-            let replayed = res.headers().contains_key("idempotent-replayed");
+            let stored = res.headers().contains_key("idempotent-replayed");
             let body = res.into_body().collect().await.unwrap().to_bytes();
-            (replayed, body)
+            (stored, body)
         }
     };
     let (replayed_a, body_a) = as_tenant("a").await;
@@ -369,7 +369,7 @@ async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
             let c = client();
             let mut conflicts = 0;
             loop {
-                let (status, replayed, body) = post(&c, addr, "/orders?sleep=300", &key, "x")
+                let (status, stored, body) = post(&c, addr, "/orders?sleep=300", &key, "x")
                     .await
                     .unwrap();
                 if status == 409 {
@@ -378,16 +378,16 @@ async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
                     continue;
                 }
                 assert_eq!(status, 201);
-                return (replayed, conflicts, body);
+                return (stored, conflicts, body);
             }
         });
     }
-    let (mut runs, mut stored, mut saw_409) = (0, 0, 0);
+    let (mut runs, mut repeats, mut saw_409) = (0, 0, 0);
     let mut bodies = std::collections::HashSet::new();
     while let Some(done) = tasks.join_next().await {
-        let (replayed, conflicts, body) = done.unwrap();
-        if replayed {
-            stored += 1;
+        let (stored, conflicts, body) = done.unwrap();
+        if stored {
+            repeats += 1;
         } else {
             runs += 1;
         }
@@ -396,7 +396,7 @@ async fn sixty_four_concurrent_repeats_across_two_instances_run_once() {
         }
         bodies.insert(body);
     }
-    assert_eq!((runs, stored), (1, 63));
+    assert_eq!((runs, repeats), (1, 63));
     assert_eq!(saw_409, 63, "every repeat met the run in flight first");
     assert_eq!(bodies.len(), 1, "every caller got the same response");
     assert_eq!(orders(&db, &key).await, 1);

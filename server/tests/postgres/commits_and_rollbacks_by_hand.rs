@@ -16,7 +16,7 @@ use tower::{service_fn, BoxError, ServiceBuilder};
 use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransaction};
 
 /// Writes the order in the request's transaction, then `COMMIT`s by hand (the misuse the
-/// layer promises to catch: "answers 500, keeps a record that says the outcome is unknown").
+/// layer promises to catch: "answers 500, keeps an entry that says the outcome is unknown").
 async fn write_and_commit_by_hand(req: &Req) -> Result<(), BoxError> {
     let key = key_of(req);
     let tx = KeyTransaction::of(req).unwrap().clone();
@@ -40,8 +40,8 @@ async fn in_flight_rows(db: &TestDb, key: &str) -> i64 {
 // rolls back (nothing to roll back any more) and returns the error without looking at whether
 // the transaction was still the one that took the key. The hand-made COMMIT committed the
 // claim's in-flight row (expires_at = now + TTL, 24 h by default), so the key answers 409 for
-// the whole TTL and its outcome ("unknown") is never recorded — the order IS committed. The
-// docs promise a hand-made COMMIT "answers 500, keeps a record that says the outcome is
+// the whole TTL and its outcome (\"unknown\") is never stored — the order IS committed. The
+// docs promise a hand-made COMMIT "answers 500, keeps an entry that says the outcome is
 // unknown (every repeat gets it)". Seen: runs 1, orders 1, repeat 409 (and again 409 for the
 // TTL), one in-flight row left; expected: the repeat gets the stored 500 (unknown), no in-flight
 // row.
@@ -92,12 +92,12 @@ async fn commit_by_hand_then_error_holds_the_key_for_the_ttl() {
 }
 
 // DEFECT. Same hole on the `store_server_errors(false)` path: a handler that COMMITs by hand
-// and answers 503. The 5xx check runs before the record is written (the write is what notices
+// and answers 503. The 5xx check runs before the entry is written (the write is what notices
 // a hand-ended transaction, through the LOCKED setting), so the layer rolls back (nothing) and
 // passes the 503 through, which under `store_server_errors(false)` tells the client that
 // nothing was applied — yet the order committed. The in-flight row committed with the hand-made
 // COMMIT holds the key for the TTL: every repeat gets 409 for 24 h; the outcome is never
-// recorded. Seen: runs 1, orders 1, first 503, repeat 409, one in-flight row.
+// stored. Seen: runs 1, orders 1, first 503, repeat 409, one in-flight row.
 //
 // Proposed fix: as above — check `current_setting('<LOCKED>', true)` in the transaction before
 // the declined-5xx rollback, and treat a gone setting as `handler_kept_the_transaction`.
@@ -161,7 +161,7 @@ async fn roll_back_by_hand_then_write(req: &Req) -> Result<(), BoxError> {
 // hand, writes in autocommit, then returns an error. The docs: this misuse cannot be seen
 // "until the handler answers" — but on the error path it is never seen: `Run::call` rolls back
 // and returns the error; the key's lock and in-flight row went with the hand-made ROLLBACK, so
-// the key is free and nothing records the autocommitted write. The client's repeat (a service
+// the key is free and nothing notes the autocommitted write. The client's repeat (a service
 // error is a dropped connection: the retry layer repeats it with the same key) runs the
 // handler again. Seen: runs 2, orders 2 (1 expected, the repeat answered with the stored
 // unknown outcome, 500).
@@ -209,7 +209,7 @@ async fn roll_back_by_hand_write_then_error_runs_twice() {
 // run.
 /// Found by the adversarial review, round 2, of the PostgreSQL store's modes.
 #[tokio::test]
-async fn roll_back_by_hand_write_then_success_is_recorded_unknown() {
+async fn roll_back_by_hand_write_then_success_is_stored_as_unknown() {
     let db = TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(8).await);
     store.migrate().await.unwrap();
@@ -282,7 +282,7 @@ async fn a_spawned_task_holding_the_transaction_past_holder_wait() {
     let answered = started.elapsed();
     let during = post(&c, addr, "/orders", &key, "x").await.unwrap();
     tokio::time::sleep(Duration::from_millis(3500).saturating_sub(started.elapsed())).await;
-    // The waiter's rollback and record take a moment after the holder lets go.
+    // The waiter's rollback and entry take a moment after the holder lets go.
     let mut after = post(&c, addr, "/orders", &key, "x").await.unwrap();
     for _ in 0..20 {
         if after.0 != 409 {
@@ -350,10 +350,10 @@ async fn commit_by_hand_then_panic_holds_the_key_for_the_ttl() {
     );
 }
 
-// HELD. Hand COMMIT + 201: recorded as unknown (500), repeats get the 500, one run.
+// HELD. Hand COMMIT + 201: stored as unknown (500), repeats get the 500, one run.
 /// Found by the adversarial review, round 2, of the PostgreSQL store's modes.
 #[tokio::test]
-async fn commit_by_hand_then_success_is_recorded_unknown() {
+async fn commit_by_hand_then_success_is_stored_as_unknown() {
     let db = TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(8).await);
     store.migrate().await.unwrap();

@@ -248,7 +248,7 @@ fn free_port() -> u16 {
 }
 
 struct Outcome {
-    /// The client's final answer: status, replayed, body.
+    /// The client's final answer: status, stored, body.
     last: (u16, bool, String),
     orders: i64,
     applied: u32,

@@ -49,7 +49,7 @@ async fn commits_then_slow(
 }
 
 // A handler that COMMITs by hand releases the key's advisory lock at once, but the layer writes
-// its "unknown outcome" record only after the handler returns: a repeat in between runs the
+// its \"unknown outcome\" entry only after the handler returns: a repeat in between runs the
 // handler a second time and its write is applied twice (the docs and issue promise "never a
 // second run").
 /// Found by the adversarial review of the PostgreSQL store (issue 21).
@@ -260,13 +260,13 @@ async fn tenant_schema_handler(
     Ok(created("tenant order".into()))
 }
 
-// The claim checks the key in the table of the pool's search_path, but the record is written by
+// The claim checks the key in the table of the pool's search_path, but the entry is written by
 // an unqualified INSERT in the handler's transaction, after the handler's statements: a handler
-// that switched `search_path` (schema-per-tenant) gets the record written into the other
-// schema's table, so the next repeat finds no record and runs the handler again (applied twice).
+// that switched `search_path` (schema-per-tenant) gets the entry written into the other
+// schema's table, so the next repeat finds no entry and runs the handler again (applied twice).
 /// Found by the adversarial review of the PostgreSQL store (issue 21).
 #[tokio::test]
-async fn a_handler_that_sets_search_path_makes_the_record_invisible_and_runs_twice() {
+async fn a_handler_that_sets_search_path_makes_the_entry_invisible_and_runs_twice() {
     let db = TestDb::new().await;
     let tenant = TestDb::new().await;
     // The tenant's schema holds the crate's table too (migrated through a pool in it).
@@ -299,7 +299,7 @@ async fn a_handler_that_sets_search_path_makes_the_record_invisible_and_runs_twi
 }
 
 /// `PostgresStore::schema` names the table's schema whatever the pool's `search_path` says:
-/// `migrate` creates it there, and both modes keep their records there.
+/// `migrate` creates it there, and both modes keep their entries there.
 ///
 /// Found by the adversarial review of the PostgreSQL store (issue 21).
 #[tokio::test]
@@ -333,7 +333,7 @@ async fn a_named_schema_holds_the_table_whatever_the_search_path() {
     assert_eq!(
         keys.count(&stored).await,
         1,
-        "the record is in the named schema"
+        "the entry is in the named schema"
     );
 }
 

@@ -17,7 +17,7 @@ use tower_idempotency_keys::{stores::PostgresStore, IdempotencyLayer, KeyTransac
 
 // HELD. A handler sets search_path at session level (not LOCAL) to a schema with its own
 // `idempotency_keys` table; the pooled connection (pool of 1) is reused by the next requests:
-// records still go to the store's schema, one run.
+// entries still go to the store's schema, one run.
 /// Found by the adversarial review, round 2, of the PostgreSQL store's modes.
 #[tokio::test]
 async fn session_level_search_path_on_a_reused_connection() {
@@ -90,7 +90,7 @@ async fn session_level_search_path_on_a_reused_connection() {
 // lazily). The second store reads its schema with `SELECT current_schema()` on whatever pooled
 // connection it gets, at its first request — a connection that an atomic-mode handler of the
 // first store left with a session-level `search_path` (a tenant's schema with its own copy of
-// the table, e.g. from a per-tenant migration). The second store then keeps its records in the
+// the table, e.g. from a per-tenant migration). The second store then keeps its entries in the
 // tenant's table: the two stores no longer see each other's keys, and a key the first store
 // completed runs again through the second. Seen: orders 2, runs 2.
 //
@@ -150,7 +150,7 @@ async fn a_second_store_on_the_same_pool_reads_a_handlers_search_path() {
     assert_eq!(
         (n, runs.load(Ordering::SeqCst)),
         (1, 1),
-        "first {first:?}, same key through the second store {second:?}; records in the tenant's table: {in_tenant}"
+        "first {first:?}, same key through the second store {second:?}; entries in the tenant's table: {in_tenant}"
     );
 }
 

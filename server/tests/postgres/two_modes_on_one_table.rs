@@ -1,4 +1,4 @@
-//! Atomic and lease modes on one table, on real PostgreSQL and real sockets: expiring records
+//! Atomic and lease modes on one table, on real PostgreSQL and real sockets: expiring entries
 //! racing claims and sweeps, scoped keys across modes (and a response over the size limit),
 //! and servers of both modes racing on the same keys. Handlers count their side effects;
 //! counts are exact. From the review, round 2, of the PostgreSQL store's atomic/lease modes
@@ -52,13 +52,13 @@ async fn timed_lease(
     Ok(Response::new(Full::new(Bytes::from_static(b"lease"))))
 }
 
-// HELD. Records that expire while claims and sweeps race: TTL 150 ms, 4 keys hammered for 1.5 s
+// HELD. Entries that expire while claims and sweeps race: TTL 150 ms, 4 keys hammered for 1.5 s
 // by 8 clients each through an atomic-mode and a lease-mode server (two pools), with
-// `purge_expired` looping. A key may run again once its record expired, but two runs of one
+// `purge_expired` looping. A key may run again once its entry expired, but two runs of one
 // key never overlap, and a run never starts less than the TTL after the previous one ended.
 /// Found by the adversarial review, round 2, of the PostgreSQL store's modes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expiring_records_racing_claims_and_sweeps() {
+async fn expiring_entries_racing_claims_and_sweeps() {
     let ttl = Duration::from_millis(150);
     let db = TestDb::new().await;
     let atomic_store = PostgresStore::from_pool(db.pool(10).await);
@@ -123,7 +123,7 @@ async fn expiring_records_racing_claims_and_sweeps() {
         if k1 != k2 {
             continue;
         }
-        // Small slack: the record's expiry is from its commit (after `end1`), and the two
+        // Small slack: the entry's expiry is from its commit (after `end1`), and the two
         // clocks (PostgreSQL's and ours) are read at different moments.
         assert!(
             *start2 >= *end1 + ttl - Duration::from_millis(30),

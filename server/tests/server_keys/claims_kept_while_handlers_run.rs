@@ -116,17 +116,17 @@ async fn sixty_four_callers_on_one_key_run_it_once() {
             tokio::time::sleep(Duration::from_millis(i * 3)).await;
             let res = svc.oneshot(keyed("one", "x")).await.unwrap();
             let status = res.status();
-            let replayed = res.headers().contains_key("idempotent-replayed");
-            (status, replayed, body_of(res).await)
+            let stored = res.headers().contains_key("idempotent-replayed");
+            (status, stored, body_of(res).await)
         }));
     }
     let mut ok = 0;
     for t in tasks {
-        let (status, replayed, body) = t.await.unwrap();
+        let (status, stored, body) = t.await.unwrap();
         match status {
             StatusCode::OK => {
                 assert_eq!(body, "once");
-                if !replayed {
+                if !stored {
                     ok += 1;
                 }
             }

@@ -108,11 +108,11 @@ async fn a_response_over_the_limit_passes_through_and_its_head_is_kept() {
 /// lease, never freed. Found in review: the lease used to lapse and a repeat ran it again.
 /// The scope (here an API key header) never reaches a log.
 #[test]
-fn a_store_that_refuses_the_record_holds_the_key_past_its_lease() {
+fn a_store_that_refuses_the_stored_response_holds_the_key_past_its_lease() {
     let (logs, ()) = retry_safety_testing::logs::capture(|| {
         retry_safety_testing::logs::block_on(async {
             let runs = Arc::new(AtomicU32::new(0));
-            // Room for a claim (key + 64 bytes), not for any record.
+            // Room for a claim (key + 64 bytes), not for any entry.
             let layer = IdempotencyLayer::new(MemoryStore::with_limits(16, 200))
                 .lease(Duration::from_millis(200))
                 .scope_keys_by_header(http::HeaderName::from_static("x-api-key"));
@@ -255,7 +255,7 @@ async fn a_panicking_handler_keeps_an_unknown_outcome() {
     }));
     let first = tokio::spawn(svc.clone().oneshot(keyed("p", "x"))).await;
     assert!(first.unwrap_err().is_panic());
-    // The record is stored by a task of its own, right after the panic.
+    // The entry is stored by a task of its own, right after the panic.
     let mut again = svc.clone().oneshot(keyed("p", "x")).await.unwrap();
     for _ in 0..100 {
         if again.status() != StatusCode::CONFLICT {

@@ -69,13 +69,13 @@ async fn every_write_applied_exactly_once_and_every_lost_response_recovered() {
         assert_eq!(res.status(), StatusCode::OK, "{op}");
         let report = res.extensions().get::<RetryReport>().unwrap().clone();
         assert!(report.idempotency_key().is_some(), "{op}");
-        let replayed = res.headers().get("idempotent-replayed").is_some();
+        let stored = res.headers().get("idempotent-replayed").is_some();
         // A lost, delayed or replaced response is recovered from the store, not re-run.
         let expect_stored = matches!(
             fault,
             Fault::DropAfterApply | Fault::SlowAfterApply | Fault::UnavailableAfterApply
         );
-        assert_eq!(replayed, expect_stored, "{op}");
+        assert_eq!(stored, expect_stored, "{op}");
         assert_eq!(
             report.attempts(),
             if fault == Fault::None { 1 } else { 2 },

@@ -211,7 +211,7 @@ async fn keyed_server(ending: Ending) -> (SocketAddr, Applied) {
 }
 
 /// The handler was cut after it applied: hyper closes the first attempt's connection (an
-/// ambiguous failure), the keyed retry gets the stored "outcome unknown" record, which says
+/// ambiguous failure), the keyed retry gets the stored \"outcome unknown\" entry, which says
 /// not to retry, and the write ran once.
 async fn cut_after_apply(ending: Ending) {
     let (addr, applied) = keyed_server(ending).await;

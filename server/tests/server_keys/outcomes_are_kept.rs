@@ -42,15 +42,15 @@ impl IdempotencyStore for SlowComplete {
     fn renew(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         lease: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.renew(key, claim, lease)
+        self.inner.renew(key, token, lease)
     }
     fn complete(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
         fingerprint: Fingerprint,
         response: StoredResponse,
         ttl: Duration,
@@ -60,7 +60,7 @@ impl IdempotencyStore for SlowComplete {
         async move {
             tokio::time::sleep(delay).await;
             self.inner
-                .complete(&key, claim, fingerprint, response, ttl)
+                .complete(&key, token, fingerprint, response, ttl)
                 .await
         }
     }
@@ -70,9 +70,9 @@ impl IdempotencyStore for SlowComplete {
     fn release(
         &self,
         key: &str,
-        claim: FencingToken,
+        token: FencingToken,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        self.inner.release(key, claim)
+        self.inner.release(key, token)
     }
 }
 
@@ -96,11 +96,11 @@ async fn a_slow_complete_does_not_let_the_lease_lapse_and_free_the_key() {
     assert_eq!(body_of(first).await, "charged");
     let again = svc.clone().oneshot(keyed("slow-store", "x")).await.unwrap();
     let status = again.status();
-    let replayed = again.headers().get("idempotent-replayed").cloned();
+    let stored = again.headers().get("idempotent-replayed").cloned();
     assert_eq!(
         runs.load(Ordering::SeqCst),
         1,
-        "the handler ran twice for one key (second answer {status}, replayed {replayed:?}): the \
+        "the handler ran twice for one key (second answer {status}, stored {stored:?}): the \
          lease lapsed while the outcome was being stored, complete was refused as fenced, and \
          the outcome was dropped"
     );
@@ -136,7 +136,7 @@ async fn a_handler_busy_past_its_lease_in_one_poll_keeps_its_outcome() {
 }
 
 /// A panic at each point of the handler: before its future, in its first poll, after an
-/// await, and in the response body while it is buffered. Each leaves the unknown record.
+/// await, and in the response body while it is buffered. Each leaves the unknown entry.
 #[tokio::test]
 async fn panics_at_every_point_keep_an_unknown_outcome() {
     for point in 0..4u8 {
@@ -242,7 +242,7 @@ async fn dropped_while_buffering_or_storing_the_outcome_is_kept() {
 }
 
 /// A handler error after a long pending handler (lease 30 ms, error at 200 ms), detached:
-/// the unknown record, never a freed key.
+/// the unknown entry, never a freed key.
 #[tokio::test(start_paused = true)]
 async fn a_detached_handler_erroring_after_its_lease_keeps_an_unknown_outcome() {
     let runs = Arc::new(AtomicU32::new(0));

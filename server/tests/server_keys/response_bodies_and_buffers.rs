@@ -112,7 +112,7 @@ impl Drop for Tracked {
 /// A big buffer (think: hyper's read buffer of a proxied upstream response) of which the
 /// response keeps a 12-byte slice as a header value. MemoryStore copies the body into a buffer
 /// of its own (so a body slice does not pin its buffer) but keeps header values as given: the
-/// 1 MiB buffer stays alive as long as the record, while the store accounts ~200 bytes for it.
+/// 1 MiB buffer stays alive as long as the entry, while the store accounts ~200 bytes for it.
 /// hyper's h1 parser makes every header value a slice of the connection's read buffer.
 #[tokio::test]
 async fn a_stored_header_value_does_not_pin_a_large_buffer() {

@@ -1,5 +1,5 @@
 //! The server layer's edge cases, from an adversarial review of its performance rework,
-//! checks of what it pins: a completed record lives for its TTL; one chunk and many chunks are
+//! checks of what it pins: a completed entry lives for its TTL; one chunk and many chunks are
 //! one request (a different query is not); a keyed PUT with a gRPC content type gets HTTP
 //! answers (found by review).
 
@@ -16,9 +16,9 @@ use http_body_util::{Either, Full, StreamBody};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 
-/// A completed record expires with its TTL: after it the key is free.
+/// A completed entry expires with its TTL: after it the key is free.
 #[tokio::test(start_paused = true)]
-async fn a_completed_record_lives_for_its_ttl() {
+async fn a_completed_entry_lives_for_its_ttl() {
     let runs = Arc::new(AtomicU32::new(0));
     let r = runs.clone();
     let layer = IdempotencyLayer::new(MemoryStore::new()).ttl(Duration::from_secs(10));

@@ -33,7 +33,7 @@ fn response() -> StoredResponse {
 
 async fn claim<S: IdempotencyStore>(store: &S, key: &str, lease: Duration) -> FencingToken {
     match store.begin(key, fp("x"), lease).await.unwrap() {
-        Begin::Started(claim) => claim,
+        Begin::Started(token) => token,
         other => panic!("{key}: expected a claim, got {other:?}"),
     }
 }
@@ -59,8 +59,8 @@ async fn one_claim_among_concurrent_callers<S: IdempotencyStore>(store: &Arc<S>,
     assert_eq!((started, in_flight), (1, 63));
 }
 
-/// Records round-trip byte for byte, and a completed key answers with its record.
-async fn records_round_trip<S: IdempotencyStore>(store: &S, key: &str) {
+/// Entries round-trip byte for byte, and a completed key answers with its entry.
+async fn entries_round_trip<S: IdempotencyStore>(store: &S, key: &str) {
     let c = claim(store, key, LONG).await;
     store
         .complete(key, c, fp("x"), response(), LONG)
@@ -137,13 +137,13 @@ async fn a_lapsed_claim_still_completes<S: IdempotencyStore>(store: &S, key: &st
             response: response(),
         })
     );
-    // But not over another claim's completed record.
+    // But not over another claim's completed entry.
     assert!(store
         .complete(key, FencingToken::new(), fp("x"), response(), LONG)
         .await
         .unwrap_err()
         .is_fenced());
-    // The same claim's completion sent again is fenced or writes the same record (a store that
+    // The same claim's completion sent again is fenced or writes the same entry (a store that
     // confirms writes on replicas sends an unconfirmed completion again).
     let again = store.complete(key, lapsed, fp("x"), response(), LONG).await;
     assert!(
@@ -159,8 +159,8 @@ async fn a_lapsed_claim_still_completes<S: IdempotencyStore>(store: &S, key: &st
     );
 }
 
-/// Completed records expire with their TTL.
-async fn records_expire_with_their_ttl<S: IdempotencyStore>(store: &S, key: &str) {
+/// Completed entries expire with their TTL.
+async fn entries_expire_with_their_ttl<S: IdempotencyStore>(store: &S, key: &str) {
     let c = claim(store, key, LONG).await;
     store
         .complete(key, c, fp("x"), response(), SHORT)
@@ -185,11 +185,11 @@ async fn contract<S: IdempotencyStore>(store: S, ns: &str) {
     let store = Arc::new(store);
     let key = |name: &str| format!("{ns}{name}");
     one_claim_among_concurrent_callers(&store, &key("race")).await;
-    records_round_trip(&*store, &key("rt")).await;
+    entries_round_trip(&*store, &key("rt")).await;
     fencing_refuses_a_stale_owner(&*store, &key("fence")).await;
     leases_renew_and_end_unrenewed(&*store, &key("lease")).await;
     a_lapsed_claim_still_completes(&*store, &key("lapsed")).await;
-    records_expire_with_their_ttl(&*store, &key("ttl")).await;
+    entries_expire_with_their_ttl(&*store, &key("ttl")).await;
     release_frees_the_key(&*store, &key("free"), &key("free-2")).await;
 }
 

@@ -27,7 +27,7 @@ async fn claim_of<S: IdempotencyStore>(store: &S, key: &str, lease: Duration) ->
     }
 }
 
-/// Per store: (1) a renewal after `complete` is refused as fenced, leaves the record as it was
+/// Per store: (1) a renewal after `complete` is refused as fenced, leaves the entry as it was
 /// and does not extend it (a 400 ms TTL still ends); (2) after `release`, refused, and the key
 /// stays free (the next `begin` starts); (3) after release and a new claim by another request,
 /// the old claim's renewal is refused and the new claim's lease is its own (it ends when not
@@ -60,7 +60,7 @@ async fn late_renewals_change_nothing<S: IdempotencyStore>(store: S, ns: &str) {
     assert_eq!(
         store.get(&key("done")).await.unwrap(),
         None,
-        "the renewal extended a completed record"
+        "the renewal extended a completed entry"
     );
 
     let c = claim_of(&store, &key("freed"), long).await;

@@ -1,5 +1,5 @@
 //! Keys on a Redis Cluster: `RedisStore::cluster` over a 3-primary cluster (one replica each)
-//! started on free loopback ports. Each key's claim, record and fencing are one Redis key, in
+//! started on free loopback ports. Each key's claim, entry and fencing token are one Redis key, in
 //! one hash slot; calls are routed by slot and wait for the key's own replica; a coordinated
 //! failover of a shard (`CLUSTER FAILOVER`) is followed by the client (`MOVED`, slot refresh),
 //! and so is a key's hash slot migrated to another primary while its handler runs (`ASK`, then
@@ -415,9 +415,9 @@ async fn a_slot_migrated_mid_handler_neither_loses_nor_repeats_its_key() {
     assert_eq!(counts.applied(op), 1);
     assert_eq!(counts.total_applied(), 1);
     assert_eq!(keys_in_slot(src, slot), 0);
-    assert_eq!(keys_in_slot(dst, slot), 1, "the record is on the new owner");
-    let record: Option<Vec<u8>> = dst
+    assert_eq!(keys_in_slot(dst, slot), 1, "the entry is on the new owner");
+    let entry: Option<Vec<u8>> = dst
         .query(redis::cmd("GET").arg(&redis_key))
         .expect("GET on the new owner");
-    assert!(record.is_some_and(|r| !r.is_empty()));
+    assert!(entry.is_some_and(|r| !r.is_empty()));
 }

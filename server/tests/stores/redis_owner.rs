@@ -54,7 +54,7 @@ fn through(
     }
 }
 
-/// Waits until the key holds a completed record on the node at `port`.
+/// Waits until the key holds a completed entry on the node at `port`.
 async fn completed_on(port: u16, prefix: &str, key: &str) {
     let look = RedisStore::builder(&format!("redis://127.0.0.1:{port}"))
         .wait_for_replicas(0)
@@ -127,7 +127,7 @@ async fn an_owner_cut_off_with_the_old_primary_follows_sentinel_to_the_new_one()
         again,
         Answer {
             status: StatusCode::OK,
-            replayed: true
+            stored: true
         }
     );
     assert_eq!(counts.applied("held"), 1);
@@ -197,10 +197,10 @@ async fn keys_in_flight_over_a_failover_to_a_primary_without_replicas_run_once()
     for i in 0..KEYS {
         completed_on(now, "alone:", &op(i)).await;
     }
-    let mut replayed = 0;
+    let mut stored = 0;
     for i in 0..KEYS {
-        replayed += usize::from(send(b.addr, &op(i), &op(i), Fault::None).await.replayed);
+        stored += usize::from(send(b.addr, &op(i), &op(i), Fault::None).await.stored);
     }
-    assert_eq!(replayed, KEYS);
+    assert_eq!(stored, KEYS);
     assert!((0..KEYS).all(|i| counts.applied(&op(i)) == 1));
 }

@@ -84,7 +84,7 @@ impl Drop for Restartable {
     }
 }
 
-/// Waits until the key holds a completed record at `url`.
+/// Waits until the key holds a completed entry at `url`.
 async fn completed_at(url: &str, prefix: &str, key: &str) {
     let look = RedisStore::builder(url)
         .wait_for_replicas(0)
@@ -116,7 +116,7 @@ async fn runs_once(counts: &Counts, b: std::net::SocketAddr, url: &str, prefix: 
         again,
         Answer {
             status: StatusCode::OK,
-            replayed: true
+            stored: true
         }
     );
     assert_eq!(counts.applied("held"), 1);

@@ -21,7 +21,7 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// The header with which a server that honours idempotency keys marks a replay: its stored
+    /// The header with which a server that honours idempotency keys marks a stored response: its stored
     /// response to an earlier request with the same key, sent again (this crate's
     /// `tower_idempotency_keys::IdempotencyLayer` sets `idempotent-replayed: true`).
     /// A response whose header says `true` is final, whatever its status: every repeat of the

@@ -1,12 +1,12 @@
 //! Adversarial review, round 2 of issue 23 (commits b64e83c, 70a9b8b, 17d638c): the attempt's
 //! clock (`AttemptClock`: the per-attempt timeout bounds each wait for a frame of a body read
 //! inside the attempt), keyed writes past the read limit (sent again with their key, spliced only
-//! onto the server's replay of the same response), and the reports (`BodyReport`,
+//! onto the same response, stored by the server), and the reports (`BodyReport`,
 //! `BodyCutError::report`).
 //!
 //! Real sockets on 127.0.0.1: a scripted raw HTTP/1.1 server (`Raw`, first written for
 //! `review_read_whole.rs`) that counts requests and writes (every `POST`/`PATCH` it reads is a
-//! write applied: it does not honour keys unless a script replays), and the crate's own
+//! write applied: it does not honour keys unless a script sends a stored response), and the crate's own
 //! `IdempotencyLayer` behind `CutServer::start_with_keys`. Timing logic that must be exact (a head
 //! at the very instant the timer fires, a body that trickles forever) runs on paused tokio time
 //! against an in-memory service. Hangs are turned into failures with `tokio::time::timeout`.
@@ -14,9 +14,9 @@
 //! The six defects this round found are fixed, and their tests run (each failed before its
 //! fix; each doc comment says what happened and the fix):
 //!
-//! - splice: `a_replayed_503_cut_then_an_unmarked_503_is_never_spliced` (and its reqwest twin):
-//!   a stale `StopReason::StoredResponse` made an unmarked resend count as the server's replay; the
-//!   replay mark is now read on each answer's own headers;
+//! - splice: `a_stored_503_cut_then_an_unmarked_503_is_never_spliced` (and its reqwest twin):
+//!   a stale `StopReason::StoredResponse` made an unmarked resend count as the server's stored response; the
+//!   stored-response mark is now read on each answer's own headers;
 //! - hang: `a_stall_past_the_limit_that_cannot_resume_is_cut_by_the_per_attempt_timeout` (a
 //!   streamed body without a `Resume` had no clock) and
 //!   `paused_many_empty_frames_then_a_stall_is_still_cut` (the rest after 1024 empty frames):
@@ -32,7 +32,7 @@
 //! slow, stalled) and the check that nothing was spliced.
 
 mod cut_errors_and_reports_hold_no_secrets;
-mod keyed_replays_are_spliced_only_when_the_same;
+mod keyed_stored_responses_are_spliced_only_when_the_same;
 mod per_frame_waits_in_every_stack;
 mod the_clock_on_paused_time;
 mod writes_never_repeated_are_sent_once;

@@ -1,7 +1,7 @@
 //! Never twice: a write that is never repeated (a key not trusted, `NoRetry`,
 //! `max_retries(0)`, a key that makes nothing safe) is sent once, through both front ends, and
 //! keeps its response under the deadline; a trusted keyed write within the limit that stalls is
-//! replayed once.
+//! resent once.
 //!
 //! Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 
@@ -88,7 +88,7 @@ async fn a_write_that_is_never_repeated_keeps_its_response_under_the_deadline() 
 
 /// Keys that do not make a write safe to repeat, whatever `ReadWhole` sees in the header: an
 /// empty key, an empty sf-string, a malformed key, a trusted key with `NoRetry` or
-/// `max_retries(0)`, an untrusted key whose first answer spoofs the replay mark. Within and past
+/// `max_retries(0)`, an untrusted key whose first answer spoofs the stored-response mark. Within and past
 /// the limit, through both front ends: 1 request, 1 write, the body ends in a `BodyCutError`.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
@@ -173,7 +173,7 @@ fn keys_that_make_nothing_safe() -> Vec<(&'static str, Vec<&'static str>, RetryP
             false,
         ),
         (
-            "untrusted key, spoofed replay mark",
+            "untrusted key, spoofed stored-response mark",
             vec!["k-1"],
             policy().build().unwrap(),
             false,
@@ -200,11 +200,11 @@ fn extra_of(what: &str) -> Vec<String> {
 
 /// Against the crate's own server: a keyed write within the limit whose body stalls (the
 /// handler ran, its response was stored) is cut by the per-frame wait and sent again with its
-/// key; the replay is read whole. 2 requests, 1 write applied.
+/// key; the stored response is read whole. 2 requests, 1 write applied.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn a_keyed_write_within_the_limit_that_stalls_is_replayed_once() {
+async fn a_keyed_write_within_the_limit_that_stalls_is_resent_once() {
     let body = crate::support::read_whole::representation(SMALL);
     let server =
         CutServer::start_with_keys(Options::new(body.clone()), vec![Cut::StallAt(SMALL / 2)]).await;

@@ -87,7 +87,7 @@ async fn keyed_writes_without_trust_are_sent_once_tower() {
             assert_eq!(server.writes(), 1, "{what} {len}");
         }
     }
-    // With trust, the keyed write within the limit is sent again (the server would replay).
+    // With trust, the keyed write within the limit is sent again (the server would send its stored response).
     let server = Raw::start(cut_write(1000, 500, false)).await;
     let policy = policy()
         .honor_idempotency_key(true)
@@ -101,8 +101,8 @@ async fn keyed_writes_without_trust_are_sent_once_tower() {
     let _ = read_all(res.into_body()).await;
     assert_eq!(server.writes(), 2);
     // Past the limit too, sent again whole with its key (never with `Range`), and spliced only
-    // onto the server's replay: this server does not honour keys (it applies the write again
-    // and marks no replay), so the body ends in the error and nothing is spliced.
+    // onto the server's stored response: this server does not honour keys (it applies the write again
+    // and marks no stored response), so the body ends in the error and nothing is spliced.
     let server = Raw::start(cut_write(BIG, HALF, false)).await;
     let policy = RetryPolicy::builder()
         .honor_idempotency_key(true)

@@ -267,11 +267,11 @@ async fn reqwest_resumes_that_stop_say_why_in_the_error_report() {
 /// final when whole (1 request). Cut after 500 bytes (every time), it is read again until
 /// retries are used up: 6 requests for `max_retries(5)`, against the server's explicit word.
 /// `Attempts::on_response` goes to `on_body_cut` before the status and headers are classified,
-/// and `on_body_cut` classifies every cut `Ambiguous`, so the hint (and a replay marker,
+/// and `on_body_cut` classifies every cut `Ambiguous`, so the hint (and a stored-response mark,
 /// `idempotent-replayed: true`, which is final too) is never read for a cut body.
 ///
 /// Fix: in `on_response`, classify the status and headers first; when the classification is
-/// final because of the server's hint or a replay marker, stop (the body ends in its
+/// final because of the server's hint or a stored-response mark, stop (the body ends in its
 /// `BodyCutError`); only otherwise call `on_body_cut`.
 ///
 /// Found by the adversarial review of reading whole bodies (issue 23).

@@ -71,7 +71,7 @@ async fn post_op(client: &mut RawH2, id: u32) {
 /// connection closes, stream 7 gets nothing, and the upstream saw the three only.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goaway_before_forwarding_answers_the_streams_already_forwarded() {
-    let held = Then::HeldThenOk { replayed: false };
+    let held = Then::HeldThenOk { stored: false };
     let upstream = RawUpstream::start(vec![held]).await;
     let faults = vec![
         Fault::None,
@@ -114,7 +114,7 @@ async fn goaway_before_forwarding_answers_the_streams_already_forwarded() {
 /// cannot tell it was not processed; the lab can: the upstream never saw it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goaway_before_forwarding_covers_the_stream_when_a_higher_one_was_forwarded() {
-    let upstream = RawUpstream::start(vec![Then::HeldThenOk { replayed: false }]).await;
+    let upstream = RawUpstream::start(vec![Then::HeldThenOk { stored: false }]).await;
     let faults = vec![Fault::None, Fault::GoAwayBeforeForwarding];
     let proxy = proxy(&upstream.url(), faults).await;
     let mut client = RawH2::connect(proxy.addr()).await;
@@ -142,7 +142,7 @@ async fn goaway_before_forwarding_covers_the_stream_when_a_higher_one_was_forwar
 /// RFC 9113 §8.7), counted as an attempt never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_the_goaway_covers_but_not_yet_forwarded_is_refused() {
-    let upstream = RawUpstream::start(vec![Then::HeldThenOk { replayed: false }]).await;
+    let upstream = RawUpstream::start(vec![Then::HeldThenOk { stored: false }]).await;
     let faults = vec![Fault::None, Fault::GoAwayBeforeForwarding, Fault::None];
     let proxy = proxy(&upstream.url(), faults).await;
     let mut client = RawH2::connect(proxy.addr()).await;
@@ -175,7 +175,7 @@ async fn a_stream_the_goaway_covers_but_not_yet_forwarded_is_refused() {
 /// the three are answered once released, stream 7 never is; the upstream ran all four.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goaway_after_apply_lets_the_other_forwarded_streams_finish() {
-    let held = Then::HeldThenOk { replayed: false };
+    let held = Then::HeldThenOk { stored: false };
     let upstream = RawUpstream::start(vec![held, held, held, Then::Reply("200 OK")]).await;
     let faults = vec![
         Fault::None,

@@ -12,15 +12,15 @@ use tower_service::Service;
 
 use super::run::{unavailable, Run};
 use super::transaction::{KeyTransaction, Slot};
+use crate::answers;
 use crate::body::ResponseBody;
 use crate::derive::RequestKey;
 use crate::detach::DetachOnDrop;
 use crate::encoding;
 use crate::mode::{self, prepare, Config, InnerBody, Keyed};
-use crate::observe::KeyedOutcome;
-use crate::outcome;
+use crate::observe::KeyHandling;
 use crate::postgres::sql::{Sql, LOCKED};
-use crate::postgres::{lock_id, secs, token, PostgresStore};
+use crate::postgres::{as_bigint, lock_id, secs, PostgresStore};
 use crate::store::{self, Fingerprint, IdempotencyStore};
 use tower_retry_safety::BoxError;
 
@@ -40,7 +40,7 @@ use tower_retry_safety::BoxError;
 ///
 /// Why an in-flight row that only this transaction sees: it commits with the handler's writes
 /// in any case, so a handler that ends the transaction itself (`COMMIT`) leaves the key in
-/// flight, never free, while the layer entries that its outcome is unknown; and a rollback
+/// flight, never free, while the layer notes that its outcome is unknown; and a rollback
 /// (an error, a crash) takes it away with the handler's writes. It lives for the TTL: a key
 /// whose handler committed by hand and whose server then died stays in flight, not free.
 ///
@@ -49,7 +49,7 @@ use tower_retry_safety::BoxError;
 /// result would otherwise take the `C` collation of its `name` argument, and the comparison
 /// could not use the primary key's index (a scan of the whole table per request: 10 ms at
 /// 30,000 rows).
-fn claim_statement(sql: &Sql, key: &str, claim: i64, in_flight: &[u8], ttl: f64) -> String {
+fn claim_statement(sql: &Sql, key: &str, token: i64, in_flight: &[u8], ttl: f64) -> String {
     let lock = lock_id(key);
     let (key, in_flight) = (hex(key.as_bytes()), hex(in_flight));
     let table = &sql.table;
@@ -63,11 +63,11 @@ fn claim_statement(sql: &Sql, key: &str, claim: i64, in_flight: &[u8], ttl: f64)
          SELECT (CASE WHEN pg_try_advisory_xact_lock({lock}) \
             THEN length(set_config('{LOCKED}', 'true', true))::text ELSE '{BUSY}' END)::int; \
          {taken}; \
-         INSERT INTO {table} AS t (key, claim, completed, record, expires_at) \
-            VALUES ({key}, {claim}, false, decode('{in_flight}', 'hex'), \
+         INSERT INTO {table} AS t (key, fencing_token, completed, entry, expires_at) \
+            VALUES ({key}, {token}, false, decode('{in_flight}', 'hex'), \
                 clock_timestamp() + make_interval(secs => {ttl})) \
             ON CONFLICT (key) DO UPDATE \
-                SET claim = excluded.claim, completed = false, record = excluded.record, \
+                SET fencing_token = excluded.fencing_token, completed = false, entry = excluded.entry, \
                     expires_at = excluded.expires_at \
                 WHERE t.expires_at <= clock_timestamp(); \
          BEGIN"
@@ -122,10 +122,10 @@ async fn answer_from_record<B>(
     let (result, answer) = match IdempotencyStore::get(store, key).await {
         Ok(Some(entry)) => mode::taken(entry, fingerprint, config),
         // Expired since: the next repeat runs.
-        Ok(None) => (KeyedOutcome::InFlight, outcome::in_progress()),
+        Ok(None) => (KeyHandling::InFlight, answers::in_progress()),
         Err(err) => {
-            tracing::warn!(error = %err, cause = crate::store::cause(&err), "idempotency (atomic): the key's record could not be read; answering 503");
-            (KeyedOutcome::StoreError, outcome::cannot_track())
+            tracing::warn!(error = %err, cause = crate::store::cause(&err), "idempotency (atomic): the key's entry could not be read; answering 503");
+            (KeyHandling::StoreError, answers::cannot_track())
         }
     };
     config.observe.keyed(method, result);
@@ -156,7 +156,7 @@ where
     } = match prepare(&config, &shown, &parts, body).await {
         Ok(keyed) => keyed,
         Err(answer) => {
-            config.observe.keyed(&parts.method, KeyedOutcome::Rejected);
+            config.observe.keyed(&parts.method, KeyHandling::Rejected);
             return Ok(answer);
         }
     };
@@ -204,37 +204,37 @@ impl Claiming {
             fingerprint,
         } = self;
         store.count_claim();
-        let observe = |outcome| config.observe.keyed(&parts.method, outcome);
+        let observe = |handling| config.observe.keyed(&parts.method, handling);
         let sql = match store.sql().await {
             Ok(sql) => sql,
             Err(err) => {
-                observe(KeyedOutcome::StoreError);
+                observe(KeyHandling::StoreError);
                 tracing::warn!(error = %err, cause = crate::store::cause(&err), "idempotency (atomic): the store's schema could not be read; answering 503");
-                return Ok(outcome::cannot_track());
+                return Ok(answers::cannot_track());
             }
         };
-        let claim = store::FencingToken::new();
-        let in_flight = encoding::encode_in_flight(claim, fingerprint);
-        let begin = claim_statement(&sql, &key, token(claim), &in_flight, secs(config.ttl));
+        let token = store::FencingToken::new();
+        let in_flight = encoding::encode_in_flight(token, fingerprint);
+        let begin = claim_statement(&sql, &key, as_bigint(token), &in_flight, secs(config.ttl));
         let tx = match store.pool.begin_with(begin).await {
             Ok(tx) => tx,
             Err(err) => {
                 return Ok(match refusal(&err) {
                     Some(Refusal::Busy) => {
-                        observe(KeyedOutcome::InFlight);
-                        outcome::in_progress()
+                        observe(KeyHandling::InFlight);
+                        answers::in_progress()
                     }
                     Some(Refusal::Taken) => {
                         answer_from_record(&store, &key, fingerprint, &config, &parts.method).await
                     }
                     None => {
-                        observe(KeyedOutcome::StoreError);
+                        observe(KeyHandling::StoreError);
                         unavailable("no transaction", &err)
                     }
                 })
             }
         };
-        observe(KeyedOutcome::Claimed);
+        observe(KeyHandling::Claimed);
         // The handler runs in the transaction.
         let slot: Slot = Arc::new(Mutex::new(Some(tx)));
         parts
@@ -251,7 +251,7 @@ impl Claiming {
             key,
             shown,
             fingerprint,
-            claim,
+            token,
             slot,
         };
         run.call(inner, req).await

@@ -218,7 +218,7 @@ where
                 });
             }
             Err(bad) => {
-                config.observe.keyed(req.method(), bad.outcome());
+                config.observe.keyed(req.method(), bad.handling());
                 if grpc {
                     return Box::pin(ready(Ok(crate::grpc::answer(bad.reply()))));
                 }

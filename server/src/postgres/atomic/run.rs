@@ -12,14 +12,14 @@ use sqlx::Transaction;
 use tower_service::Service;
 
 use super::transaction::Slot;
+use crate::answers::{self, retry_later};
 use crate::body::ResponseBody;
 use crate::buffer::{buffer, Buffered};
 use crate::encoding;
 use crate::mode::{whole, Config, InnerBody};
 use crate::observe::TransactionResult;
-use crate::outcome::{self, retry_later};
 use crate::postgres::sql::{Sql, STILL_LOCKED};
-use crate::postgres::{secs, token, PostgresStore};
+use crate::postgres::{as_bigint, secs, PostgresStore};
 use crate::store::{self, Fingerprint};
 use tower_retry_safety::BoxError;
 
@@ -32,8 +32,8 @@ pub(super) struct Run {
     pub(super) key: Arc<str>,
     pub(super) shown: Arc<str>,
     pub(super) fingerprint: Fingerprint,
-    /// The claim of the key's in-flight row, and of the entry written over it.
-    pub(super) claim: store::FencingToken,
+    /// The fencing token of the key's in-flight row, and of the entry written over it.
+    pub(super) token: store::FencingToken,
     pub(super) slot: Slot,
 }
 
@@ -111,7 +111,7 @@ impl Run {
                 why,
             } => {
                 tracing::warn!(key = %self.shown, why, "idempotency (atomic): the response is not stored whole; repeats get its status and headers only");
-                let stored = outcome::head_only(parts.status, &parts.headers);
+                let stored = answers::head_only(parts.status, &parts.headers);
                 let res = Response::from_parts(
                     parts,
                     ResponseBody::stream(prefix, trailers, error, rest),
@@ -129,7 +129,7 @@ impl Run {
         stored: &store::StoredResponse,
         res: Response<ResponseBody<ResBody>>,
     ) -> Response<ResponseBody<ResBody>> {
-        let server_error = outcome::is_server_error(stored.status(), stored.headers());
+        let server_error = answers::is_server_error(stored.status(), stored.headers());
         let entry = if server_error && !self.config.store_server_errors {
             None
         } else {
@@ -143,7 +143,7 @@ impl Run {
         };
         let written = sqlx::query(&self.sql.atomic_complete)
             .bind(&*self.key)
-            .bind(token(self.claim))
+            .bind(as_bigint(self.token))
             .bind(&entry)
             .bind(secs(self.config.ttl))
             .fetch_optional(&mut *tx)
@@ -164,7 +164,7 @@ impl Run {
                 self.config
                     .observe
                     .transaction(TransactionResult::RolledBack);
-                return unavailable("the response could not be recorded", &err);
+                return unavailable("the response could not be stored", &err);
             }
         }
         if let Err(err) = tx.commit().await {
@@ -186,12 +186,12 @@ impl Run {
     /// The key's entry for `stored`; for a response no entry can hold (over 65,535 headers, a
     /// 4 GiB header), its status only; `None` when not even that can be encoded.
     fn encoded(&self, stored: &store::StoredResponse) -> Option<Vec<u8>> {
-        match encoding::encode_completed(self.claim, self.fingerprint, stored) {
+        match encoding::encode_completed(self.token, self.fingerprint, stored) {
             Ok(entry) => Some(entry),
             Err(why) => {
-                tracing::warn!(key = %self.shown, why, "idempotency (atomic): the response cannot be recorded; keeping its status only");
-                let head = outcome::head_only(stored.status(), &http::HeaderMap::new());
-                encoding::encode_completed(self.claim, self.fingerprint, &head).ok()
+                tracing::warn!(key = %self.shown, why, "idempotency (atomic): the response cannot be stored; keeping its status only");
+                let head = answers::head_only(stored.status(), &http::HeaderMap::new());
+                encoding::encode_completed(self.token, self.fingerprint, &head).ok()
             }
         }
     }
@@ -209,7 +209,7 @@ impl Run {
         if let Err(err) = self.keep_unknown(tx).await {
             // The key stays in flight (its row committed with the handler's COMMIT) or, if the
             // transaction rolled back after all, free with nothing of it kept.
-            tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be recorded either");
+            tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be stored either");
         }
         unknown_response()
     }
@@ -258,7 +258,7 @@ impl Run {
         };
         self.log_kept();
         if let Err(err) = kept {
-            tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be recorded either");
+            tracing::error!(error = %err, key = %self.shown, "idempotency (atomic): the unknown outcome could not be stored either");
         }
         true
     }
@@ -266,7 +266,7 @@ impl Run {
     async fn claim_row_committed(&self) -> Result<bool, sqlx::Error> {
         sqlx::query_scalar(&self.sql.atomic_claim_committed)
             .bind(&*self.key)
-            .bind(token(self.claim))
+            .bind(as_bigint(self.token))
             .fetch_one(&self.store.pool)
             .await
     }
@@ -294,7 +294,7 @@ impl Run {
                     let tx = run.slot.clone().lock_owned().await.take();
                     if let Some(tx) = tx {
                         if let Err(err) = run.settle_unknown(tx).await {
-                            tracing::error!(error = %err, key = %run.shown, "idempotency (atomic): the unknown outcome could not be recorded");
+                            tracing::error!(error = %err, key = %run.shown, "idempotency (atomic): the unknown outcome could not be stored");
                         }
                     }
                 }));
@@ -314,14 +314,14 @@ impl Run {
 
     /// Writes the unknown outcome over the claim's row, or where none is left.
     async fn write_unknown(&self) -> Result<(), sqlx::Error> {
-        let unknown = outcome::unknown();
-        let Ok(record) = encoding::encode_completed(self.claim, self.fingerprint, &unknown) else {
+        let unknown = answers::unknown();
+        let Ok(entry) = encoding::encode_completed(self.token, self.fingerprint, &unknown) else {
             return Ok(());
         };
         sqlx::query(&self.sql.atomic_keep_unknown)
             .bind(&*self.key)
-            .bind(token(self.claim))
-            .bind(record)
+            .bind(as_bigint(self.token))
+            .bind(entry)
             .bind(secs(self.config.ttl))
             .execute(&self.store.pool)
             .await
@@ -331,7 +331,7 @@ impl Run {
 
 /// The answer to a request whose handler ended its transaction itself, and to every repeat.
 fn unknown_response<B>() -> Response<ResponseBody<B>> {
-    outcome::reply(
+    answers::reply(
         StatusCode::INTERNAL_SERVER_ERROR,
         "the handler ended the request's database transaction itself, or kept it past its response, so the server cannot tell whether its writes were kept; this key will not run again. Check the resource's state before sending the request again with a new key.",
     )
@@ -378,5 +378,5 @@ fn is_aborted(err: &sqlx::Error) -> bool {
 
 pub(super) fn unavailable<B>(why: &'static str, err: &sqlx::Error) -> Response<ResponseBody<B>> {
     tracing::warn!(error = %err, "idempotency (atomic): {why}; answering 503");
-    outcome::cannot_track()
+    answers::cannot_track()
 }

@@ -109,7 +109,7 @@ async fn stored_response_from_the_new_primary(new_url: &str, b: SocketAddr) {
         again,
         Answer {
             status: StatusCode::OK,
-            replayed: true
+            stored: true
         }
     );
 }
@@ -128,7 +128,7 @@ async fn run_again_once_the_claim_ends(b: SocketAddr) {
         again,
         Answer {
             status: StatusCode::OK,
-            replayed: false
+            stored: false
         }
     );
 }
@@ -310,7 +310,7 @@ async fn the_demoted_address_takes_no_claim(fixed: &RedisStore, fp: Fingerprint)
 /// A coordinated failover (`SENTINEL FAILOVER`) demotes the primary, which then answers writes
 /// with `READONLY`. A store that follows Sentinel sends its calls to the new primary, where the
 /// fencing token still rules: the stale owner of a claim that lapsed and was taken over
-/// neither renews it nor overwrites the newer owner's record. A store held to the demoted
+/// neither renews it nor overwrites the newer owner's entry. A store held to the demoted
 /// node's address gets a store error (503), never a fresh claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
@@ -337,7 +337,7 @@ async fn a_stale_owner_on_a_demoted_primary_is_fenced_on_the_new_one() {
     the_stale_owner_is_fenced(&stale, old_claim, fp).await;
     match newer.get("k").await.unwrap() {
         Some(Entry::Completed { response, .. }) => assert_eq!(response.body(), "newer"),
-        other => panic!("the newer record was lost: {other:?}"),
+        other => panic!("the newer entry was lost: {other:?}"),
     }
     // Through Sentinel, new keys go to the new primary.
     assert!(matches!(

@@ -33,7 +33,7 @@ pub(crate) const MASTER: &str = "idem";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Answer {
     pub(crate) status: StatusCode,
-    pub(crate) replayed: bool,
+    pub(crate) stored: bool,
 }
 
 pub(crate) async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> Answer {
@@ -46,7 +46,7 @@ pub(crate) async fn send(to: SocketAddr, op: &str, key: &str, fault: Fault) -> A
     let res = client.request(req).await.expect("the instance answers");
     Answer {
         status: res.status(),
-        replayed: res.headers().contains_key("idempotent-replayed"),
+        stored: res.headers().contains_key("idempotent-replayed"),
     }
 }
 

@@ -118,7 +118,7 @@ async fn failover_to_a_replica_whose_stream_was_held(lease: Duration, lapse: boo
             again,
             Answer {
                 status: StatusCode::OK,
-                replayed: false
+                stored: false
             }
         );
         counts.let_answer();
@@ -149,7 +149,7 @@ async fn failover_to_a_replica_whose_stream_was_held(lease: Duration, lapse: boo
         again,
         Answer {
             status: StatusCode::OK,
-            replayed: true
+            stored: true
         }
     );
     counts.applied("held")

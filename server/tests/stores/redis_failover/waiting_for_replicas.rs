@@ -89,7 +89,7 @@ async fn replica_behind(replicas: u32) -> (u32, Answer) {
         again,
         Answer {
             status: StatusCode::OK,
-            replayed: false
+            stored: false
         }
     );
     if replicas > 0 {
@@ -98,7 +98,7 @@ async fn replica_behind(replicas: u32) -> (u32, Answer) {
             confirmed,
             Answer {
                 status: StatusCode::OK,
-                replayed: true
+                stored: true
             }
         );
         assert_eq!(counts.applied("confirmed"), 1);
@@ -123,7 +123,7 @@ async fn without_waiting_a_claim_the_replica_never_received_applies_twice() {
         first,
         Answer {
             status: StatusCode::OK,
-            replayed: false
+            stored: false
         }
     );
     assert_eq!(applied, 2, "the scenario loses the key without waiting");
@@ -166,13 +166,13 @@ fn fail_over_to_the_first(primary: &mut Node, standby: &[Node; 2], front: &Proxy
 /// connection.
 async fn complete_until_confirmed(
     store: &RedisStore,
-    claim: FencingToken,
+    token: FencingToken,
     fp: Fingerprint,
     response: &StoredResponse,
 ) {
     let start = std::time::Instant::now();
     while let Err(err) = store
-        .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
+        .complete("k", token, fp, response.clone(), Duration::from_secs(60))
         .await
     {
         assert!(!err.is_fenced(), "{err}");
@@ -199,7 +199,7 @@ async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
         .await
         .unwrap();
     let fp = fingerprint();
-    let Begin::Started(claim) = store.begin("k", fp, Duration::from_secs(60)).await.unwrap() else {
+    let Begin::Started(token) = store.begin("k", fp, Duration::from_secs(60)).await.unwrap() else {
         panic!("a fresh key is claimed");
     };
     // Both replicas have the claim (the control does not wait for it: it waits here).
@@ -214,7 +214,7 @@ async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
     }
     let response = ok_response("sent");
     let stored = store
-        .complete("k", claim, fp, response.clone(), Duration::from_secs(60))
+        .complete("k", token, fp, response.clone(), Duration::from_secs(60))
         .await;
     if replicas > 0 {
         let err = stored.expect_err("confirmed with the replicas held back");
@@ -225,7 +225,7 @@ async fn unconfirmed_completion(replicas: u32) -> Option<Entry> {
 
     fail_over_to_the_first(&mut primary, &standby, &front);
     if replicas > 0 {
-        complete_until_confirmed(&store, claim, fp, &response).await;
+        complete_until_confirmed(&store, token, fp, &response).await;
     }
     let look = reader(&standby[0].url(), "unconfirmed:").await;
     look.get("k").await.unwrap()

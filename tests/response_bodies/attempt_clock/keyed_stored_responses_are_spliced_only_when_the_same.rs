@@ -1,8 +1,8 @@
 //! Keyed writes past the read limit are sent again with their key and spliced only onto the
-//! server's replay of the same response: never after an unmarked `503` or `201` that follows a
-//! replay (tower and reqwest), a replay that differs in any way, or a server that does not replay;
-//! a `409` then the replay, and a cut replay, continue the body; the policy's own key header is
-//! honoured; odd `content-length`s on a replay neither panic nor splice.
+//! server's stored response of the same response: never after an unmarked `503` or `201` that follows a
+//! replay (tower and reqwest), a stored response that differs in any way, or a server that does not store responses;
+//! a `409` then the stored response, and a cut stored response, continue the body; the policy's own key header is
+//! honoured; odd `content-length`s on a stored response neither panic nor splice.
 //!
 //! Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 
@@ -19,28 +19,28 @@ use tower::{BoxError, ServiceExt};
 use tower_retry_safety::resume::{BodyReport, NoResume};
 use tower_retry_safety::RetryReport;
 
-/// **Splice.** A keyed write whose first answer was the server's replay of a retryable status
+/// **Splice.** A keyed write whose first answer was the server's stored response to a retryable status
 /// (a `503` the server stored for the key, marked `idempotent-replayed: true`) and whose body,
 /// past the limit, is cut; the write is sent again with its key and the answer is a `503` of
-/// the same length that is NOT marked as a replay (e.g. a proxy's or the application's own
+/// the same length that is NOT marked as a stored response (e.g. a proxy's or the application's own
 /// error page of the same length, served without running the key's record): another response,
 /// whose bytes are spliced onto the first. Inside the trust model (the key is trusted, the
-/// server honours keys): the crate itself decides "replay" from stale state.
+/// server honours keys): the crate itself decides \"stored response\" from stale state.
 ///
 /// What happened: 2 requests (the resend is allowed: the key is trusted). The resend's `503`
 /// is classified retryable, so `Resume::decide` returns `Phase::Waiting` without
 /// `set_stop`; `Attempts::last_stop` still holds `StopReason::StoredResponse` from the *first*
-/// response (`continuation(reason)`), so `Resume::poll_resume` computes `replayed = true`,
+/// response (`continuation(reason)`), so `Resume::poll_resume` computes `stored = true`,
 /// `check_replay` passes (same status, length, no ETag, no coding) and the caller reads
 /// `rep(v1)[..100000] ++ rep(v2)[100000..]` as a whole body, no error.
 ///
-/// Fixed (the fix proposed): compute `replayed` from this response's own classification (the policy's replay mark
+/// Fixed (the fix proposed): compute `stored` from this response's own classification (the policy's stored-response mark
 /// on `res.headers()`, e.g. a `Classification::is_stored_response` returned by the decision), or reset
 /// `last_stop` before each decision so that a `Step::Wait` cannot leave a stale `Replayed`.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
+async fn a_stored_503_cut_then_an_unmarked_503_is_never_spliced() {
     let server = Raw::start(|n, _| {
         if n == 1 {
             cut_at("503 Service Unavailable", BIG, 1, HALF, &[REPLAYED])
@@ -58,17 +58,17 @@ async fn a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
     let (bytes, err) = tokio::time::timeout(HANG, read_all(res.into_body()))
         .await
         .expect("no hang");
-    // The unmarked 503 is not the replay: never spliced, and (retryable, the key trusted) the
+    // The unmarked 503 is not the stored response: never spliced, and (retryable, the key trusted) the
     // write is sent again until retries are used up: 1 + 3.
     assert_eq!(server.requests(), 4);
-    assert_no_splice("replayed 503", &bytes, &err, &rep(BIG, 1));
+    assert_no_splice("stored 503", &bytes, &err, &rep(BIG, 1));
 }
 
 /// The same through the reqwest adapter.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn reqwest_a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
+async fn reqwest_a_stored_503_cut_then_an_unmarked_503_is_never_spliced() {
     let server = Raw::start(|n, _| {
         if n == 1 {
             cut_at("503 Service Unavailable", BIG, 1, HALF, &[REPLAYED])
@@ -90,17 +90,17 @@ async fn reqwest_a_replayed_503_cut_then_an_unmarked_503_is_never_spliced() {
         .expect("no hang");
     assert_eq!(server.requests(), 4);
     let err = err.map(|e| Box::new(e) as BoxError);
-    assert_no_splice("reqwest replayed 503", &bytes, &err, &rep(BIG, 1));
+    assert_no_splice("reqwest stored 503", &bytes, &err, &rep(BIG, 1));
 }
 
-/// The counterpart of the open `503` defect: a first answer that is the server's replay of a
+/// The counterpart of the open `503` defect: a first answer that is the server's stored response to a
 /// `201` (marked), cut past the limit, then an unmarked `201` of the same length to the
 /// resend: the resend's `Final` decision resets the stop reason, so it is not taken for the
 /// replay. Nothing spliced, `NotTheSame`, 2 requests.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn a_replayed_201_cut_then_an_unmarked_201_is_never_spliced() {
+async fn a_stored_201_cut_then_an_unmarked_201_is_never_spliced() {
     let server = Raw::start(|n, _| {
         if n == 1 {
             cut_at("201 Created", BIG, 1, HALF, &[REPLAYED])
@@ -117,22 +117,22 @@ async fn a_replayed_201_cut_then_an_unmarked_201_is_never_spliced() {
     let (bytes, err) = tokio::time::timeout(HANG, read_all(res.into_body()))
         .await
         .expect("no hang");
-    assert_no_splice("replayed 201", &bytes, &err, &rep(BIG, 1));
-    let err = err.expect("not the replay");
+    assert_no_splice("stored 201", &bytes, &err, &rep(BIG, 1));
+    let err = err.expect("not the stored response");
     let cut = find_cut(&*err).expect("a BodyCutError");
     assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame));
     assert_eq!(server.requests(), 2);
 }
 
 /// The first answer to a trusted keyed `POST` (`201`, 200000 bytes, ETag `"v1"`) is cut after
-/// 100000 bytes; the resend's answer differs from the replay of the same response in one way
+/// 100000 bytes; the resend's answer differs from the same response stored in one way
 /// each time. Nothing is spliced: the body ends in `NotTheSame`, 2 requests.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn a_replay_that_differs_is_never_spliced() {
+async fn a_stored_response_that_differs_is_never_spliced() {
     let first = ["etag: \"v1\""];
-    for (what, second) in replays_that_differ() {
+    for (what, second) in stored_responses_that_differ() {
         let second = Arc::new(second);
         let server = Raw::start(move |n, _| {
             if n == 1 {
@@ -167,8 +167,8 @@ async fn a_replay_that_differs_is_never_spliced() {
     }
 }
 
-/// Answers to the resend that differ from a replay of the first answer in one way each.
-fn replays_that_differ() -> Vec<(&'static str, Vec<Act>)> {
+/// Answers to the resend that differ from the first answer stored in one way each.
+fn stored_responses_that_differ() -> Vec<(&'static str, Vec<Act>)> {
     vec![
         (
             "not marked",
@@ -215,7 +215,7 @@ fn replays_that_differ() -> Vec<(&'static str, Vec<Act>)> {
             ),
         ),
         (
-            "replay mark not `true`",
+            "stored-response mark not `true`",
             whole(
                 "201 Created",
                 BIG,
@@ -232,7 +232,7 @@ fn replays_that_differ() -> Vec<(&'static str, Vec<Act>)> {
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn a_trusted_keyed_write_to_a_server_that_does_not_replay_is_never_spliced() {
+async fn a_trusted_keyed_write_to_a_server_that_does_not_store_responses_is_never_spliced() {
     for method in [Method::POST, Method::PATCH] {
         let server = Raw::start(|n, _| {
             if n == 1 {
@@ -251,7 +251,7 @@ async fn a_trusted_keyed_write_to_a_server_that_does_not_replay_is_never_spliced
             .await
             .expect("no hang");
         assert_no_splice(method.as_str(), &bytes, &err, &rep(BIG, 1));
-        let err = err.expect("not the replay: the body ends in the error");
+        let err = err.expect("not the stored response: the body ends in the error");
         let cut = find_cut(&*err).expect("a BodyCutError");
         assert_eq!(cut.why_no_resume(), Some(NoResume::NotTheSame));
         assert_eq!(server.writes(), 2, "{method}");
@@ -265,17 +265,18 @@ async fn a_trusted_keyed_write_to_a_server_that_does_not_replay_is_never_spliced
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn a_409_then_the_replay_and_a_cut_replay_then_the_replay_continue_the_body() {
+async fn a_409_then_the_stored_response_and_a_cut_stored_response_then_the_stored_response_continue_the_body(
+) {
     for (what, second) in [
         (
-            "409 then replay",
+            "409 then the stored response",
             vec![
                 Act::W(head("409 Conflict", &[cl(7), "retry-after: 0".to_string()])),
                 Act::W(b"in use!".to_vec()),
             ],
         ),
         (
-            "a replay cut before the bytes delivered, then replay",
+            "a stored response cut before the bytes delivered, then the stored response",
             cut_at(
                 "201 Created",
                 BIG,
@@ -285,7 +286,7 @@ async fn a_409_then_the_replay_and_a_cut_replay_then_the_replay_continue_the_bod
             ),
         ),
         (
-            "a cut replay then replay",
+            "a cut stored response then the stored response",
             cut_at(
                 "201 Created",
                 BIG,
@@ -328,7 +329,7 @@ async fn a_409_then_the_replay_and_a_cut_replay_then_the_replay_continue_the_bod
 /// read inside the attempt).
 ///
 /// What happens: the first answer (`201`, 200000 bytes) is cut after 100000; a server that
-/// honours keys would replay it (script: the second answer is the marked replay); 1 request,
+/// honours keys would send its stored response (script: the second answer is the marked stored response); 1 request,
 /// the body ends in `BodyCutError` with `why_no_resume() == Some(NotRepeatable)`.
 ///
 /// Fixed (the fix proposed): let the retry layer say whether the attempt is keyed (its `Plan` knows the policy's key
@@ -364,12 +365,12 @@ async fn a_keyed_write_with_the_policys_own_key_header_is_recovered_past_the_lim
     assert_eq!(server.requests(), 2);
 }
 
-/// A replay (or a first answer) whose `content-length` is odd: two values, leading zeros, a
+/// A stored response (or a first answer) whose `content-length` is odd: two values, leading zeros, a
 /// sign, spaces. No panic, no hang, nothing spliced; at most 2 requests.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]
-async fn odd_content_lengths_on_a_keyed_replay_neither_panic_nor_splice() {
+async fn odd_content_lengths_on_a_keyed_stored_response_neither_panic_nor_splice() {
     for length in [
         format!("content-length: {BIG}, {BIG}"),
         format!("content-length: 00{BIG}"),
