@@ -190,7 +190,13 @@ async fn a_negative_pushback_stops_the_retries() {
 #[tokio::test]
 async fn each_attempt_carries_the_time_left_as_its_grpc_timeout() {
     let (addr, lab) = serve().await;
-    let policy = builder().deadline(Duration::from_secs(5)).build().unwrap();
+    // Attempts that may last longer than the call: what each carries is the time left (an
+    // attempt's `grpc-timeout` is the earlier of its own timeout and the call's).
+    let policy = builder()
+        .attempt_timeout(Duration::from_secs(60))
+        .deadline(Duration::from_secs(5))
+        .build()
+        .unwrap();
     let mut client = client(addr, policy).await;
     let mut req = request(
         CountRequest { id: "timed".into() },

@@ -37,7 +37,10 @@ async fn reads_are_recovered_with_the_time_left_and_the_attempts_before() {
     let (addr, lab, rev) = serve_rev().await;
     let mut client = client(
         addr,
+        // Attempts that may last longer than the call: what each carries is the time left
+        // (an attempt's `grpc-timeout` is the earlier of its own timeout and the call's).
         builder()
+            .attempt_timeout(Duration::from_secs(60))
             .max_retry_after(Duration::from_secs(1))
             .build()
             .unwrap(),
