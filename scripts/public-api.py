@@ -360,7 +360,7 @@ def main():
     failed = False
     if len(surface.root_names) > a.max_root:
         print(f"public-api: {a.package} has {len(surface.root_names)} names at its root, more than "
-              f"{a.max_root} (DESIGN.md §5): {', '.join(sorted(surface.root_names))}", file=sys.stderr)
+              f"{a.max_root}: {', '.join(sorted(surface.root_names))}", file=sys.stderr)
         failed = True
     for line in sorted(set(surface.deprecated)):
         print(f"public-api: {a.package}: deprecated in a first release: {line}", file=sys.stderr)

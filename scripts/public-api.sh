@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The public surface of each published crate, on record (DESIGN.md §5): writes
+# The public surface of each published crate, on record: writes
 # public-api/<package>.txt, one line per public item reachable from the crate root (its kind and
 # path; see scripts/public-api.py for what a line is), sorted. With --check, writes them to a
 # temporary directory instead and fails with the diff when they differ from the committed ones.

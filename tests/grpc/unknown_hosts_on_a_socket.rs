@@ -25,7 +25,7 @@ async fn closing_server() -> Raw {
 /// address connected to) and the `Host` header another (the virtual host the server routes
 /// on, and the one that applies the write). A rule scoped to the `Host` header's host that
 /// calls the PUT a write must hold: where spellings disagree the stricter verdict wins
-/// (DESIGN §2.1). The layer reads only the URI's host, so the PUT is sent 3 times.
+/// (rules fail closed). The layer reads only the URI's host, so the PUT is sent 3 times.
 #[tokio::test]
 
 async fn a_write_rule_for_the_host_header_holds_when_the_uri_names_another_host() {
