@@ -48,10 +48,9 @@ impl Target {
         }
     }
 
-    /// The same request, known to be a gRPC call.
-    pub(crate) fn grpc_call(mut self) -> Self {
+    /// Marks the request as a gRPC call.
+    pub(crate) fn mark_grpc_call(&mut self) {
         self.grpc = true;
-        self
     }
 
     /// The host the request went to, if known.

@@ -196,11 +196,11 @@ impl Attempts {
             Some(timeout) if !outer_layer => Some(deadline.map_or(timeout, |d| d.min(timeout))),
             _ => deadline,
         };
-        let target = if grpc.is_some() {
-            target.grpc_call()
-        } else {
-            target
-        };
+        let mut target = target;
+        // Set in place: a select over the whole target copied it (method and URI) per request.
+        if grpc.is_some() {
+            target.mark_grpc_call();
+        }
         if !outer_layer {
             policy.deposit();
         }
@@ -316,20 +316,31 @@ impl Attempts {
                     if !extensions.is_empty() {
                         self.take_body_marks(extensions, reason);
                     }
-                    let report = self.take_report(reason);
+                    // The report goes straight into the extensions (held in a local, it was
+                    // copied once more per request); a gRPC call's status marks, out of line.
                     if self.grpc {
-                        crate::classify::grpc::mark_status(
-                            res.headers_mut(),
-                            report.attempts(),
-                            report.may_have_been_applied(),
-                        );
+                        self.report_grpc(&mut res, reason);
+                    } else {
+                        res.extensions_mut().insert(self.take_report(reason));
                     }
-                    res.extensions_mut().insert(report);
                 }
                 Ok(res)
             }
             Err(err) => Err(self.take_error(reason, err)),
         }
+    }
+
+    /// [`finish`](Self::finish)'s report for a gRPC call: its status carries the attempts
+    /// and whether it may have been applied too.
+    #[cold]
+    fn report_grpc<R: CarriesReport>(&mut self, res: &mut R, reason: StopReason) {
+        let report = self.take_report(reason);
+        crate::classify::grpc::mark_status(
+            res.headers_mut(),
+            report.attempts(),
+            report.may_have_been_applied(),
+        );
+        res.extensions_mut().insert(report);
     }
 
     /// The error for a request whose retry could not start because its body could not be
