@@ -30,6 +30,28 @@ where
     addr
 }
 
+/// What deadline header each call to a next hop brought.
+pub(crate) type SeenDeadlines = Arc<Mutex<Vec<Option<String>>>>;
+
+/// A next hop on loopback that answers at once and keeps the `request-timeout-ms` each call
+/// brought (`None`: none).
+pub(crate) fn next_hop() -> (SocketAddr, SeenDeadlines) {
+    let seen = SeenDeadlines::default();
+    let record = seen.clone();
+    let addr = serve(tower::service_fn(move |req: Request<Incoming>| {
+        let header = req
+            .headers()
+            .get("request-timeout-ms")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        record.lock().expect("seen").push(header);
+        async {
+            Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from_static(b"next"))))
+        }
+    }));
+    (addr, seen)
+}
+
 /// Sends `req` through hyper's client: the answer's head and its body as text.
 pub(crate) async fn send(req: Request<Full<Bytes>>) -> (Response<()>, String) {
     let client = Client::builder(TokioExecutor::new()).build_http();

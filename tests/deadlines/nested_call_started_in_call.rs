@@ -4,11 +4,9 @@
 //!
 //! Found by the adversarial review of issue 48.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -19,11 +17,11 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::util::BoxCloneService;
-use tower::{service_fn, BoxError, Layer, Service, ServiceBuilder};
+use tower::{BoxError, Layer, Service, ServiceBuilder};
 use tower_idempotency_keys::deadline::DeadlineLayer;
 use tower_retry_safety::RetryPolicy;
 
-use crate::loopback::{send, serve};
+use crate::loopback::{next_hop, send, serve};
 
 type Outbound = BoxCloneService<Request<Full<Bytes>>, Response<Incoming>, BoxError>;
 
@@ -66,17 +64,7 @@ impl Service<Request<Incoming>> for Gateway {
 /// `Inbound` in its extensions: the next hop works unbounded for a caller gone after 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nested_call_started_in_call_inherits_the_deadline() {
-    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let record = seen.clone();
-    let next = serve(service_fn(move |req: Request<Incoming>| {
-        let header = req
-            .headers()
-            .get("request-timeout-ms")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        record.lock().expect("seen").push(header);
-        async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"next")))) }
-    }));
+    let (next, seen) = next_hop();
     let policy = RetryPolicy::builder()
         .send_deadline_to("127.0.0.1")
         .build()

@@ -2,7 +2,6 @@
 //! future has ended, inherits the caller's deadline (issue 48, item 5b).
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +15,7 @@ use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::deadline::DeadlineLayer;
 use tower_retry_safety::RetryPolicy;
 
-use crate::loopback::{send, serve};
+use crate::loopback::{next_hop, send, serve};
 
 const MAX: Duration = Duration::from_secs(30);
 
@@ -27,18 +26,7 @@ const MAX: Duration = Duration::from_secs(30);
 /// header.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nested_call_made_while_a_streamed_body_is_sent_carries_the_deadline() {
-    // The next hop: what deadline header each call brought.
-    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
-    let record = seen.clone();
-    let next = serve(service_fn(move |req: Request<Incoming>| {
-        let header = req
-            .headers()
-            .get("request-timeout-ms")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        record.lock().expect("seen").push(header);
-        async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"next")))) }
-    }));
+    let (next, seen) = next_hop();
 
     let policy = RetryPolicy::builder()
         .send_deadline_to("127.0.0.1")

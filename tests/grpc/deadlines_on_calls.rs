@@ -6,30 +6,13 @@
 
 use std::time::Duration;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
 use crate::grpc_lab::lab::CountRequest;
-use crate::grpc_lab::{channel, request, serve, Fault};
+use crate::grpc_lab::{request, serve, Fault};
+use crate::misbehaving_server::client;
 use tonic::Code;
-use tower::ServiceBuilder;
 use tower_retry_safety::deadline::{self, Inbound};
 use tower_retry_safety::grpc::{ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};
 use tower_retry_safety::RetryPolicy;
-
-async fn client(
-    addr: std::net::SocketAddr,
-    policy: RetryPolicy,
-) -> LedgerClient<
-    tower::util::MapErr<
-        tower_retry_safety::RetrySafety<tonic::transport::Channel>,
-        fn(tower_retry_safety::Error) -> tonic::Status,
-    >,
-> {
-    let svc = ServiceBuilder::new()
-        .map_err(tonic::Status::from as fn(_) -> _)
-        .layer(policy)
-        .service(channel(addr).await);
-    LedgerClient::new(svc)
-}
 
 fn grpc_timeout(h: &http::HeaderMap) -> Duration {
     let text = h["grpc-timeout"].to_str().expect("ascii").to_owned();
