@@ -8,8 +8,6 @@ pub(crate) const AMZ_SDK_REQUEST: HeaderName = HeaderName::from_static("amz-sdk-
 
 /// The longest value read: the three pairs the SDKs send fit several times over.
 const MAX_LEN: usize = 128;
-/// At most five digits in a number.
-const MAX_DIGITS: usize = 5;
 
 /// Whether the caller retries: `Some(true)` for a later attempt or a `max` over 1 (an SDK
 /// configured with `max=1` makes one attempt), `None` when the value has no well-formed
@@ -28,25 +26,14 @@ pub(crate) fn caller_retries(value: &HeaderValue) -> Option<bool> {
         let eq = pair.iter().position(|b| *b == b'=')?;
         let (key, number) = (&pair[..eq], &pair[eq + 1..]);
         match key {
-            b"attempt" => attempt = Some(number_of(number)?),
-            b"max" => max = Some(number_of(number)?),
+            b"attempt" => attempt = Some(super::count::count_of(number)?),
+            b"max" => max = Some(super::count::count_of(number)?),
             // `ttl` and whatever a later SDK adds.
             _ => {}
         }
     }
     let attempt = attempt.filter(|n| *n >= 1)?;
     Some(attempt > 1 || max.is_some_and(|m| m > 1))
-}
-
-fn number_of(digits: &[u8]) -> Option<u32> {
-    if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    Some(
-        digits
-            .iter()
-            .fold(0u32, |n, d| n * 10 + u32::from(d - b'0')),
-    )
 }
 
 #[cfg(test)]

@@ -12,7 +12,11 @@ const MAX_DIGITS: usize = 5;
 
 /// A count from 0, or `None` when the value is not one.
 pub(crate) fn parse_count(value: &HeaderValue) -> Option<u32> {
-    let digits = value.as_bytes();
+    count_of(value.as_bytes())
+}
+
+/// ASCII digits, at most five, as a number from 0.
+pub(crate) fn count_of(digits: &[u8]) -> Option<u32> {
     if digits.is_empty() || digits.len() > MAX_DIGITS || !digits.iter().all(u8::is_ascii_digit) {
         return None;
     }
