@@ -118,3 +118,48 @@ impl Hops {
             .map(|(_, convention)| *convention)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// The one-comparison look (`spelled`) finds what the full look (`sends_to`, the URI
+        /// parsed and its host made canonical) finds, whenever it finds anything: for hosts
+        /// named with and without ports, twice, in capitals, with trailing dots.
+        #[test]
+        fn a_spelled_host_finds_what_the_full_look_finds(
+            named in proptest::collection::vec(
+                ("(api|API|b|127\\.0\\.0\\.1)(\\.)?", proptest::option::of(proptest::sample::select(vec![80u16, 443, 8080])), 0..3usize),
+                1..4,
+            ),
+            authority in "(api|API|b|127\\.0\\.0\\.1)(\\.)?(:(80|443|8080))?",
+            https in proptest::bool::ANY,
+        ) {
+            let conventions = [Convention::Own, Convention::Envoy, Convention::Connect];
+            let mut hops = Hops::default();
+            for (host, port, c) in &named {
+                let spelled = match port {
+                    Some(p) => format!("{host}:{p}"),
+                    None => host.clone(),
+                };
+                if hops.add_host(&spelled, conventions[*c]).is_err() {
+                    return Ok(());
+                }
+            }
+            hops.spell_hosts();
+            let scheme = if https { "https" } else { "http" };
+            let Ok(uri) = format!("{scheme}://{authority}/x").parse::<http::Uri>() else {
+                return Ok(());
+            };
+            let headers = http::HeaderMap::new();
+            let full = hops.sends_to(
+                || crate::classify::host::of_request(&uri, &headers, http::Version::HTTP_11),
+                None,
+            );
+            if let Some(fast) = hops.spelled(&authority, &headers) {
+                proptest::prop_assert_eq!(Some(fast), full);
+            }
+        }
+    }
+}
