@@ -12,7 +12,7 @@ use super::{
 };
 use http::StatusCode;
 use retry_safety_testing::fleet::{Counts, Fault, Instance};
-use retry_safety_testing::redis::{Node, Proxy};
+use retry_safety_testing::redis::{Node, Proxy, PATIENT};
 use tower_idempotency_keys::{
     stores::RedisStore, Begin, Entry, FencingToken, Fingerprint, IdempotencyStore, StoredResponse,
 };
@@ -47,8 +47,11 @@ async fn instance_on_the_promoted_replica(url: String, counts: &Counts) -> Insta
 
     Instance::start_with(
         move || async move {
+            // Patient: this instance's answers are the test's ground truth, not its timeouts
+            // (a busy machine can take over a second for a round trip).
             RedisStore::builder(&url)
                 .wait_for_replicas(0)
+                .timeout(PATIENT)
                 .connect()
                 .await
         },
