@@ -52,6 +52,18 @@ pub(crate) fn next_hop() -> (SocketAddr, SeenDeadlines) {
     (addr, seen)
 }
 
+/// Asserts that the next hop was called once, and that the call carried a deadline of at most
+/// `limit_ms`.
+pub(crate) fn one_call_within(seen: &SeenDeadlines, limit_ms: u64) {
+    let seen = seen.lock().expect("seen").clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let sent: Option<u64> = seen[0].as_deref().and_then(|v| v.parse().ok());
+    assert!(
+        sent.is_some_and(|ms| ms <= limit_ms),
+        "the next hop's request-timeout-ms: {seen:?} (the caller gave {limit_ms} ms)"
+    );
+}
+
 /// Sends `req` through hyper's client: the answer's head and its body as text.
 pub(crate) async fn send(req: Request<Full<Bytes>>) -> (Response<()>, String) {
     let client = Client::builder(TokioExecutor::new()).build_http();
