@@ -14,8 +14,7 @@ mod common;
 use common::median;
 use retry_safety_testing::batch;
 
-#[path = "../tests/support/grpc/mod.rs"]
-mod grpc_lab;
+use retry_safety_testing::grpc as grpc_lab;
 
 use grpc_lab::lab::ledger_client::LedgerClient;
 use grpc_lab::lab::CountRequest;

@@ -13,8 +13,7 @@
 //! cargo run --example grpc --features tonic
 //! ```
 
-#[path = "../tests/support/grpc/mod.rs"]
-mod grpc_lab;
+use retry_safety_testing::grpc as grpc_lab;
 
 use std::sync::Arc;
 use std::time::Duration;

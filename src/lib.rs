@@ -249,7 +249,3 @@ pub use reqwest::RetrySafetyMiddleware;
 pub use service::body::ReplayBody;
 #[doc(inline)]
 pub use service::service::RetrySafety;
-
-#[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-struct ReadmeDoctests;

@@ -2,9 +2,6 @@
 //! growing memory: live heap bytes are counted by a global allocator (a binary of its own).
 //! `RETRY_SAFETY_SOAK=1` runs a million.
 
-#[path = "support/soak.rs"]
-mod soak;
-
 use std::future::{ready, Ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
@@ -65,7 +62,7 @@ fn request(i: u64) -> Request<String> {
 #[test]
 fn no_growing_memory_over_100_000_requests() {
     // 100,000 by default (a second or two); `RETRY_SAFETY_SOAK=1` for a million.
-    let requests: u64 = soak::soak(100_000, 1_000_000);
+    let requests: u64 = retry_safety_testing::soak::soak(100_000, 1_000_000);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)

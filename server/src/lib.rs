@@ -333,8 +333,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `examples/axum.rs` in the repository runs one, with a client that retries its writes
-//! through it (`cargo run --example axum --features axum`).
+//! `e2e/examples/axum.rs` in the repository runs one, with a client that retries its writes
+//! through it (`cargo run --example axum`).
 //!
 //! # Metrics
 //!

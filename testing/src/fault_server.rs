@@ -15,14 +15,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Either, Full};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tower::{BoxError, ServiceExt};
-use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
+use tower::BoxError;
+
+use crate::keys::Keys;
 
 type Body = BoxBody<Bytes, BoxError>;
 
@@ -105,7 +106,7 @@ pub struct FaultServer {
     addr: SocketAddr,
     state: Arc<State>,
     task: JoinHandle<()>,
-    keys: Option<IdempotencyLayer<MemoryStore>>,
+    keys: Option<Keys>,
 }
 
 impl Drop for FaultServer {
@@ -141,14 +142,15 @@ impl FaultServer {
     /// A server that honours idempotency keys: the faults sit between the network and an
     /// `IdempotencyLayer` over the handler, so a response is lost or delayed after the
     /// handler ran and the layer stored it.
-    pub async fn start_with_keys(keys: IdempotencyLayer<MemoryStore>) -> FaultServer {
+    #[cfg(feature = "server")]
+    pub async fn start_with_keys(keys: Keys) -> FaultServer {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind loopback");
         Self::serve(listener, Some(keys))
     }
 
-    fn serve(listener: TcpListener, keys: Option<IdempotencyLayer<MemoryStore>>) -> FaultServer {
+    fn serve(listener: TcpListener, keys: Option<Keys>) -> FaultServer {
         let addr = listener.local_addr().expect("addr");
         let state: Arc<State> = Arc::default();
         let shared = state.clone();
@@ -177,7 +179,7 @@ impl FaultServer {
     }
 
     /// The idempotency layer of a server started with keys.
-    pub fn keys(&self) -> Option<&IdempotencyLayer<MemoryStore>> {
+    pub fn keys(&self) -> Option<&Keys> {
         self.keys.as_ref()
     }
 
@@ -268,7 +270,7 @@ where
 
 async fn handle(
     state: Arc<State>,
-    keys: Option<IdempotencyLayer<MemoryStore>>,
+    keys: Option<Keys>,
     req: Request<Incoming>,
 ) -> Result<Response<Body>, io::Error> {
     let op = op_of(req.uri().path());
@@ -298,13 +300,18 @@ async fn handle(
     }
     let res = match keys {
         None => apply(state.clone(), req).await?,
+        #[cfg(feature = "server")]
         Some(layer) => {
+            use http_body_util::Either;
+            use tower::ServiceExt;
             let handler = tower::service_fn(move |req: Request<Either<Full<Bytes>, Incoming>>| {
                 apply(state.clone(), req)
             });
             let res = tower::Layer::layer(&layer, handler).oneshot(req).await?;
             res.map(|b| b.boxed())
         }
+        #[cfg(not(feature = "server"))]
+        Some(layer) => match layer {},
     };
     match fault {
         // A service error makes hyper close the connection without a response.

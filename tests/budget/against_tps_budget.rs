@@ -15,8 +15,8 @@
 
 use std::time::Duration;
 
-use crate::support::logs::block_on as paused;
 use proptest::prelude::*;
+use retry_safety_testing::logs::block_on as paused;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower_retry_safety::budget::LockFreeBudget;
 

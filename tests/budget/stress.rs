@@ -14,7 +14,7 @@ use std::time::Duration;
 use tower::retry::budget::Budget;
 use tower_retry_safety::budget::LockFreeBudget;
 
-use crate::support::soak::soak;
+use retry_safety_testing::soak::soak;
 
 const THREADS: usize = 8;
 /// 1 retry a second for 10 s.

@@ -3,10 +3,10 @@
 //! and the attempt header that counts them.
 
 use crate::scripted_layer::{builder, get, run};
-use crate::support::script::{ok, status, Refused, Reset, Script};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use retry_safety_testing::script::{ok, status, Refused, Reset, Script};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::service::NotReplayable;
 use tower_retry_safety::{RetryReport, StopReason};
@@ -118,7 +118,7 @@ async fn every_attempt_is_the_same_request() {
         .body(String::from("{}"))
         .unwrap();
     req.extensions_mut()
-        .insert(crate::support::script::Tag("caller"));
+        .insert(retry_safety_testing::script::Tag("caller"));
     let policy = builder().attempt_header(Some(http::HeaderName::from_static("x-attempt")));
     let res = run(policy, &script, req).await.unwrap();
     assert_eq!(res.status(), 200);
@@ -137,7 +137,7 @@ async fn every_attempt_is_the_same_request() {
         assert_eq!(call.headers["x-trace"], "t-1");
         assert_eq!(call.headers["x-attempt"], (n + 1).to_string().as_str());
         assert_eq!(call.headers.len(), 3, "{:?}", call.headers);
-        assert_eq!(call.tag, Some(crate::support::script::Tag("caller")));
+        assert_eq!(call.tag, Some(retry_safety_testing::script::Tag("caller")));
     }
 }
 

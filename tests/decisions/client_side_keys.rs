@@ -3,12 +3,12 @@
 //! request.
 
 use crate::scripted_layer::{builder, get, post, run};
-use crate::support::script::{ok, status, Reset, Script, Status, Timeout};
+use retry_safety_testing::script::{ok, status, Reset, Script, Status, Timeout};
 use tower_retry_safety::{Idempotency, RetryReport};
 
 // --- idempotency keys, client side ---
 
-fn key_of(call: &crate::support::script::Call) -> Option<String> {
+fn key_of(call: &retry_safety_testing::script::Call) -> Option<String> {
     call.headers
         .get("idempotency-key")
         .map(|v| v.to_str().unwrap().to_owned())

@@ -3,8 +3,8 @@
 //! rows, and a route rule for one host that never suppresses a retry to another.
 
 use crate::scripted_layer::{builder, get, post, report, run, Out};
-use crate::support::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
 use http::{Method, Request};
+use retry_safety_testing::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
 use tower_retry_safety::classify::VerdictSource;
 use tower_retry_safety::{FailureClass, Idempotency, NoRetry, RetryReport, StopReason};
 

@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use crate::support::logs::block_on;
-use crate::support::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
 use http::{HeaderValue, Method, Request, Response};
 use proptest::prelude::*;
+use retry_safety_testing::logs::block_on;
+use retry_safety_testing::script::{ok, status, Outcome, Refused, Reset, Script, Status, Timeout};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{FailureClass, Idempotency, NoRetry, RetryPolicy, RetryReport};
 

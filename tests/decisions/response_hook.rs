@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use crate::support::fault_server::{Fault, FaultServer};
-use crate::support::script::{ok, status, Script, Status};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
+use retry_safety_testing::script::{ok, status, Script, Status};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{FailureClass, RetryPolicy, RetryPolicyBuilder, StopReason};
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::support::script::Script;
 use http::{Request, Response};
+use retry_safety_testing::script::Script;
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{RetryPolicy, RetryPolicyBuilder, RetryReport};
 

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::scripted_layer::{builder, get, run};
-use crate::support::script::{ok, status, Reset, Script, Status};
 use http::{Request, Response};
+use retry_safety_testing::script::{ok, status, Reset, Script, Status};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{RetryReport, StopReason};
 

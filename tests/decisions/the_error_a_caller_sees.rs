@@ -2,8 +2,8 @@
 //! it (its predicates, its display, what it never leaks, the request id, `NoRetry`'s advice).
 
 use crate::scripted_layer::{builder, get, post, report, run};
-use crate::support::script::{ok, status, Refused, Reset, Script, Status, Timeout};
 use http::{Method, Request};
+use retry_safety_testing::script::{ok, status, Refused, Reset, Script, Status, Timeout};
 use tower_retry_safety::classify::VerdictSource;
 use tower_retry_safety::{FailureClass, Idempotency, NoRetry, StopReason};
 

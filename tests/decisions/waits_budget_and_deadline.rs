@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::scripted_layer::{builder, get, report, run};
-use crate::support::script::{ok, status, Refused, Reset, Script, Status};
+use retry_safety_testing::script::{ok, status, Refused, Reset, Script, Status};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{RetryReport, StopReason};
 

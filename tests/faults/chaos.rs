@@ -25,7 +25,7 @@ use tower::timeout::Timeout;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_retry_safety::{FailureClass, RetryPolicy, RetryReport, RetrySafety, StopReason};
 
-use crate::support::soak::soak;
+use retry_safety_testing::soak::soak;
 
 const IN_FLIGHT: usize = 32;
 const PER_ATTEMPT: Duration = Duration::from_millis(100);

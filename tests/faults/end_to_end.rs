@@ -6,12 +6,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::fault_server::{refused_addr, Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{refused_addr, Fault, FaultServer};
 use tokio::sync::Notify;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 
-use crate::support::soak::soak;
+use retry_safety_testing::soak::soak;
 
 const IN_FLIGHT: usize = 64;
 /// Bounds an attempt that hyper never completes: about one run in ten here, with or without

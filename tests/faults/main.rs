@@ -1,9 +1,6 @@
 //! Faults end to end: a chaos soak, a GOAWAY storm, HTTP/2 stream errors, errors in place of
 //! sending, and hyper-util's client under the layer.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod chaos;
 mod end_to_end;
 mod goaway_storm;

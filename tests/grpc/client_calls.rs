@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
-use crate::grpc_lab::lab::{CountRequest, Entry};
-use crate::grpc_lab::{channel, request, serve, Fault};
 use http::Method;
+use retry_safety_testing::grpc::lab::ledger_client::LedgerClient;
+use retry_safety_testing::grpc::lab::{CountRequest, Entry};
+use retry_safety_testing::grpc::{channel, request, serve, Fault};
 use tonic::Code;
 use tower::ServiceBuilder;
 use tower_retry_safety::grpc::{ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};
@@ -20,7 +20,7 @@ fn builder() -> RetryPolicyBuilder {
         .backoff(Duration::from_millis(5), Duration::from_millis(20))
         .max_retries(2)
         .attempt_timeout(Duration::from_secs(1))
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+        .grpc_descriptors(&retry_safety_testing::grpc::descriptor_set())
 }
 
 type Client = LedgerClient<

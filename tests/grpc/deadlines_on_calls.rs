@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use crate::grpc_lab::lab::CountRequest;
-use crate::grpc_lab::{request, serve, Fault};
-use crate::misbehaving_server::client;
+use retry_safety_testing::grpc::lab::CountRequest;
+use retry_safety_testing::grpc::misbehaving_server::client;
+use retry_safety_testing::grpc::{request, serve, Fault};
 use tonic::Code;
 use tower_retry_safety::deadline::{self, Inbound};
 use tower_retry_safety::grpc::{ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};
@@ -36,7 +36,7 @@ async fn each_attempt_carries_the_time_the_client_waits_for_it() {
         .backoff(Duration::from_millis(1), Duration::from_millis(2))
         .deadline(Duration::from_secs(3))
         .attempt_timeout(Duration::from_millis(150))
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+        .grpc_descriptors(&retry_safety_testing::grpc::descriptor_set())
         .build()
         .expect("policy");
     let mut client = client(addr, policy).await;
@@ -60,7 +60,7 @@ async fn each_attempt_carries_the_time_the_client_waits_for_it() {
 async fn a_call_refused_at_its_callers_deadline_ends_deadline_exceeded() {
     let (addr, lab) = serve().await;
     let policy = RetryPolicy::builder()
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+        .grpc_descriptors(&retry_safety_testing::grpc::descriptor_set())
         .build()
         .expect("policy");
     let mut client = client(addr, policy).await;

@@ -5,9 +5,9 @@
 //! write rule lost to the proto's exact paths.
 #![cfg(feature = "tonic")]
 
-use crate::misbehaving_server::builder;
 use http::Method;
 use prost::Message;
+use retry_safety_testing::grpc::misbehaving_server::builder;
 use tower_retry_safety::{Idempotency, RetryPolicy};
 
 fn verdict(policy: &RetryPolicy, path: &str) -> Idempotency {
@@ -190,7 +190,7 @@ fn a_read_in_the_proto_does_not_make_a_method_differing_in_case_a_read() {
 /// Found by the adversarial review of the gRPC support (issue 24).
 #[test]
 fn malformed_descriptor_bytes_fail_build_without_panicking() {
-    let good = crate::grpc_lab::descriptor_set().encode_to_vec();
+    let good = retry_safety_testing::grpc::descriptor_set().encode_to_vec();
     assert!(RetryPolicy::builder()
         .grpc_descriptor_bytes(&good)
         .build()

@@ -7,16 +7,16 @@
 
 use std::net::SocketAddr;
 
-use crate::grpc_lab::lab::Entry;
-use crate::grpc_lab::{request, serve, Fault, Lab};
 use http::Method;
+use retry_safety_testing::grpc::lab::Entry;
+use retry_safety_testing::grpc::{request, serve, Fault, Lab};
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy, RetryPolicyBuilder};
 
 fn builder() -> RetryPolicyBuilder {
-    super::hosts::builder().no_budget()
+    retry_safety_testing::grpc::stack::builder().no_budget()
 }
 
-use super::hosts::client;
+use retry_safety_testing::grpc::stack::client;
 
 /// Call `id`, applied by the server and then answered UNAVAILABLE (a retry applies it
 /// again), carrying `host: <host>` in its metadata.

@@ -8,46 +8,15 @@
 //! host-scoped key trust never took effect (40 of 40 keyed writes ended after one attempt).
 #![cfg(feature = "tonic")]
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
-use crate::grpc_lab::lab::Entry;
-use crate::grpc_lab::{channel, request, serve, serve_keyed, Fault};
 use http::Method;
+use retry_safety_testing::grpc::lab::ledger_client::LedgerClient;
+use retry_safety_testing::grpc::lab::Entry;
+use retry_safety_testing::grpc::stack::{builder, client, Client};
+use retry_safety_testing::grpc::{request, serve, Fault};
 use tower::ServiceBuilder;
-use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
-use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy, RetryPolicyBuilder};
-
-/// The gRPC tests' policy: the lab's proto, fast retries.
-pub(super) fn builder() -> RetryPolicyBuilder {
-    RetryPolicy::builder()
-        .jitter(false)
-        .backoff(Duration::from_millis(1), Duration::from_millis(5))
-        .max_retries(2)
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
-}
-
-/// The layer on a `Channel`, its errors as `tonic::Status`.
-pub(super) type Layered = tower::util::MapErr<
-    tower_retry_safety::RetrySafety<tonic::transport::Channel>,
-    fn(tower_retry_safety::Error) -> tonic::Status,
->;
-
-pub(super) type Client = LedgerClient<Layered>;
-
-/// The layer between a generated client and a `Channel` to `addr`.
-pub(super) async fn layered(addr: SocketAddr, policy: RetryPolicy) -> Layered {
-    ServiceBuilder::new()
-        .map_err(tonic::Status::from as fn(_) -> _)
-        .layer(policy)
-        .service(channel(addr).await)
-}
-
-/// The README's gRPC stack: the layer between the generated client and a `Channel`.
-pub(super) async fn client(addr: SocketAddr, policy: RetryPolicy) -> Client {
-    LedgerClient::new(layered(addr, policy).await)
-}
+use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicyBuilder};
 
 fn entry(id: &str) -> Entry {
     Entry {
@@ -56,17 +25,14 @@ fn entry(id: &str) -> Entry {
     }
 }
 
-fn keyed(id: &str, fault: Fault) -> tonic::Request<Entry> {
-    let mut req = request(entry(id), id, Some(fault));
-    req.metadata_mut()
-        .insert("idempotency-key", format!("key-{id}").parse().unwrap());
-    req
-}
-
 /// `Put` is IDEMPOTENT in the proto; a rule scoped to the server's host says it is not. The
 /// server applies each call, then answers UNAVAILABLE: a retry would apply it again. Returns
 /// the calls applied twice, and the UNAVAILABLEs returned that say "may have been applied".
-async fn puts(client: &mut Client, lab: &crate::grpc_lab::Lab, prefix: &str) -> (usize, usize) {
+async fn puts(
+    client: &mut Client,
+    lab: &retry_safety_testing::grpc::Lab,
+    prefix: &str,
+) -> (usize, usize) {
     let mut maybe_applied = 0;
     for i in 0..10 {
         let id = format!("{prefix}-{i}");
@@ -171,45 +137,6 @@ async fn a_host_scoped_read_rule_applies_only_with_the_origin() {
             "retried: the rule said idempotent"
         );
     }
-}
-
-/// Keyed writes to a server that honours keys, trust scoped to its host: without the origin
-/// each ends after one attempt (the trust cannot apply); with it each is recovered by the
-/// server's stored response. Applied once either way.
-#[tokio::test]
-async fn host_scoped_key_trust_recovers_keyed_writes_with_the_origin() {
-    let (addr, lab) = serve_keyed(IdempotencyLayer::new(MemoryStore::new())).await;
-    let policy = builder()
-        .honor_idempotency_key_for_host("127.0.0.1")
-        .build()
-        .unwrap();
-    let mut without = client(addr, policy.clone()).await;
-    let mut with = client(
-        addr,
-        policy
-            .for_origin(&format!("127.0.0.1:{}", addr.port()))
-            .unwrap(),
-    )
-    .await;
-    let (mut ended_once, mut recovered) = (0, 0);
-    for i in 0..40 {
-        let id = format!("blind-{i}");
-        if let Err(status) = without
-            .append(keyed(&id, Fault::UnavailableAfterApply))
-            .await
-        {
-            assert!(status.may_have_been_applied());
-            ended_once += usize::from(lab.attempts(&id).len() == 1);
-        }
-        let id = format!("seen-{i}");
-        let res = with.append(keyed(&id, Fault::UnavailableAfterApply)).await;
-        if let Ok(res) = res {
-            assert_eq!(res.get_ref().applied, 1);
-            recovered += usize::from(lab.attempts(&id).len() == 2);
-        }
-    }
-    assert_eq!((ended_once, recovered), (40, 40));
-    assert_eq!(lab.applied_twice(), 0);
 }
 
 /// The layer's own error, turned into a `Status`, names the call as gRPC does and says

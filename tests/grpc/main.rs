@@ -1,24 +1,15 @@
 //! gRPC over tonic: the client layer on a real `Channel`, the server's `IdempotencyLayer` in
 //! front of a tonic server, and servers that misbehave.
 
-#[path = "../support/grpc/mod.rs"]
-mod grpc_lab;
-use retry_safety_testing::pg;
-#[path = "../support/mod.rs"]
-mod support;
-
 mod client_calls;
 mod deadlines_on_calls;
 mod host_metadata;
 mod hosts;
-mod server_layer;
 mod unreachable_origins;
 mod with_origin;
 
 // The adversarial review of the gRPC support (issue 24): servers that misbehave.
 mod descriptor_verdicts;
-mod keyed_server_answers;
-mod misbehaving_server;
 mod reads_recovered;
 mod statuses_and_plain_http;
 mod writes_sent_once;

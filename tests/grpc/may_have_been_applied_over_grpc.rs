@@ -10,14 +10,14 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
-use crate::grpc_lab::lab::Entry;
 use crate::unknown_host_verdicts::builder;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request};
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use retry_safety_testing::grpc::lab::ledger_client::LedgerClient;
+use retry_safety_testing::grpc::lab::Entry;
 use tower::ServiceBuilder;
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy};
 
@@ -32,7 +32,7 @@ async fn lab_client(addr: SocketAddr, policy: RetryPolicy) -> LabClient {
     let svc = ServiceBuilder::new()
         .map_err(tonic::Status::from as fn(_) -> _)
         .layer(policy)
-        .service(crate::grpc_lab::channel(addr).await);
+        .service(retry_safety_testing::grpc::channel(addr).await);
     LedgerClient::new(svc)
 }
 
@@ -50,9 +50,9 @@ fn entry(id: &str) -> Entry {
 /// origin has no port) and each call was applied twice.
 #[tokio::test]
 async fn a_port_scoped_write_rule_holds_over_a_channel_with_an_origin_without_a_port() {
-    let (addr, lab) = crate::grpc_lab::serve().await;
+    let (addr, lab) = retry_safety_testing::grpc::serve().await;
     let policy = builder()
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+        .grpc_descriptors(&retry_safety_testing::grpc::descriptor_set())
         .route_for_host(
             &addr.to_string(),
             Method::POST,
@@ -67,10 +67,10 @@ async fn a_port_scoped_write_rule_holds_over_a_channel_with_an_origin_without_a_
     for i in 0..5 {
         let id = format!("portless-{i}");
         let status = client
-            .put(crate::grpc_lab::request(
+            .put(retry_safety_testing::grpc::request(
                 entry(&id),
                 &id,
-                Some(crate::grpc_lab::Fault::UnavailableAfterApply),
+                Some(retry_safety_testing::grpc::Fault::UnavailableAfterApply),
             ))
             .await
             .unwrap_err();
@@ -145,7 +145,7 @@ async fn spoofing_server(answer: Answer) -> (SocketAddr, Arc<AtomicU32>) {
 async fn append_against(answer: Answer) -> (tonic::Status, u32) {
     let (addr, calls) = spoofing_server(answer).await;
     let policy = builder()
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+        .grpc_descriptors(&retry_safety_testing::grpc::descriptor_set())
         .build()
         .unwrap();
     let mut client = lab_client(addr, policy).await;

@@ -6,10 +6,12 @@
 
 use std::time::Duration;
 
-use crate::grpc_lab::lab::{CountRequest, Entry};
-use crate::grpc_lab::{request, serve, Fault};
-use crate::misbehaving_server::{builder, client, entry, rev_request, serve_rev, within};
 use http::HeaderValue;
+use retry_safety_testing::grpc::lab::{CountRequest, Entry};
+use retry_safety_testing::grpc::misbehaving_server::{
+    builder, client, entry, rev_request, serve_rev, within,
+};
+use retry_safety_testing::grpc::{request, serve, Fault};
 use tonic::Code;
 
 fn parse_timeout(value: &HeaderValue) -> Duration {

@@ -6,12 +6,12 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::grpc_lab::lab::Entry;
-use crate::grpc_lab::{request, serve, Fault};
-use crate::misbehaving_server::{builder, client, within};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response};
 use http_body_util::Full;
+use retry_safety_testing::grpc::lab::Entry;
+use retry_safety_testing::grpc::misbehaving_server::{builder, client, within};
+use retry_safety_testing::grpc::{request, serve, Fault};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::grpc::{ATTEMPTS_KEY, MAY_HAVE_BEEN_APPLIED_KEY};
 use tower_retry_safety::Idempotency;

@@ -307,7 +307,7 @@ fn the_host_unknown_warning_shows_no_query_or_header_value() {
         .honor_idempotency_key_for_host("api.test")
         .build()
         .unwrap();
-    let (logs, ()) = crate::support::logs::capture(|| {
+    let (logs, ()) = retry_safety_testing::logs::capture(|| {
         for _ in 0..3 {
             let req = origin_form(Method::POST, "/v1/send?token=query-secret")
                 .header("authorization", "Bearer header-secret")

@@ -5,13 +5,13 @@
 //! may have been applied. Every count is exact.
 #![cfg(feature = "tonic")]
 
-use crate::support::raw_server::{Act, Raw};
 use crate::unknown_host_verdicts::builder;
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::raw_server::{Act, Raw};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, NoRetry};
 

@@ -7,10 +7,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
-use crate::grpc_lab::lab::{Entry, Receipt};
-use crate::grpc_lab::{channel, request, serve, Fault};
 use http::Method;
+use retry_safety_testing::grpc::lab::ledger_client::LedgerClient;
+use retry_safety_testing::grpc::lab::{Entry, Receipt};
+use retry_safety_testing::grpc::{channel, request, serve, Fault};
 use tower::ServiceBuilder;
 use tower_retry_safety::{Idempotency, MayHaveBeenApplied, RetryPolicy, RetryPolicyBuilder};
 
@@ -20,7 +20,7 @@ fn builder() -> RetryPolicyBuilder {
         .jitter(false)
         .backoff(Duration::from_millis(1), Duration::from_millis(5))
         .max_retries(2)
-        .grpc_descriptors(&crate::grpc_lab::descriptor_set())
+        .grpc_descriptors(&retry_safety_testing::grpc::descriptor_set())
 }
 
 /// A `Put` (IDEMPOTENT in the proto) through the layer over a `Channel` to `addr`, applied by

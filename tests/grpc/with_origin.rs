@@ -5,14 +5,14 @@
 
 use std::net::SocketAddr;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
-use crate::grpc_lab::lab::Entry;
-use crate::grpc_lab::{request, serve, Fault};
 use http::Method;
+use retry_safety_testing::grpc::lab::ledger_client::LedgerClient;
+use retry_safety_testing::grpc::lab::Entry;
+use retry_safety_testing::grpc::{request, serve, Fault};
 use tower_retry_safety::{Idempotency, RetryPolicy, RetryPolicyBuilder};
 
 fn builder() -> RetryPolicyBuilder {
-    super::hosts::builder().no_budget()
+    retry_safety_testing::grpc::stack::builder().no_budget()
 }
 
 /// The layer between the generated client and a `Channel` to `addr`, the client built with
@@ -21,8 +21,8 @@ async fn client(
     addr: SocketAddr,
     policy: RetryPolicy,
     origin: &str,
-) -> LedgerClient<super::hosts::Layered> {
-    let svc = super::hosts::layered(addr, policy).await;
+) -> LedgerClient<retry_safety_testing::grpc::stack::Layered> {
+    let svc = retry_safety_testing::grpc::stack::layered(addr, policy).await;
     LedgerClient::with_origin(svc, origin.parse().expect("origin"))
 }
 

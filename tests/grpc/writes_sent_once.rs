@@ -9,10 +9,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::grpc_lab::lab::ledger_client::LedgerClient;
-use crate::grpc_lab::lab::{CountRequest, Entry};
-use crate::grpc_lab::{request, serve, Fault};
-use crate::misbehaving_server::{builder, client, entry, rev_request, serve_rev, within};
+use retry_safety_testing::grpc::lab::ledger_client::LedgerClient;
+use retry_safety_testing::grpc::lab::{CountRequest, Entry};
+use retry_safety_testing::grpc::misbehaving_server::{
+    builder, client, entry, rev_request, serve_rev, within,
+};
+use retry_safety_testing::grpc::{request, serve, Fault};
 use tonic::Code;
 use tower::ServiceBuilder;
 use tower_retry_safety::grpc::MAY_HAVE_BEEN_APPLIED_KEY;

@@ -8,8 +8,8 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::hedging_stacks::{fast, get, report, run, scripted, Script, Seen};
 use http::Request;
+use retry_safety_testing::hedging_stacks::{fast, get, report, run, scripted, Script, Seen};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy};
 

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::logs::block_on;
 use http::{HeaderValue, Request, Response};
 use proptest::prelude::*;
+use retry_safety_testing::logs::block_on;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};
 

@@ -10,9 +10,9 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::hedging_stacks::{get, run};
-use crate::support::fault_server::{Fault, FaultServer};
 use http::Request;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
+use retry_safety_testing::hedging_stacks::{get, run};
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -84,7 +84,7 @@ async fn capture<F: Future<Output = ()>>(f: F) -> Vec<Captured> {
     let _one = CAPTURING.lock().await;
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
-    crate::support::spans::keep_interest_per_event();
+    retry_safety_testing::spans::keep_interest_per_event();
     let guard = tracing::subscriber::set_default(subscriber);
     f.await;
     drop(guard);

@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
 use tower::limit::ConcurrencyLimit;
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::hedging_stacks::{fast, get, report, run, scripted, Fut, Seen};
 use http::{Request, Response, StatusCode};
+use retry_safety_testing::hedging_stacks::{fast, get, report, run, scripted, Fut, Seen};
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy};
 

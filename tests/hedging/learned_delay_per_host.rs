@@ -6,8 +6,8 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::hedging_stacks::{fast, get, report, run};
 use http::{Request, Response};
+use retry_safety_testing::hedging_stacks::{fast, get, report, run};
 use tower::{service_fn, Layer, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy};
 

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::hedging_stacks::{Guard, HttpClient};
-use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
+use retry_safety_testing::hedging_stacks::{Guard, HttpClient};
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_safety::service::attempt_number;
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};
@@ -26,8 +26,8 @@ use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};
 /// Found by the adversarial review of safe hedging and the per-attempt spans (issue 25).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hedged_read_whose_body_is_cut_is_not_the_answer() {
-    use crate::support::cut_server::{Cut, CutServer, Options};
-    use crate::support::read_whole::{read_all, representation, stack};
+    use retry_safety_testing::cut_server::{Cut, CutServer, Options};
+    use retry_safety_testing::read_whole::{read_all, representation, stack};
     let body = representation(16 * 1024);
     let mut options = Options::new(body.clone());
     options.ranges = false;

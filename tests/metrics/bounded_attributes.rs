@@ -11,9 +11,9 @@ use hyper::body::Incoming;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_retry_safety::{Idempotency, RetryPolicy, RetryReport};
 
-use super::support::fault_server::{Fault, FaultServer};
-use super::support::runtime_server::{accept, listener};
 use super::{client, request, Meters};
+use retry_safety_testing::fault_server::{Fault, FaultServer};
+use retry_safety_testing::runtime_server::{accept, listener};
 
 /// A server on loopback that answers every gRPC call trailers-only: UNAVAILABLE at a path's
 /// first call, OK after; the calls per path are counted.

@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use super::Meters;
-use crate::support::fault_server::{Fault, FaultServer};
-use crate::support::raw_server::{cl, head, Act, Raw};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
+use retry_safety_testing::raw_server::{cl, head, Act, Raw};
 use tower::limit::ConcurrencyLimit;
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport, RetrySafetyMiddleware};

@@ -8,8 +8,8 @@ use tower::{Layer, ServiceExt};
 use tower_retry_safety::deadline::{self, Inbound};
 use tower_retry_safety::RetryPolicy;
 
-use super::support::fault_server::{Fault, FaultServer};
 use super::{client, request, Meters};
+use retry_safety_testing::fault_server::{Fault, FaultServer};
 
 /// A GET whose inherited (caller's) deadline has already passed is not sent. Before: the
 /// attempts histogram summed 1 and `retries.refused` counted 1; the server read nothing.

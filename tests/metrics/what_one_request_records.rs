@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::harness::Meters;
 use http::{Method, Request, Response, StatusCode};
+use retry_safety_testing::meters::Meters;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_retry_safety::{Idempotency, RetryPolicy, RetryReport, StopReason};
 

@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use crate::support::raw_server::{cl, head, Act, Raw, Seen};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::raw_server::{cl, head, Act, Raw, Seen};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{
     Idempotency, NoRetry, RetryPolicy, RetryPolicyBuilder, RetryReport, RetrySafetyMiddleware,

@@ -3,10 +3,10 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_retry_safety::policy::Decision;
 use tower_retry_safety::{FailureClass, RetryPolicy, StopReason};

@@ -71,7 +71,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ca
 async fn capture<F: std::future::Future<Output = ()>>(f: F) -> (Vec<Captured>, Vec<Captured>) {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
-    crate::support::spans::keep_interest_per_event();
+    retry_safety_testing::spans::keep_interest_per_event();
     let guard = tracing::subscriber::set_default(subscriber);
     f.await;
     drop(guard);
@@ -241,7 +241,7 @@ async fn a_failed_attempt_names_its_error_type() {
 #[cfg(feature = "reqwest-middleware")]
 #[tokio::test]
 async fn the_reqwest_adapter_opens_a_span_per_attempt() {
-    use crate::support::fault_server::{Fault, FaultServer};
+    use retry_safety_testing::fault_server::{Fault, FaultServer};
 
     let server = FaultServer::start().await;
     let policy = RetryPolicy::builder()

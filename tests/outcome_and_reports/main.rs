@@ -1,9 +1,6 @@
 //! What a caller learns: attempt spans and events, `tracing` events, the outcome lookup,
 //! and that nothing secret leaks into any of them.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 mod applied_whatever_stopped_the_retries;
 mod attempt_events;
 mod attempt_spans;

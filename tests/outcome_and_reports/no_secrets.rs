@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::support::logs::{block_on, capture};
-use crate::support::script::{status, Outcome, Reset, Script, Timeout};
 use http::Request;
+use retry_safety_testing::logs::{block_on, capture};
+use retry_safety_testing::script::{status, Outcome, Reset, Script, Timeout};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{RetryPolicy, RetryReport};
 
@@ -140,7 +140,7 @@ async fn no_query_secret_along_real_hyper_util_error_chains() {
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
 
-    let refused = crate::support::fault_server::refused_addr().await;
+    let refused = retry_safety_testing::fault_server::refused_addr().await;
     let closing = closing_server().await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let svc = RetryPolicy::builder()
@@ -169,7 +169,7 @@ async fn no_query_secret_along_real_hyper_util_error_chains() {
 async fn no_query_secret_along_real_reqwest_error_chains() {
     use tower_retry_safety::RetrySafetyMiddleware;
 
-    let refused = crate::support::fault_server::refused_addr().await;
+    let refused = retry_safety_testing::fault_server::refused_addr().await;
     let closing = closing_server().await;
     let policy = RetryPolicy::builder()
         .backoff(Duration::from_millis(1), Duration::from_millis(5))

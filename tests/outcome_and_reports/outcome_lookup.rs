@@ -2,12 +2,12 @@
 //! (feature `reqwest-middleware`) `Error::from_reqwest_middleware` and
 //! `RetryReport::of_reqwest` through the adapter, against the fault server.
 
-use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
@@ -50,7 +50,7 @@ mod reqwest_side {
     use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
     use tower_retry_safety::{Error, Idempotency, RetryPolicy, RetryReport, RetrySafetyMiddleware};
 
-    use crate::support::fault_server::{refused_addr, Fault, FaultServer};
+    use retry_safety_testing::fault_server::{refused_addr, Fault, FaultServer};
 
     // Well under the fault server's 800 ms slow response.
     const PER_ATTEMPT: Duration = Duration::from_millis(400);

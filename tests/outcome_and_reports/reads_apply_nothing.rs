@@ -6,12 +6,12 @@
 
 use std::time::Duration;
 
-use crate::support::fault_server::{refused_addr, Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{refused_addr, Fault, FaultServer};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::{MayHaveBeenApplied, RetryPolicy};
 

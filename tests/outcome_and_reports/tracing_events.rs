@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::support::logs::{block_on, capture};
-use crate::support::script::{ok, status, Reset, Script};
 use http::Request;
+use retry_safety_testing::logs::{block_on, capture};
+use retry_safety_testing::script::{ok, status, Reset, Script};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 

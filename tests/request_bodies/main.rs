@@ -1,13 +1,8 @@
 //! Request bodies kept for a resend: the replay buffer, its edge cases, trailers, and a proxy
 //! forwarding streamed bodies.
 
-#[allow(dead_code)]
-#[path = "../../examples/proxy.rs"]
-mod proxy;
-
 mod empty_bodies_are_retried;
 mod replay_edge_bodies;
-mod replay_proxy;
 mod replay_reader;
 mod replay_trailers;
 mod replays_after_the_attempt_failed;

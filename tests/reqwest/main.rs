@@ -1,10 +1,6 @@
 //! The reqwest-middleware adapter: retries, bodies, replay edge cases, hedging and bodies read
 //! whole through `RetrySafetyMiddleware`.
 
-#[path = "../support/mod.rs"]
-mod support;
-
-mod hedging;
 mod middleware;
 mod read_whole;
 mod replay_edge_cases;

@@ -6,11 +6,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::support::fault_server::{refused_addr, Fault, FaultServer};
 use bytes::Bytes;
 use http::{Extensions, Method};
 use reqwest::{Request, Response, StatusCode};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use retry_safety_testing::fault_server::{refused_addr, Fault, FaultServer};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::service::NotReplayable;
 use tower_retry_safety::{
@@ -375,27 +375,4 @@ async fn reqwest_timeout_after_connecting_is_ambiguous_and_refused_is_not_sent()
         tower_retry_safety::classify::classify_error(&err),
         FailureClass::NotSent
     );
-}
-
-#[tokio::test]
-async fn minted_keys_make_lost_writes_succeed_exactly_once() {
-    use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
-    let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
-    let client = ours(policy().mint_idempotency_keys(true).build().unwrap());
-    for fault in [
-        Fault::DropAfterApply,
-        Fault::SlowAfterApply,
-        Fault::UnavailableAfterApply,
-    ] {
-        let op = format!("keyed-{}", fault.name());
-        let res = send(&client, Method::POST, &server.url(&op), fault)
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200, "{op}");
-        assert_eq!(res.headers()["idempotent-replayed"], "true", "{op}");
-        let report = res.extensions().get::<RetryReport>().unwrap();
-        assert_eq!(report.attempts(), 2, "{op}");
-        assert!(report.idempotency_key().is_some());
-        assert_eq!(server.applied(&op), 1, "{op}");
-    }
 }

@@ -5,10 +5,10 @@
 use std::error::Error as StdError;
 use std::time::Duration;
 
-use crate::support::cut_server::{Cut, CutServer, Options};
 use bytes::Bytes;
 use http::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use retry_safety_testing::cut_server::{Cut, CutServer, Options};
 use tower_retry_safety::resume::{BodyCutError, NoResume, ReadWholeMiddleware};
 use tower_retry_safety::{RetryPolicy, RetryReport, RetrySafetyMiddleware};
 
@@ -80,27 +80,6 @@ async fn a_small_body_cut_half_way_is_read_again() {
     assert_eq!(server.requests(), 2);
     assert_eq!(server.range_requests(), 0);
     assert_eq!(server.body_bytes(), 8 * 1024 + 16 * 1024);
-}
-
-#[tokio::test]
-async fn a_keyed_post_whose_body_was_cut_is_replayed_with_the_same_key() {
-    let body = representation(16 * 1024);
-    let server =
-        CutServer::start_with_keys(Options::new(body.clone()), vec![Cut::At(8 * 1024)]).await;
-    let res = client(true)
-        .post(server.url("/v1/messages"))
-        .header("idempotency-key", "key-1")
-        .body("{}")
-        .send()
-        .await
-        .expect("replayed");
-    let report = RetryReport::of_reqwest(&res).expect("report").clone();
-    let (bytes, err) = read_all(res).await;
-    assert!(err.is_none(), "{err:?}");
-    assert!(bytes == body);
-    assert_eq!(report.attempts(), 2);
-    assert_eq!(server.requests(), 2);
-    assert_eq!(server.applied(), 1);
 }
 
 #[tokio::test]

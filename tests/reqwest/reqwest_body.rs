@@ -3,11 +3,11 @@
 //! larger stream is sent once.
 #![cfg(feature = "reqwest-middleware")]
 
-use crate::support::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::Request;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::fault_server::{Fault, FaultServer};
 use tower::{Layer, ServiceExt};
 use tower_retry_safety::service::NotReplayable;
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};

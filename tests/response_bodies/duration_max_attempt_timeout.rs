@@ -2,7 +2,7 @@
 //! whole: a per-frame wait too long to be a time is no per-frame limit, not a panic. From the
 //! review of 2026-12-04 (its three tests failed before the fix).
 
-use crate::support::trickle::Trickle;
+use retry_safety_testing::trickle::Trickle;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -51,7 +51,7 @@ async fn read_whole_with_max_attempt_timeout(
     }
     let stack = policy.layer(ReadWholeLayer::new().limit(limit).layer(svc));
     let res = stack.oneshot(req).await.unwrap();
-    let (bytes, err) = crate::support::read_whole::read_all(res.into_body()).await;
+    let (bytes, err) = retry_safety_testing::read_whole::read_all(res.into_body()).await;
     (
         bytes.len(),
         err.map(|e| e.to_string()),

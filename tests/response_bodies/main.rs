@@ -1,9 +1,6 @@
 //! Response bodies: read whole, resumed with `Range`, cut mid-way, classified by their bytes,
 //! and the attempt's clock while a body is read.
 
-#[path = "../support/mod.rs"]
-mod support;
-
 #[cfg(feature = "reqwest-middleware")]
 mod attempt_clock;
 mod duration_max_attempt_timeout;
@@ -16,8 +13,6 @@ mod peek_body_verdicts_never_repeat_a_write;
 #[cfg(feature = "reqwest-middleware")]
 mod range_resume_attacks;
 mod read_whole;
-#[cfg(feature = "reqwest-middleware")]
-mod read_whole_keyed;
 #[cfg(feature = "reqwest-middleware")]
 mod read_whole_reqwest;
 mod response_body_hook;

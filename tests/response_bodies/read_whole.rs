@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use crate::support::cut_server::{Cut, CutServer, Options};
-use crate::support::read_whole::{policy, read_all, representation, stack};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
+use retry_safety_testing::cut_server::{Cut, CutServer, Options};
+use retry_safety_testing::read_whole::{policy, read_all, representation, stack};
 use tower::ServiceExt;
 use tower_retry_safety::resume::{BodyCutError, NoResume, WholeBody};
 use tower_retry_safety::{FailureClass, RetryReport, StopReason};
@@ -120,32 +120,6 @@ async fn a_body_cut_on_every_attempt_stops_when_retries_are_used_up() {
     assert_eq!(bytes, body[..1000]);
     assert_eq!(server.requests(), 3);
     assert_eq!(server.body_bytes(), 3 * 1000);
-}
-
-#[tokio::test]
-async fn a_keyed_post_whose_body_was_cut_is_replayed_with_the_same_key() {
-    let body = representation(16 * 1024);
-    let server =
-        CutServer::start_with_keys(Options::new(body.clone()), vec![Cut::At(8 * 1024)]).await;
-    let policy = policy().honor_idempotency_key(true).build().unwrap();
-    let res = stack(policy)
-        .oneshot(post(&server.url("/v1/messages"), Some("key-1")))
-        .await
-        .expect("replayed");
-    let report = RetryReport::of(&res).expect("report").clone();
-    let (bytes, err) = read_all(res.into_body()).await;
-    assert!(err.is_none(), "{err:?}");
-    assert_eq!(bytes, body);
-    assert_eq!(server.requests(), 2);
-    // The handler ran once: the second answer is the server's stored response.
-    assert_eq!(server.applied(), 1);
-    assert_eq!(server.body_bytes(), 8 * 1024 + 16 * 1024);
-    assert_eq!(report.attempts(), 2);
-    assert_eq!(report.idempotency_key(), Some("key-1"));
-    assert_eq!(
-        report.attempt_outcomes().next().unwrap().body_cut_after(),
-        Some(8 * 1024)
-    );
 }
 
 #[tokio::test]

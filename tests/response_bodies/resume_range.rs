@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use crate::support::cut_server::{Cut, CutServer, Options};
-use crate::support::read_whole::{policy, read_all, representation, stack};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
+use retry_safety_testing::cut_server::{Cut, CutServer, Options};
+use retry_safety_testing::read_whole::{policy, read_all, representation, stack};
 use tower::{BoxError, ServiceExt};
 use tower_retry_safety::resume::{BodyCutError, NoResume, WholeBody};
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};

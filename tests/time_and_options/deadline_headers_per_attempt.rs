@@ -21,7 +21,7 @@ use tower_retry_safety::deadline::{
 };
 use tower_retry_safety::{Hedge, RetryPolicy, RetryPolicyBuilder};
 
-use crate::support::runtime_server::{accept, listener};
+use retry_safety_testing::runtime_server::{accept, listener};
 
 /// Each request's headers, by path.
 type Seen = Arc<Mutex<HashMap<String, Vec<HeaderMap>>>>;
@@ -303,7 +303,7 @@ async fn a_redirect_never_carries_the_deadline_to_a_host_not_named() {
 /// cannot stop it below the middleware, so it says so, loudly, naming the setup that does.
 #[test]
 fn a_redirect_followed_below_the_middleware_is_logged_as_an_error() {
-    let (logs, leaked) = crate::support::logs::capture(|| {
+    let (logs, leaked) = retry_safety_testing::logs::capture(|| {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

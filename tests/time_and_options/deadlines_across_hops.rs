@@ -19,8 +19,8 @@ use tower::{service_fn, Layer, ServiceExt};
 use tower_retry_safety::deadline::{self, Inbound, ATTEMPT_HEADER, TIMEOUT_HEADER};
 use tower_retry_safety::{RetryPolicy, RetryReport, StopReason};
 
-use crate::support::fault_server::{Fault, FaultServer};
-use crate::support::runtime_server::{accept, listener};
+use retry_safety_testing::fault_server::{Fault, FaultServer};
+use retry_safety_testing::runtime_server::{accept, listener};
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build_http()

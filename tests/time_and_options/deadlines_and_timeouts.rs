@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::fault_server::FaultServer;
-use crate::support::script::{ok, Reset, Script};
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
+use retry_safety_testing::fault_server::FaultServer;
+use retry_safety_testing::script::{ok, Reset, Script};
 use tokio::time::Instant;
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_safety::{

@@ -3,7 +3,7 @@
 //! deadline, the call's own timeout bounding a `Duration::MAX` policy deadline, and a huge
 //! `grpc-timeout` that does not panic. From the review of 2026-12-04.
 
-use crate::recording_service::{base, calls, recording, values};
+use retry_safety_testing::recording_service::{base, calls, recording, values};
 use std::time::Duration;
 
 use http::{Request, Version};

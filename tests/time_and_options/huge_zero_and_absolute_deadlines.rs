@@ -2,8 +2,8 @@
 //! `Duration::MAX` and other huge deadlines, a zero deadline, the deadline absolute across
 //! retries and across body resumes. From the review of 2026-12-04.
 
-use crate::recording_service::{base, calls, recording};
-use crate::support::trickle::Trickle;
+use retry_safety_testing::recording_service::{base, calls, recording};
+use retry_safety_testing::trickle::Trickle;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -207,10 +207,10 @@ async fn the_deadline_is_absolute_across_body_resumes() {
         )
         .await
         .unwrap();
-    let (bytes, err) = crate::support::read_whole::read_all(res.into_body()).await;
+    let (bytes, err) = retry_safety_testing::read_whole::read_all(res.into_body()).await;
     let err = err.expect("the deadline ends the body");
     assert_eq!(t0.elapsed(), Duration::from_millis(1_000));
-    let cut = crate::support::read_whole::find_cut(&*err).expect("a BodyCutError");
+    let cut = retry_safety_testing::read_whole::find_cut(&*err).expect("a BodyCutError");
     assert!(cut.is_deadline(), "{cut}");
     let expect: Vec<u8> = (0..bytes.len()).map(|i| i as u8).collect();
     assert_eq!(

@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::support::runtime_server::{accept, listener};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::runtime_server::{accept, listener};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tower::limit::ConcurrencyLimit;

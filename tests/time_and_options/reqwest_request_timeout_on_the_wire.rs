@@ -15,7 +15,7 @@ use tower::service_fn;
 use tower_retry_safety::deadline::TIMEOUT_HEADER;
 use tower_retry_safety::{RetryPolicy, RetrySafetyMiddleware};
 
-use crate::support::runtime_server::{accept, listener};
+use retry_safety_testing::runtime_server::{accept, listener};
 
 /// `RequestBuilder::timeout(300 ms)` under a policy whose deadline is 5 s: reqwest gives up
 /// on each attempt after 300 ms, so the attempt must say at most 300. Found: `4999` —

@@ -3,7 +3,7 @@
 //! query, version, multi-valued headers and extensions; per-attempt headers are set, not
 //! accumulated; minted keys are copied once. From the review of 2026-12-04.
 
-use crate::recording_service::{base, recording, values, Seen, Tag};
+use retry_safety_testing::recording_service::{base, recording, values, Seen, Tag};
 use std::time::Duration;
 
 use http::{HeaderMap, Method, Request, StatusCode, Version};

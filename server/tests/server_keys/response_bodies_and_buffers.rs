@@ -1,7 +1,8 @@
 //! The server layer's edge cases, from an adversarial review of its performance rework (each
 //! failed before its fix): a response body that fails mid-stream reaches the client as a
 //! failure, not a clean shorter body (in process and over hyper); a stored header value does
-//! not pin a connection's buffer (nor, for comparison, does a stored one-chunk body).
+//! not pin a connection's buffer (nor, for comparison, does a stored one-chunk body); a stored
+//! response's trailers are answered again.
 
 use crate::keyed_requests::{body_of, keyed, Chunk, In};
 use std::convert::Infallible;
@@ -164,4 +165,46 @@ async fn a_stored_one_chunk_body_does_not_pin_a_large_buffer() {
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(body_of(again).await, "bbbbbbbbbb");
     assert!(freed.load(Ordering::SeqCst), "the body's buffer is pinned");
+}
+
+/// The server layer stores a response whose body ends with trailers and answers a repeat of
+/// the key with the same body and the same trailers (gRPC's status lives there). Moved here
+/// from the client's tests/request_bodies/replay_trailers.rs.
+#[tokio::test]
+async fn a_repeat_gets_the_stored_responses_trailers() {
+    use http::HeaderMap;
+    use http_body_util::Either;
+    use std::sync::atomic::AtomicUsize;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let handler = tower::service_fn(move |_req: Request<Either<Full<Bytes>, Full<Bytes>>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-outcome", HeaderValue::from_static("done"));
+            let frames = vec![
+                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"body"))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            Ok::<_, Infallible>(Response::new(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
+        }
+    });
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(handler);
+    let send = || {
+        Request::post("/v1/jobs")
+            .header("idempotency-key", "\"t-1\"")
+            .body(Full::new(Bytes::from_static(b"x")))
+            .unwrap()
+    };
+    for stored in [false, true] {
+        let res = svc.clone().oneshot(send()).await.unwrap();
+        assert_eq!(res.headers().contains_key("idempotent-replayed"), stored);
+        let collected = res.into_body().collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["x-outcome"], "done");
+        assert_eq!(collected.to_bytes(), "body");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use super::REPLAYED;
 use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
-use crate::support::raw_server::{cl, head, Act, Raw};
-use crate::support::read_whole::{find_cut, policy, read_all, stack};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
+use retry_safety_testing::raw_server::{cl, head, Act, Raw};
+use retry_safety_testing::read_whole::{find_cut, policy, read_all, stack};
 use tower::ServiceExt;
 use tower_retry_safety::resume::{BodyReport, NoResume};
 

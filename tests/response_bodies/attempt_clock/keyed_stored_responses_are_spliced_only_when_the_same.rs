@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use super::{assert_no_splice, cut_at, req, whole, HANG, REPLAYED};
 use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw};
-use crate::support::read_whole::{find_cut, policy, read_all, stack};
 use bytes::Bytes;
 use http::{HeaderName, Method, Request};
 use http_body_util::Full;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw};
+use retry_safety_testing::read_whole::{find_cut, policy, read_all, stack};
 use tower::{BoxError, ServiceExt};
 use tower_retry_safety::resume::{BodyReport, NoResume};
 use tower_retry_safety::RetryReport;

@@ -39,10 +39,10 @@ mod writes_never_repeated_are_sent_once;
 
 use std::time::Duration;
 
-use crate::support::raw_server::{cl, head, rep, Act};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
+use retry_safety_testing::raw_server::{cl, head, rep, Act};
 use tower::BoxError;
 
 pub(crate) const SMALL: usize = 8 * 1024; // within the limit

@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use super::{assert_no_splice, req, slow, stall_at, whole, HANG, SMALL};
 use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw};
-use crate::support::read_whole::{find_cut, policy, read_all, stack};
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw};
+use retry_safety_testing::read_whole::{find_cut, policy, read_all, stack};
 use tower::buffer::BufferLayer;
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::resume::{NoResume, ReadWholeLayer, WholeBody};

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use super::req;
 use crate::read_whole_reqwest::all_said;
-use crate::support::raw_server::rep;
-use crate::support::read_whole::{policy, read_all};
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
+use retry_safety_testing::raw_server::rep;
+use retry_safety_testing::read_whole::{policy, read_all};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::resume::ReadWholeLayer;
 

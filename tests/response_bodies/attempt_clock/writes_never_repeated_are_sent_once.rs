@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use super::{cut_at, req, slow, HANG, REPLAYED, SMALL};
 use crate::read_whole_reqwest::{reqwest_client, reqwest_read_all, BIG, HALF};
-use crate::support::cut_server::{Cut, CutServer, Options};
-use crate::support::raw_server::{rep, Raw};
-use crate::support::read_whole::{find_cut, policy, read_all, stack};
 use http::Method;
+use retry_safety_testing::raw_server::{rep, Raw};
+use retry_safety_testing::read_whole::{find_cut, policy, read_all, stack};
 use tower::ServiceExt;
 use tower_retry_safety::{NoRetry, RetryPolicy};
 
@@ -196,33 +195,4 @@ fn extra_of(what: &str) -> Vec<String> {
     } else {
         vec![]
     }
-}
-
-/// Against the crate's own server: a keyed write within the limit whose body stalls (the
-/// handler ran, its response was stored) is cut by the per-frame wait and sent again with its
-/// key; the stored response is read whole. 2 requests, 1 write applied.
-///
-/// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
-#[tokio::test]
-async fn a_keyed_write_within_the_limit_that_stalls_is_resent_once() {
-    let body = crate::support::read_whole::representation(SMALL);
-    let server =
-        CutServer::start_with_keys(Options::new(body.clone()), vec![Cut::StallAt(SMALL / 2)]).await;
-    let policy = policy()
-        .honor_idempotency_key(true)
-        .attempt_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let out = tokio::time::timeout(
-        HANG,
-        stack(policy).oneshot(req(Method::POST, &server.url("/v1/messages"), &["k-5"])),
-    )
-    .await
-    .expect("no hang");
-    let res = out.expect("answered");
-    let (bytes, err) = read_all(res.into_body()).await;
-    assert!(err.is_none(), "{err:?}");
-    assert_eq!(bytes, body);
-    assert_eq!(server.requests(), 2);
-    assert_eq!(server.applied(), 1);
 }

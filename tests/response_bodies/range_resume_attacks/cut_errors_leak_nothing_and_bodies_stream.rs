@@ -8,8 +8,6 @@ use std::time::Duration;
 
 use super::{chunked, cut_write, policy, req, resume_against};
 use crate::read_whole_reqwest::{all_said, reqwest_client, reqwest_read_all, BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw};
-use crate::support::read_whole::{find_cut, read_all, stack};
 use bytes::Bytes;
 use http::{Method, Response};
 use http_body::Body;
@@ -17,6 +15,8 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw};
+use retry_safety_testing::read_whole::{find_cut, read_all, stack};
 use tower::{ServiceBuilder, ServiceExt};
 
 /// Found by the adversarial review of reading whole bodies (issue 23).

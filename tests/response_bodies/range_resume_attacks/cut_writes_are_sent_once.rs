@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use super::{cut_write, policy, req};
 use crate::read_whole_reqwest::{reqwest_client, reqwest_read_all, BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw};
-use crate::support::read_whole::{find_cut, read_all, stack};
 use http::Method;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw};
+use retry_safety_testing::read_whole::{find_cut, read_all, stack};
 use tower::ServiceExt;
 use tower_retry_safety::resume::NoResume;
 use tower_retry_safety::{NoRetry, RetryPolicy, RetryReport};

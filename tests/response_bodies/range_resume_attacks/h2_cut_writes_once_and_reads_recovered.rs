@@ -13,8 +13,6 @@ use std::time::Duration;
 
 use super::{policy, req};
 use crate::read_whole_reqwest::{BIG, HALF};
-use crate::support::raw_server::{rep, RawCounts};
-use crate::support::read_whole::read_all;
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body::{Body, Frame, SizeHint};
@@ -22,6 +20,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use retry_safety_testing::raw_server::{rep, RawCounts};
+use retry_safety_testing::read_whole::read_all;
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_retry_safety::resume::{ReadWholeLayer, WholeBody};

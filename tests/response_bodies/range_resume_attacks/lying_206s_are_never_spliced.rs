@@ -6,9 +6,9 @@
 
 use super::{assert_no_splice, chunked, policy, req};
 use crate::read_whole_reqwest::{reqwest_client, reqwest_read_all, BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw};
-use crate::support::read_whole::{read_all, stack};
 use http::Method;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw};
+use retry_safety_testing::read_whole::{read_all, stack};
 use tower::{BoxError, ServiceExt};
 
 /// A `206` whose body is shorter than its `Content-Range` says.

@@ -23,11 +23,11 @@ mod slow_small_bodies_are_read_whole;
 use std::time::Duration;
 
 use crate::read_whole_reqwest::{BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw, Seen};
-use crate::support::read_whole::{read_all, stack};
 use bytes::Bytes;
 use http::{Method, Request};
 use http_body_util::Full;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw, Seen};
+use retry_safety_testing::read_whole::{read_all, stack};
 use tower::{BoxError, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 

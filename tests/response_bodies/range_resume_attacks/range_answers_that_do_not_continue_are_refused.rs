@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use super::{assert_no_splice, policy, req, resume_against};
 use crate::read_whole_reqwest::{BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw};
-use crate::support::read_whole::{find_cut, read_all, stack};
 use http::Method;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw};
+use retry_safety_testing::read_whole::{find_cut, read_all, stack};
 use tower::ServiceExt;
 use tower_retry_safety::resume::NoResume;
 

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use super::{policy, req};
 use crate::read_whole_reqwest::{reqwest_client, BIG, HALF};
-use crate::support::raw_server::{cl, head, rep, Act, Raw};
-use crate::support::read_whole::{find_cut, read_all, stack};
 use http::Method;
 use http_body_util::BodyExt;
+use retry_safety_testing::raw_server::{cl, head, rep, Act, Raw};
+use retry_safety_testing::read_whole::{find_cut, read_all, stack};
 use tower::ServiceExt;
 use tower_retry_safety::budget::Budget;
 use tower_retry_safety::resume::{BodyReport, NoResume};

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use super::{policy, req};
 use crate::read_whole_reqwest::reqwest_client;
-use crate::support::cut_server::{Cut, CutServer, Options};
-use crate::support::raw_server::rep;
-use crate::support::read_whole::{find_cut, read_all, stack};
 use bytes::Bytes;
 use http::Method;
 use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
+use retry_safety_testing::cut_server::{Cut, CutServer, Options};
+use retry_safety_testing::raw_server::rep;
+use retry_safety_testing::read_whole::{find_cut, read_all, stack};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_retry_safety::RetryReport;
 
