@@ -3,7 +3,7 @@
 # public-api/<package>.txt, one line per public item reachable from the crate root (its kind and
 # path; see scripts/public-api.py for what a line is), sorted. With --check, writes them to a
 # temporary directory instead and fails with the diff when they differ from the committed ones.
-# Either way it fails when a crate root holds more names than §5 allows (16, the lab 12) or when
+# Either way it fails when a crate root holds more names than the surface allows (16, the lab 12) or when
 # an item is #[deprecated].
 #
 # The lists come from rustdoc's JSON output (unstable: RUSTC_BOOTSTRAP=1 on the stable toolchain;

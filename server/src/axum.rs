@@ -1,17 +1,15 @@
 //! The server layer with axum's body type (feature `axum`): wraps a whole `Router` for
 //! `axum::serve`, which takes services that answer `Response<axum::body::Body>`.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum_core::body::Body;
 use http::{Request, Response};
-use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::future::AxumResponseFuture;
 use crate::layer::IdempotencyLayer;
 use crate::service::IdempotencyService;
 use crate::store::IdempotencyStore;
@@ -121,40 +119,6 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        AxumResponseFuture {
-            inner: self.inner.call(req),
-        }
-    }
-}
-
-pin_project! {
-    /// The response future of [`AxumIdempotencyService`].
-    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    pub struct AxumResponseFuture<F> {
-        #[pin]
-        inner: F,
-    }
-}
-
-impl<F> std::fmt::Debug for AxumResponseFuture<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AxumResponseFuture").finish_non_exhaustive()
-    }
-}
-
-impl<F, ResBody, E> Future for AxumResponseFuture<F>
-where
-    F: Future<Output = Result<Response<ResponseBody<ResBody>>, E>>,
-    ResponseBody<ResBody>:
-        http_body::Body<Data = bytes::Bytes, Error = tower_retry_safety::BoxError>,
-    ResBody: Send + 'static,
-{
-    type Output = Result<Response<Body>, E>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project()
-            .inner
-            .poll(cx)
-            .map(|res| res.map(|res| res.map(Body::new)))
+        AxumResponseFuture::new(self.inner.call(req))
     }
 }

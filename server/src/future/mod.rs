@@ -16,7 +16,10 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 #[cfg(feature = "axum")]
-pub use crate::axum::AxumResponseFuture;
+mod axum;
+
+#[cfg(feature = "axum")]
+pub use self::axum::AxumResponseFuture;
 pub use crate::body::ResponseBody;
 
 /// A keyed call: boxed once, since it may be detached from the request (see the module docs).
