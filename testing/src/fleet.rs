@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -132,10 +132,30 @@ impl Counts {
     }
 }
 
-/// One server instance on its own runtime.
+/// One server instance on its own runtime. What it logs at `WARN` or above (a store error
+/// the layer answered 503 for, with its cause) is printed when it is dropped during a panic: a
+/// failing test's output says why its instances answered as they did.
 pub struct Instance {
     pub addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
+    log: Log,
+}
+
+/// What an instance's runtime threads log.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Ok(mut log) = self.0.lock() {
+            log.extend_from_slice(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Instance {
@@ -164,14 +184,28 @@ impl Instance {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: std::future::Future<Output = Result<RedisStore, StoreError>> + Send,
     {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .expect("a runtime for the instance");
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind loopback");
         listener.set_nonblocking(true).expect("nonblocking");
         let addr = listener.local_addr().expect("addr");
+        let log = Log::default();
+        let writer = log.clone();
+        // Each thread of the runtime logs to `log` (its own default subscriber, for the thread's
+        // life); the test's thread and other tests' instances are not affected.
+        crate::spans::keep_interest_per_event();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .on_thread_start(move || {
+                let writer = writer.clone();
+                let subscriber = tracing_subscriber::fmt()
+                    .with_max_level(tracing::Level::WARN)
+                    .with_ansi(false)
+                    .with_writer(move || writer.clone())
+                    .finish();
+                std::mem::forget(tracing::subscriber::set_default(subscriber));
+            })
+            .build()
+            .expect("a runtime for the instance");
         let prefix = prefix.to_owned();
         // The store's connection lives on the instance's runtime, and dies with it.
         runtime
@@ -194,6 +228,7 @@ impl Instance {
         Instance {
             addr,
             runtime: Some(runtime),
+            log,
         }
     }
 
@@ -208,6 +243,16 @@ impl Instance {
 impl Drop for Instance {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            let log = self.log.0.lock().map(|l| l.clone()).unwrap_or_default();
+            if !log.is_empty() {
+                eprintln!(
+                    "the instance on {} logged:\n{}",
+                    self.addr,
+                    String::from_utf8_lossy(&log)
+                );
+            }
+        }
     }
 }
 
@@ -363,7 +408,8 @@ async fn forward(
 }
 
 /// A `redis-server` of the test's own on a free port, that nothing else uses: it can be
-/// stopped and started again.
+/// stopped and started again. Known to be the process it started (see
+/// [`crate::redis::Node`]): a port taken meanwhile has it started on another.
 pub struct OwnRedis {
     pub port: u16,
     child: Option<Child>,
@@ -371,38 +417,49 @@ pub struct OwnRedis {
 
 impl OwnRedis {
     pub fn start() -> OwnRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let mut redis = OwnRedis { port, child: None };
-        redis.start_again();
-        redis
+        let mut tried = Vec::new();
+        for _ in 0..10 {
+            let mut redis = OwnRedis {
+                port: crate::redis::free_port(),
+                child: None,
+            };
+            match redis.try_start() {
+                Ok(()) => return redis,
+                Err(why) => tried.push(why),
+            }
+        }
+        panic!("redis-server did not start on any of 10 free ports: {tried:?}");
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Starts it (again) on its port and waits until it answers.
+    /// Starts it again on its port and waits until it answers there as itself.
     pub fn start_again(&mut self) {
+        if let Err(why) = self.try_start() {
+            panic!("redis-server did not start again on its port: {why}");
+        }
+    }
+
+    fn try_start(&mut self) -> Result<(), String> {
+        let (stdout, stderr) = crate::redis::log_files(self.port);
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .unwrap_or_else(|e| {
                 panic!("these tests start their own `redis-server`, from PATH: {e} (install the redis-server package)")
             });
-        self.child = Some(child);
-        for _ in 0..500 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let url = self.url();
+        let child = self.child.insert(child);
+        let started = crate::redis::listening(child, &url, self.port);
+        if started.is_err() {
+            self.stop();
         }
-        panic!("redis-server did not listen on port {}", self.port);
+        started
     }
 
     /// Stops it, as an outage would.

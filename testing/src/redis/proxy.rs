@@ -27,10 +27,17 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(upstream_port: u16) -> Proxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind loopback");
-        let port = listener.local_addr().expect("addr").port();
+        // Its own listener, held: no other process takes its port. One no earlier node or
+        // proxy of this process had (see `free_port`).
+        let (listener, port) = loop {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind loopback");
+            let port = listener.local_addr().expect("addr").port();
+            if super::first_use(port) {
+                break (listener, port);
+            }
+        };
         let (hold, _) = tokio::sync::watch::channel(Hold::Nothing);
         let holds = hold.clone();
         let upstream = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(upstream_port));

@@ -220,6 +220,7 @@ async fn stale_owner_stores(sentinel: &Node, primary: &Node) -> (RedisStore, Red
     );
     let fixed = RedisStore::builder(&primary.url())
         .prefix("stale:")
+        .timeout(PATIENT)
         .connect()
         .await
         .unwrap();
@@ -254,6 +255,8 @@ async fn a_newer_owner_completes(new_primary: &Node, fp: Fingerprint) -> RedisSt
     // ... and a newer owner takes the key there and stores its response.
     let newer = RedisStore::builder(&new_primary.url())
         .prefix("stale:")
+        .timeout(PATIENT)
+        .replica_timeout(PATIENT)
         .connect()
         .await
         .unwrap();

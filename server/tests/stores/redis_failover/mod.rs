@@ -22,7 +22,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use retry_safety_testing::fleet::Fault;
-use retry_safety_testing::redis::{wait_replicated, wait_until, Node};
+use retry_safety_testing::redis::{wait_replicated, wait_until, Node, PATIENT};
 use tower_idempotency_keys::{stores::RedisStore, Fingerprint, StoreError, StoredResponse};
 
 /// How long any state a scenario waits for may take, on a busy machine.
@@ -66,10 +66,11 @@ pub(crate) fn ok_response(body: &'static str) -> StoredResponse {
 }
 
 /// A store that looks at what the node at `url` holds under `prefix` (it waits for no
-/// replica, and claims nothing).
+/// replica, and claims nothing), patient: its reads are the scenario's ground truth.
 pub(crate) async fn reader(url: &str, prefix: &str) -> RedisStore {
     RedisStore::builder(url)
         .wait_for_replicas(0)
+        .timeout(PATIENT)
         .prefix(prefix)
         .connect()
         .await
