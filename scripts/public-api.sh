@@ -3,8 +3,8 @@
 # public-api/<package>.txt, one line per public item reachable from the crate root (its kind and
 # path; see scripts/public-api.py for what a line is), sorted. With --check, writes them to a
 # temporary directory instead and fails with the diff when they differ from the committed ones.
-# Either way it fails when a crate root holds more names than the surface allows (16, the lab 12) or when
-# an item is #[deprecated].
+# Either way it fails when a crate root holds more names than the surface allows (16, the lab
+# 12) or when an item is #[deprecated].
 #
 # The lists come from rustdoc's JSON output (unstable: RUSTC_BOOTSTRAP=1 on the stable toolchain;
 # the reader knows format 57, rustc 1.95), all features on, in a target dir of its own

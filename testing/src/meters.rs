@@ -1,6 +1,6 @@
-//! The metrics tests' harness (the `metrics` feature): a meter provider whose instruments are read back through the
-//! SDK's in-memory exporter, and the hyper client and request the client-side tests send to
-//! the fault server.
+//! The metrics tests' harness (the `metrics` feature): a meter provider whose instruments are
+//! read back through the SDK's in-memory exporter, and the hyper client and request the
+//! client-side tests send to the fault server.
 
 use std::collections::BTreeMap;
 

@@ -6,8 +6,9 @@
 //!
 //! Real sockets on 127.0.0.1: a scripted raw HTTP/1.1 server (`Raw`, first written for
 //! `review_read_whole.rs`) that counts requests and writes (every `POST`/`PATCH` it reads is a
-//! write applied: it does not honour keys unless a script sends a stored response), and the crate's own
-//! `IdempotencyLayer` behind `CutServer::start_with_keys`. Timing logic that must be exact (a head
+//! write applied: it does not honour keys unless a script sends a stored response); the keyed
+//! write behind the server's own `IdempotencyLayer` is an end-to-end test
+//! (`response_bodies/read_whole_keyed.rs` in e2e/). Timing logic that must be exact (a head
 //! at the very instant the timer fires, a body that trickles forever) runs on paused tokio time
 //! against an in-memory service. Hangs are turned into failures with `tokio::time::timeout`.
 //!

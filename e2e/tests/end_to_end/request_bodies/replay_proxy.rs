@@ -1,6 +1,6 @@
-//! End to end on loopback: the proxy example (`retry_safety_e2e::proxy`) forwards streamed bodies (hyper's `Incoming`,
-//! boxed) through hyper-util's client and the layer to an upstream that meets a fault on each
-//! operation's first attempt. Exact counts, by the upstream, of attempts, writes applied and
+//! End to end on loopback: the proxy example (`retry_safety_e2e::proxy`) forwards streamed
+//! bodies (hyper's `Incoming`, boxed) through hyper-util's client and the layer to an upstream
+//! that meets a fault on each operation's first attempt. Exact counts, by the upstream, of attempts, writes applied and
 //! bodies that were not byte for byte what the client streamed.
 
 use std::net::SocketAddr;
