@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::fault_server::FaultServer;
+use crate::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request, Response};
 use http_body_util::{BodyExt, Full};
@@ -122,7 +122,7 @@ pub fn fast(_: u32) -> (u64, Option<u16>, Option<u64>) {
 
 pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
-fn client() -> HttpClient {
+pub fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
 }
 
@@ -163,4 +163,33 @@ pub fn eager() -> Hedge {
         .max_extra_load(1.0)
         .max_hedges(10)
         .keyed_writes(true)
+}
+
+/// Operation `i` on the heavy-tailed loopback: slow (50 ms) when `i.is_multiple_of(20)`, else 1 ms, after applying.
+pub fn heavy_tail_request(
+    server: &FaultServer,
+    method: Method,
+    op: &str,
+    i: u32,
+) -> Request<Full<Bytes>> {
+    let delay = if i.is_multiple_of(20) { "50" } else { "1" };
+    Request::builder()
+        .method(method)
+        .uri(server.url(op))
+        .header("x-fault", Fault::None.name())
+        .header("x-handler-delay-ms", delay)
+        .body(Full::new(Bytes::from_static(b"{\"amount\":1}")))
+        .unwrap()
+}
+
+/// Sends `req` and reads the body; the report, or `None` for a service without the layer.
+pub async fn send_and_read<S, E>(svc: &mut S, req: Request<Full<Bytes>>) -> Option<RetryReport>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<hyper::body::Incoming>, Error = E>,
+    E: std::fmt::Debug,
+{
+    let res = svc.ready().await.unwrap().call(req).await.unwrap();
+    let report = RetryReport::of(&res).cloned();
+    res.into_body().collect().await.unwrap();
+    report
 }

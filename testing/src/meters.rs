@@ -1,18 +1,21 @@
 //! The metrics tests' harness (the `metrics` feature): a meter provider whose instruments are
 //! read back through the SDK's in-memory exporter, and the hyper client and request the
-//! client-side tests send to the fault server.
+//! client-side tests send to the fault server, and the tour's fault mix through the layer.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use crate::fault_server::Fault;
+use crate::fault_server::{Fault, FaultServer};
 use bytes::Bytes;
 use http::{Method, Request};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use opentelemetry::metrics::{Meter, MeterProvider};
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, Metric, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use tower::{ServiceBuilder, ServiceExt};
+use tower_retry_safety::{Idempotency, RetryPolicy, RetryReport};
 
 /// A meter provider whose metrics are read back from memory.
 pub struct Meters {
@@ -175,4 +178,53 @@ pub fn request(method: Method, url: &str, fault: Fault) -> Request<Full<Bytes>> 
         .header("x-secret-header", "hunter2")
         .body(Full::new(Bytes::from_static(b"{\"to\":\"a@example.com\"}")))
         .expect("a valid request")
+}
+
+// Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
+pub const FAULT_MIX_PER_ATTEMPT: Duration = Duration::from_millis(400);
+
+/// The fault mix's policy: three retries, quick backoff, a POST search route that is a read.
+pub fn fault_mix_policy() -> tower_retry_safety::RetryPolicyBuilder {
+    RetryPolicy::builder()
+        .max_retries(3)
+        .backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .route(Method::POST, "/ops/{op}/search", Idempotency::Idempotent)
+        .no_budget()
+}
+
+/// The tour's fault mix: sends a GET and a POST per fault (twice over) through the tower layer with `policy`, and
+/// returns every request's report.
+pub async fn fault_mix(policy: RetryPolicy, server: &FaultServer) -> Vec<RetryReport> {
+    let svc = ServiceBuilder::new()
+        .layer(policy)
+        .timeout(FAULT_MIX_PER_ATTEMPT)
+        .service(client());
+    let mut tasks = tokio::task::JoinSet::new();
+    for round in 0..2 {
+        for (i, fault) in Fault::ALL.into_iter().enumerate() {
+            for method in [Method::GET, Method::POST] {
+                let url = server.url(&format!("{method}-{i}-{round}?token=s3cr3t"));
+                let svc = svc.clone();
+                tasks.spawn(async move {
+                    match svc.oneshot(request(method, &url, fault)).await {
+                        Ok(res) => {
+                            let report = RetryReport::of(&res).cloned();
+                            let _ = res.into_body().collect().await;
+                            report.expect("the layer adds a report")
+                        }
+                        Err(err) => err
+                            .report()
+                            .cloned()
+                            .expect("the layer's error has a report"),
+                    }
+                });
+            }
+        }
+    }
+    let mut reports = Vec::new();
+    while let Some(report) = tasks.join_next().await {
+        reports.push(report.expect("the request's task"));
+    }
+    assert_eq!(reports.len(), 2 * 2 * Fault::ALL.len());
+    reports
 }

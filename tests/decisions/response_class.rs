@@ -1,4 +1,5 @@
-//! Response classification: retry set, Retry-After, retry-after-ms, x-should-retry.
+//! Response classification: retry set, Retry-After, retry-after-ms, x-should-retry, the stored-response
+//! mark (read only for a keyed request).
 
 use std::time::Duration;
 
@@ -138,4 +139,31 @@ fn server_hint_header_is_settable_or_off() {
         class(&p, 503, &[("x-should-retry", "false")]),
         FailureClass::RetryableResponse
     );
+}
+
+/// Only a request that carries a key can be answered with a stored response: the mark on a
+/// response to one without a key is not read (its status decides), and a key the policy does
+/// not trust is still a key the server may have stored for. (Moved here from the stored-response
+/// tests, now end-to-end tests in e2e/: this one needs no server.)
+#[test]
+fn only_a_request_with_a_key_reads_the_stored_response_mark() {
+    let policy = tower_retry_safety::RetryPolicy::builder().build().unwrap();
+    let res = http::Response::builder()
+        .status(503)
+        .header("idempotent-replayed", "true")
+        .body(())
+        .unwrap();
+    let get = http::Request::get("http://a.example/x").body(()).unwrap();
+    let c = policy.classify_response(&policy.classify(&get), &res);
+    assert!(!c.is_stored_response());
+    assert_eq!(
+        c.class(),
+        tower_retry_safety::FailureClass::RetryableResponse
+    );
+    let keyed = http::Request::post("http://a.example/x")
+        .header("idempotency-key", "\"k1\"")
+        .body(())
+        .unwrap();
+    let c = policy.classify_response(&policy.classify(&keyed), &res);
+    assert!(c.is_stored_response());
 }

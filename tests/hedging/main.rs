@@ -4,6 +4,7 @@
 mod h2_losers;
 mod hedge_properties;
 mod hedges_behind_a_concurrency_limit;
+mod loopback;
 mod paused_time;
 
 // The adversarial review of safe hedging and the per-attempt spans (issue 25).
@@ -17,3 +18,5 @@ mod held_and_unready_hedges;
 mod learned_delay_per_host;
 #[cfg(feature = "reqwest-middleware")]
 mod losers_on_loopback;
+#[cfg(feature = "reqwest-middleware")]
+mod writes_never_hedged_twice;

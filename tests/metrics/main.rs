@@ -3,6 +3,7 @@
 //! read back through the SDK's in-memory exporter. Every count is exact.
 
 mod bounded_attributes;
+mod fault_mix_matches_reports;
 mod never_sent;
 mod what_one_request_records;
 

@@ -6,6 +6,7 @@ mod deadlines_across_hops;
 mod deadlines_and_timeouts;
 mod grpc_timeout_under_a_policy_deadline;
 mod huge_zero_and_absolute_deadlines;
+mod keyed_requests_resent_or_not;
 mod no_resend_after_the_deadline;
 mod reqwest_request_timeout_on_the_wire;
 mod resends_copy_the_whole_head;

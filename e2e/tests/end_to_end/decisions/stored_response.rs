@@ -216,29 +216,3 @@ async fn the_replay_header_is_configurable() {
         StopReason::RetriesExhausted
     );
 }
-
-/// Only a request that carries a key can be answered with a replay: the mark on a response to
-/// one without a key is not read (its status decides), and a key the policy does not trust is
-/// still a key the server may have stored for.
-#[test]
-fn only_a_request_with_a_key_reads_the_replay_mark() {
-    let policy = tower_retry_safety::RetryPolicy::builder().build().unwrap();
-    let res = http::Response::builder()
-        .status(503)
-        .header("idempotent-replayed", "true")
-        .body(())
-        .unwrap();
-    let get = http::Request::get("http://a.example/x").body(()).unwrap();
-    let c = policy.classify_response(&policy.classify(&get), &res);
-    assert!(!c.is_stored_response());
-    assert_eq!(
-        c.class(),
-        tower_retry_safety::FailureClass::RetryableResponse
-    );
-    let keyed = http::Request::post("http://a.example/x")
-        .header("idempotency-key", "\"k1\"")
-        .body(())
-        .unwrap();
-    let c = policy.classify_response(&policy.classify(&keyed), &res);
-    assert!(c.is_stored_response());
-}

@@ -1,5 +1,3 @@
-//! Hedging against a server that honours keys: on loopback over HTTP/1.1 and HTTP/2, and
-//! writes never hedged twice.
+//! Hedging against a server that honours keys: keyed writes hedged by opt-in are applied once.
 
-mod loopback;
-mod writes_never_hedged_twice;
+mod keyed_hedges;

@@ -1,5 +1,5 @@
-//! OpenTelemetry metrics against a server that honours keys: the client's instruments beside
-//! the `RetryReport`s of a fault mix, and the server layer's against the answers it gave.
+//! OpenTelemetry metrics against a server that honours keys: stored responses counted by both
+//! halves, and the server layer's instruments against the answers it gave.
 
-mod fault_mix_matches_reports;
 mod server_layer_counts;
+mod stored_responses_counted_by_each_half;

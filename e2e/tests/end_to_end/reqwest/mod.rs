@@ -1,4 +1,4 @@
 //! The reqwest-middleware adapter against a server that honours keys: minted keys, and hedging.
 
-mod hedging;
+mod keyed_hedge;
 mod minted_keys;

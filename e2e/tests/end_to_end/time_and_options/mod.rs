@@ -1,4 +1,3 @@
-//! What every resend carries, and whether a keyed request is resent, against the server's
-//! `IdempotencyLayer`.
+//! A hedged keyed request against the server's `IdempotencyLayer`: the handler runs once.
 
-mod keyed_requests_resent_or_not;
+mod hedged_keyed_put;

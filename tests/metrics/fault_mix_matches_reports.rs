@@ -1,65 +1,17 @@
 //! The client's instruments against the `RetryReport`s of the same requests: the tour's fault
-//! mix through the tower layer and through the reqwest adapter, with hedging, and with keys
-//! end to end (the server layer counting the same stored responses). Every count is exact.
+//! mix through the tower layer and through the reqwest adapter, and with hedging. Every count
+//! is exact. (With keys end to end, the server layer counting the same stored responses: the
+//! end-to-end tests' `metrics/stored_responses_counted_by_each_half.rs`.)
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use http::Method;
-use http_body_util::BodyExt;
 use retry_safety_testing::fault_server::{Fault, FaultServer};
-use retry_safety_testing::meters::{client, request, Meters, Recorded};
-use tower::{ServiceBuilder, ServiceExt};
-use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
-use tower_retry_safety::{FailureClass, Idempotency, RetryPolicy, RetryReport, StopReason};
-
-// Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
-const PER_ATTEMPT: Duration = Duration::from_millis(400);
-
-fn policy() -> tower_retry_safety::RetryPolicyBuilder {
-    RetryPolicy::builder()
-        .max_retries(3)
-        .backoff(Duration::from_millis(5), Duration::from_millis(50))
-        .route(Method::POST, "/ops/{op}/search", Idempotency::Idempotent)
-        .no_budget()
-}
-
-/// Sends a GET and a POST per fault (twice over) through the tower layer with `policy`, and
-/// returns every request's report.
-async fn fault_mix(policy: RetryPolicy, server: &FaultServer) -> Vec<RetryReport> {
-    let svc = ServiceBuilder::new()
-        .layer(policy)
-        .timeout(PER_ATTEMPT)
-        .service(client());
-    let mut tasks = tokio::task::JoinSet::new();
-    for round in 0..2 {
-        for (i, fault) in Fault::ALL.into_iter().enumerate() {
-            for method in [Method::GET, Method::POST] {
-                let url = server.url(&format!("{method}-{i}-{round}?token=s3cr3t"));
-                let svc = svc.clone();
-                tasks.spawn(async move {
-                    match svc.oneshot(request(method, &url, fault)).await {
-                        Ok(res) => {
-                            let report = RetryReport::of(&res).cloned();
-                            let _ = res.into_body().collect().await;
-                            report.expect("the layer adds a report")
-                        }
-                        Err(err) => err
-                            .report()
-                            .cloned()
-                            .expect("the layer's error has a report"),
-                    }
-                });
-            }
-        }
-    }
-    let mut reports = Vec::new();
-    while let Some(report) = tasks.join_next().await {
-        reports.push(report.expect("the request's task"));
-    }
-    assert_eq!(reports.len(), 2 * 2 * Fault::ALL.len());
-    reports
-}
+use retry_safety_testing::meters::{
+    fault_mix, fault_mix_policy as policy, Meters, Recorded, FAULT_MIX_PER_ATTEMPT,
+};
+use tower_retry_safety::{FailureClass, RetryReport, StopReason};
 
 /// Retries of the reports by the class of the attempt each followed: every attempt but the
 /// last was followed by a resend (no hedging here).
@@ -187,48 +139,6 @@ fn attributes_are_bounded(got: &Recorded) {
     }
 }
 
-/// Keys end to end: the client's count of stored responses received equals its reports'
-/// `is_stored_response()`, and equals the server layer's count of repeats answered from the stored
-/// response; no write is suppressed (the key makes the repeat harmless).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stored_responses_are_counted_once_by_each_half() {
-    let client_meters = Meters::new();
-    let server_meters = Meters::new();
-    let keys = IdempotencyLayer::new(MemoryStore::new()).meter(server_meters.meter());
-    let server = FaultServer::start_with_keys(keys).await;
-    let policy = policy()
-        .mint_idempotency_keys(true)
-        .meter(client_meters.meter())
-        .build()
-        .expect("policy");
-    let reports = fault_mix(policy, &server).await;
-    let client = client_meters.read();
-    let server = server_meters.read();
-
-    let stored = reports.iter().filter(|r| r.is_stored_response()).count() as u64;
-    assert!(
-        stored > 0,
-        "a keyed write whose first answer was lost gets the stored one"
-    );
-    assert_eq!(client.total("retry_safety.client.stored_responses"), stored);
-    assert_eq!(
-        server.sum_where(
-            "retry_safety.server.keyed_requests",
-            "retry_safety.key.outcome",
-            "stored-response"
-        ),
-        stored
-    );
-    assert_eq!(client.total("retry_safety.client.writes.suppressed"), 0);
-    let stopped_stored: u64 = client
-        .u64_histogram_points("retry_safety.client.attempts")
-        .iter()
-        .filter(|(a, _)| a["retry_safety.stop_reason"] == "stored-response")
-        .map(|(_, count)| count)
-        .sum();
-    assert_eq!(stopped_stored, stored);
-}
-
 /// The same fault mix through the reqwest-middleware adapter: the same instruments, counted
 /// from the same decision core, match its reports exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,7 +148,7 @@ async fn fault_mix_through_the_reqwest_adapter_counts_match_the_reports() {
     let policy = policy().meter(meters.meter()).build().expect("policy");
     let client = reqwest_middleware::ClientBuilder::new(
         reqwest::Client::builder()
-            .timeout(PER_ATTEMPT)
+            .timeout(FAULT_MIX_PER_ATTEMPT)
             .build()
             .expect("reqwest client"),
     )

@@ -1,10 +1,9 @@
 //! Never twice (the adversarial review of safe hedging and the per-attempt spans, issue 25),
 //! against real hyper servers on 127.0.0.1 that count side effects: a write without a key its
 //! target is trusted to honour, or with a streaming body, is never hedged, through the tower
-//! layer or the reqwest adapter; a keyed write hedged by opt-in is applied once. A defect the
-//! review found is fixed and its tests, which failed before, run (each doc comment says what
-//! happened; "Today:" is the review's word): hedges kept firing after a keyed hedge's 409 (the
-//! core now holds hedging: `HedgeRun::held`).
+//! layer or the reqwest adapter. (A keyed write hedged by opt-in is applied once, and no hedge
+//! follows a keyed hedge's 409, the defect this review found: the end-to-end tests'
+//! `hedging/keyed_hedges.rs`, against the server's `IdempotencyLayer`.)
 
 use std::time::Duration;
 
@@ -13,10 +12,9 @@ use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
-use retry_safety_testing::fault_server::{Fault, FaultServer};
+use retry_safety_testing::fault_server::FaultServer;
 use retry_safety_testing::hedging_stacks::{eager, hedging, loopback_req, send};
 use tower::{Layer, ServiceExt};
-use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{Hedge, Idempotency, NoRetry, RequestOptions, RetryPolicy, RetryReport};
 
 /// Never twice: every write that is not idempotent and has no key its target is trusted to
@@ -151,85 +149,6 @@ fn eager_policies() -> EagerPolicies {
     }
 }
 
-/// Keyed writes hedged by opt-in, through the crate's `IdempotencyLayer` (MemoryStore): the
-/// hedge arrives while the first attempt runs (409, waited out); the first attempt then
-/// applies and its connection drops without a response; the retry gets the stored answer.
-/// Applied once, and the caller gets the first attempt's answer (a replay).
-///
-/// Found by the adversarial review of safe hedging and the per-attempt spans (issue 25).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyed_hedge_409_then_a_first_attempt_lost_after_apply_is_applied_once() {
-    let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
-    let policy = RetryPolicy::builder()
-        .honor_idempotency_key(true)
-        .hedge(
-            Hedge::fixed(Duration::from_millis(20))
-                .max_extra_load(1.0)
-                .keyed_writes(true),
-        )
-        .max_retries(3)
-        .backoff(Duration::from_millis(5), Duration::from_millis(5))
-        .no_budget()
-        .build()
-        .unwrap();
-    let mut req = loopback_req(&server, Method::POST, "kb", 200);
-    req.headers_mut()
-        .insert("idempotency-key", "\"kb-1\"".parse().unwrap());
-    req.headers_mut()
-        .insert("x-fault", Fault::DropAfterApply.name().parse().unwrap());
-    let (res, r) = send(&policy, req).await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(res.body().as_ref(), b"POST kb");
-    assert!(r.is_stored_response(), "{r}");
-    assert_eq!(server.applied("kb"), 1);
-    assert_eq!(server.stats("kb").attempts, 3);
-    let statuses: Vec<_> = r.attempt_outcomes().map(|a| a.status()).collect();
-    assert_eq!(statuses[0], Some(StatusCode::CONFLICT), "{r}");
-    assert_eq!(r.hedges(), 1);
-}
-
-/// A keyed hedge answered 409 says the first attempt is still running on the server: the
-/// docs say "the attempts in flight are awaited". With `max_hedges(3)` the hedge timer keeps
-/// firing after the 409, and every later hedge gets 409 too.
-///
-/// Today: the server sees 4 attempts (the first, then three hedges each answered 409) for a
-/// write applied once; expected 2. Proposed fix: in `on_hedged_outcome`, when it answers
-/// `KeepWaiting { resend_now: false }` because of a 409 or a Retry-After, also stop further
-/// hedges for the request (e.g. set `HedgeRun.summary`'s remaining hedges to zero, or return a
-/// flag that makes the front ends clear `timer`), in both front ends.
-///
-/// Found by the adversarial review of safe hedging and the per-attempt spans (issue 25).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_more_hedges_after_a_keyed_hedge_is_told_409() {
-    let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
-    let policy = RetryPolicy::builder()
-        .honor_idempotency_key(true)
-        .hedge(
-            Hedge::fixed(Duration::from_millis(20))
-                .max_extra_load(1.0)
-                .max_hedges(3)
-                .keyed_writes(true),
-        )
-        .max_retries(5)
-        .no_budget()
-        .build()
-        .unwrap();
-    // Three fast keyed writes save three hedge tokens.
-    for i in 0..3 {
-        let mut req = loopback_req(&server, Method::POST, &format!("warm{i}"), 0);
-        req.headers_mut()
-            .insert("idempotency-key", format!("\"w-{i}\"").parse().unwrap());
-        send(&policy, req).await.unwrap();
-    }
-    let mut req = loopback_req(&server, Method::POST, "k409", 400);
-    req.headers_mut()
-        .insert("idempotency-key", "\"k409\"".parse().unwrap());
-    let (res, r) = send(&policy, req).await.unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(server.applied("k409"), 1);
-    assert_eq!((server.stats("k409").attempts, r.hedges()), (2, 1), "{r}");
-}
-
 /// A streaming (recorded) body is never hedged through the tower layer, even on an
 /// idempotent PUT, nor one past the replay buffer: one send each, though 10× the delay; the
 /// same client does hedge a slow GET (control).
@@ -335,54 +254,4 @@ async fn reqwest_never_hedges_writes_or_streams() {
         .await
         .unwrap();
     assert!(server.stats("r-control").attempts >= 2);
-}
-
-/// The reqwest adapter after a keyed hedge's 409: the same defect as
-/// `no_more_hedges_after_a_keyed_hedge_is_told_409` — `hedged::run` keeps its `timer` armed on
-/// `KeepWaiting`, so with `max_hedges(3)` every later hedge gets 409 too.
-///
-/// Today: 4 sends (3 hedges), expected 2 (1 hedge). Proposed fix: as for the tower layer,
-/// disarm `timer` when the core answers `KeepWaiting` for a 409 or a Retry-After.
-///
-/// Found by the adversarial review of safe hedging and the per-attempt spans (issue 25).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reqwest_no_more_hedges_after_a_409() {
-    use tower_retry_safety::RetrySafetyMiddleware;
-    let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
-    let policy = RetryPolicy::builder()
-        .honor_idempotency_key(true)
-        .hedge(
-            Hedge::fixed(Duration::from_millis(20))
-                .max_extra_load(1.0)
-                .max_hedges(3)
-                .keyed_writes(true),
-        )
-        .max_retries(5)
-        .no_budget()
-        .build()
-        .unwrap();
-    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-        .with(RetrySafetyMiddleware::new(policy))
-        .build();
-    for i in 0..3 {
-        client
-            .post(server.url(&format!("rw{i}")))
-            .header("idempotency-key", format!("\"rw-{i}\""))
-            .body("{}")
-            .send()
-            .await
-            .unwrap();
-    }
-    let res = client
-        .post(server.url("r409"))
-        .header("idempotency-key", "\"r409\"")
-        .header("x-handler-delay-ms", "400")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let r = RetryReport::of_reqwest(&res).unwrap().clone();
-    assert_eq!(server.applied("r409"), 1);
-    assert_eq!((server.stats("r409").attempts, r.hedges()), (2, 1), "{r}");
 }

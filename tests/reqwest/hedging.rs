@@ -1,12 +1,12 @@
 //! Hedging through the reqwest-middleware adapter, against the loopback fault server: the
-//! same decisions as the tower layer, counted on the server.
+//! same decisions as the tower layer, counted on the server (a keyed write hedged against the
+//! server's `IdempotencyLayer` is an end-to-end test, `reqwest/keyed_hedge.rs` in e2e/).
 
 use std::time::Duration;
 
 use http::StatusCode;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use retry_safety_testing::fault_server::{Fault, FaultServer};
-use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
 use tower_retry_safety::{Hedge, RetryPolicy, RetryReport, RetrySafetyMiddleware};
 
 fn client(hedge: Hedge) -> ClientWithMiddleware {
@@ -75,26 +75,4 @@ async fn a_write_without_a_trusted_key_is_never_hedged() {
         let stats = server.stats(&format!("nokey{s}"));
         assert_eq!((stats.attempts, stats.applied), (1, 1), "setting {s}");
     }
-}
-
-/// A keyed write hedged by opt-in: the hedge gets 409 while the first runs, waits for it,
-/// and the write is applied once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyed_write_hedged_by_opt_in_is_applied_once() {
-    let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
-    let res = client(fixed().keyed_writes(true))
-        .post(server.url("charge"))
-        .header("x-handler-delay-ms", "100")
-        .header("idempotency-key", "\"charge-1\"")
-        .body("{\"amount\":1}")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::OK);
-    let r = RetryReport::of_reqwest(&res).unwrap();
-    assert_eq!((r.hedges(), r.won_by()), (1, Some(1)));
-    let statuses: Vec<_> = r.attempt_outcomes().map(|a| a.status()).collect();
-    assert_eq!(statuses, [Some(StatusCode::CONFLICT), Some(StatusCode::OK)]);
-    assert_eq!(server.stats("charge").attempts, 2);
-    assert_eq!(server.applied("charge"), 1);
 }

@@ -1,48 +1,20 @@
 //! Hedging end to end: hyper-util's client under the layer, against a real hyper server on
 //! loopback with a heavy tail (one operation in twenty takes 50 ms after applying, the rest
-//! 1 ms). The server counts what reached it and what it applied, per operation.
+//! 1 ms). The server counts what reached it and what it applied, per operation. (Keyed writes
+//! hedged against the server's `IdempotencyLayer`: the end-to-end tests'
+//! `hedging/keyed_hedges.rs`.)
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Method, Request, Response};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
-use retry_safety_testing::fault_server::{Fault, FaultServer};
-use tower::{Layer, Service, ServiceExt};
-use tower_idempotency_keys::{stores::MemoryStore, IdempotencyLayer};
-use tower_retry_safety::{Hedge, RetryPolicy, RetryReport};
-
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
-
-fn client() -> HttpClient {
-    Client::builder(TokioExecutor::new()).build_http()
-}
-
-/// Operation `i`: slow (50 ms) when `i.is_multiple_of(20)`, else 1 ms, after applying.
-fn request(server: &FaultServer, method: Method, op: &str, i: u32) -> Request<Full<Bytes>> {
-    let delay = if i.is_multiple_of(20) { "50" } else { "1" };
-    Request::builder()
-        .method(method)
-        .uri(server.url(op))
-        .header("x-fault", Fault::None.name())
-        .header("x-handler-delay-ms", delay)
-        .body(Full::new(Bytes::from_static(b"{\"amount\":1}")))
-        .unwrap()
-}
-
-/// Sends `req` and reads the body; the report, or `None` for a service without the layer.
-async fn send<S, E>(svc: &mut S, req: Request<Full<Bytes>>) -> Option<RetryReport>
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<hyper::body::Incoming>, Error = E>,
-    E: std::fmt::Debug,
-{
-    let res = svc.ready().await.unwrap().call(req).await.unwrap();
-    let report = RetryReport::of(&res).cloned();
-    res.into_body().collect().await.unwrap();
-    report
-}
+use http::{Method, Request};
+use http_body_util::Full;
+use retry_safety_testing::fault_server::FaultServer;
+use retry_safety_testing::hedging_stacks::{
+    client, heavy_tail_request as request, send_and_read as send,
+};
+use tower::Layer;
+use tower_retry_safety::{Hedge, RetryPolicy};
 
 /// Never twice: under every hedge setting, each POST without a trusted key reaches the server
 /// exactly once — while the same settings do hedge slow reads.
@@ -167,47 +139,4 @@ async fn tower_hedge_applies_writes_twice_side_by_side() {
     );
     assert_eq!(ours_twice, 0);
     assert_eq!(ours_sent, N);
-}
-
-/// Keyed writes, hedged by opt-in with the same key, against a server that honours keys:
-/// the hedge of a slow write gets 409 (the first is still running), which is not fatal;
-/// the first attempt's answer is returned, and every write is applied once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keyed_writes_hedged_by_opt_in_are_applied_once() {
-    const N: u32 = 100;
-    let server = FaultServer::start_with_keys(IdempotencyLayer::new(MemoryStore::new())).await;
-    let policy = RetryPolicy::builder()
-        .honor_idempotency_key(true)
-        .hedge(
-            Hedge::fixed(Duration::from_millis(5))
-                .max_extra_load(1.0)
-                .keyed_writes(true),
-        )
-        .no_budget()
-        .build()
-        .unwrap();
-    let mut svc = policy.layer(client());
-    let mut hedged = 0;
-    for i in 0..N {
-        let mut req = request(&server, Method::POST, &format!("k{i}"), i);
-        req.headers_mut()
-            .insert("idempotency-key", format!("\"key-{i}\"").parse().unwrap());
-        let report = send(&mut svc, req).await.unwrap();
-        if i.is_multiple_of(20) {
-            // Slow: hedged; the hedge's 409 waited out; the first attempt answered.
-            assert_eq!((report.hedges(), report.won_by()), (1, Some(1)), "op {i}");
-            let statuses: Vec<_> = report.attempt_outcomes().map(|a| a.status()).collect();
-            assert_eq!(
-                statuses,
-                [Some(http::StatusCode::CONFLICT), Some(http::StatusCode::OK)],
-                "op {i}"
-            );
-            assert_eq!(server.stats(&format!("k{i}")).attempts, 2, "op {i}");
-        }
-        hedged += report.hedges();
-    }
-    for i in 0..N {
-        assert_eq!(server.applied(&format!("k{i}")), 1, "op {i}");
-    }
-    assert!(hedged >= N / 20, "{hedged}");
 }
