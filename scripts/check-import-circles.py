@@ -1,37 +1,73 @@
 #!/usr/bin/env python3
-"""No import circle in a package's src/: files are nodes, `use` paths are edges.
+"""No import circle in a package's src/: files are nodes, the paths they name are edges.
 
-Each `use crate::…`, `use super::…` and `use self::…` (and such a path written inline,
-`crate::a::b::C`) is an edge from the file it is written in to the file of the deepest module
-the path names. A module's own file (`mod.rs`, `lib.rs`) declaring or re-exporting its children
-is how Rust builds the tree, not an import: edges from a module to its descendants are left
-out, as are imports inside inline `#[cfg(test)]` modules. A circle is then two or more files that reach each other (a strongly connected component);
-each is printed with the imports that close it, and the exit status is 1.
+Every path a file names into its own crate is an edge to the file of the item it reaches: `use`
+trees (nested groups, `self`, `*` and `as` included), paths written inline (`crate::a::X`,
+`super::b::f()`), and paths that start with a name the file imported or declared (`use
+crate::b; … b::c::Z`, a child module `hop::Ledger`). An item a module re-exports (`pub use`)
+is followed to the file that defines it, and a glob reaches every file its module re-exports
+from. A module split across files is one unit: edges between a module and its own descendants
+are not counted. Items inside `#[cfg(test)]` modules (inline or in a file of their own) are
+left out: a test may import from anywhere. A circle is two or more files that reach each other
+(a strongly connected component); each is printed with the paths that close it, and the exit
+status is 1.
 
 Usage: scripts/check-import-circles.py DIR [DIR ...]   (each a package's src/)
+       scripts/check-import-circles.py --self-test       (the forms above, each found)
 """
 
 import os
 import re
 import sys
 
-PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)+)")
-USE_GROUP = re.compile(r"\buse\s+(crate|super|self)((?:::[A-Za-z_][A-Za-z0-9_]*)*)::\{([^;]*)\};", re.S)
-MOD_DECL = re.compile(r"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;", re.M)
-PATH_ATTR = re.compile(r'#\[path\s*=\s*"([^"]+)"\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+([A-Za-z_][A-Za-z0-9_]*)\s*;')
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+ROOTS = ("crate", "super", "self")
 
 
-def strip_comments(text):
-    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    text = "\n".join(line.split("//", 1)[0] for line in text.splitlines())
+def clean(text):
+    """The text without comments, string and char literals (kept as `""`), so that neither a
+    `//` in a URL nor a path in a comment is read as code."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            depth, i = 1, i + 2
+            while i < n and depth:
+                if text.startswith("/*", i):
+                    depth, i = depth + 1, i + 2
+                elif text.startswith("*/", i):
+                    depth, i = depth - 1, i + 2
+                else:
+                    i += 1
+        elif re.match(r'(?:b?r)(#*)"', text[i:]) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            m = re.match(r'(?:b?r)(#*)"', text[i:])
+            end = text.find('"' + m.group(1), i + m.end())
+            i = n if end < 0 else end + 1 + len(m.group(1))
+            out.append('""')
+        elif c == '"' or text.startswith('b"', i) and (i == 0 or not text[i - 1].isalnum()):
+            i += 2 if c == "b" else 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            i += 1
+            out.append('""')
+        elif c == "'" and re.match(r"'(\\.|[^\\'])'|'\\u\{[0-9a-fA-F]+\}'|'\\x[0-9a-fA-F]{2}'", text[i:]):
+            i += re.match(r"'(\\.|[^\\'])'|'\\u\{[0-9a-fA-F]+\}'|'\\x[0-9a-fA-F]{2}'", text[i:]).end()
+            out.append("' '")
+        else:
+            out.append(c)
+            i += 1
+    text = "".join(out)
+    text = re.sub(r"\bpub\s*\(\s*in\s+[^)]*\)", "pub", text)  # `pub(in crate::x)` names no import
     return strip_test_modules(text)
 
 
-TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*mod\s+[A-Za-z_][A-Za-z0-9_]*\s*\{")
+TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+" + IDENT + r"\s*\{")
 
 
 def strip_test_modules(text):
-    """Inline `#[cfg(test)] mod … { … }` blocks: a test may import from anywhere."""
     while True:
         m = TEST_MODULE.search(text)
         if not m:
@@ -43,86 +79,189 @@ def strip_test_modules(text):
         text = text[: m.start()] + text[i:]
 
 
+MOD_DECL = re.compile(
+    r"((?:#\[[^\]]*\]\s*)*)(?:pub(?:\([^)]*\))?\s+)?mod\s+(" + IDENT + r")\s*;"
+)
+
+
 def crates(root):
-    """Each crate in the directory (the library, the binary): module path (tuple) -> file,
-    following `mod x;` from its lib.rs or main.rs."""
+    """Each crate in the directory (the library, the binary): module path (tuple) -> file."""
     out = []
     for top in ("lib.rs", "main.rs"):
         path = os.path.join(root, top)
         if os.path.exists(path):
             found = {}
-            walk(path, (), found, is_dir_owner=True)
+            walk(path, (), found, owns_dir=True)
             out.append(found)
     return out
 
 
-def walk(path, module, found, is_dir_owner):
+def walk(path, module, found, owns_dir):
     if module in found:
         return
     found[module] = path
     with open(path, encoding="utf-8") as f:
-        text = strip_comments(f.read())
+        text = clean(f.read())
     here = os.path.dirname(path)
-    base = here if is_dir_owner else os.path.join(here, os.path.splitext(os.path.basename(path))[0])
-    attributed = {}
-    for target, name in PATH_ATTR.findall(text):
-        attributed[name] = os.path.normpath(os.path.join(here, target))
-    for name in MOD_DECL.findall(text):
+    base = here if owns_dir else os.path.join(here, os.path.splitext(os.path.basename(path))[0])
+    for attrs, name in MOD_DECL.findall(text):
+        if "cfg(test)" in attrs:
+            continue
         child = module + (name,)
-        if name in attributed:
-            walk(attributed[name], child, found, is_dir_owner=False)
+        m = re.search(r'#\[path\s*=\s*""\]', attrs)
+        raw = re.search(r"#\[path", attrs)
+        if raw:
+            # The literal was cleaned away: read the attribute from the original text.
+            with open(path, encoding="utf-8") as f:
+                orig = f.read()
+            hit = re.search(r'#\[path\s*=\s*"([^"]+)"\][^;]*?mod\s+' + name + r"\s*;", orig, re.S)
+            if hit:
+                walk(os.path.normpath(os.path.join(here, hit.group(1))), child, found, owns_dir=False)
             continue
         flat = os.path.join(base, name + ".rs")
         nested = os.path.join(base, name, "mod.rs")
         if os.path.exists(flat):
-            walk(flat, child, found, is_dir_owner=False)
+            walk(flat, child, found, owns_dir=False)
         elif os.path.exists(nested):
-            walk(nested, child, found, is_dir_owner=True)
-    # Inline modules (`mod tests { … }`) stay in their file: paths into them resolve to it.
+            walk(nested, child, found, owns_dir=True)
 
 
-def resolve(kind, segments, module, files):
-    if kind == "crate":
-        target = ()
-    elif kind == "self":
-        target = module
-    else:
-        target = module[:-1]
-        while segments and segments[0] == "super":
-            target = target[:-1]
-            segments = segments[1:]
-    best = target
-    for name in segments:
-        if target + (name,) in files:
-            target = target + (name,)
-            best = target
+USE = re.compile(r"\b(pub(?:\([^)]*\))?\s+)?use\s+([^;]*);")
+
+
+def use_tree(tree):
+    """`a::{b, c::{self, d as e}, f::*}` -> [(['a','b'], 'b'), (['a','c'], 'c'), …]; a glob has
+    alias '*'."""
+    tree = re.sub(r"\s+", " ", tree).strip().lstrip(":").strip()
+    out = []
+
+    def parse(prefix, s):
+        s = s.strip()
+        if not s:
+            return
+        depth, start, parts = 0, 0, []
+        for i, ch in enumerate(s):
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                depth -= 1
+            elif ch == "," and depth == 0:
+                parts.append(s[start:i])
+                start = i + 1
+        parts.append(s[start:])
+        if len(parts) > 1:
+            for p in parts:
+                parse(prefix, p)
+            return
+        s = parts[0].strip()
+        brace = s.find("{")
+        if brace >= 0:
+            head = [x.strip() for x in s[:brace].split("::") if x.strip()]
+            parse(prefix + head, s[brace + 1 : s.rfind("}")])
+            return
+        alias = None
+        if " as " in s:
+            s, alias = [x.strip() for x in s.split(" as ", 1)]
+        segs = [x.strip() for x in s.split("::") if x.strip()]
+        if not segs:
+            return
+        if segs == ["self"]:
+            out.append((prefix, alias or (prefix[-1] if prefix else "self")))
+        elif segs[-1] == "*":
+            out.append((prefix + segs[:-1], "*"))
         else:
-            break
-    return best
+            out.append((prefix + segs, alias or segs[-1]))
+
+    parse([], tree)
+    return out
 
 
-def edges(files):
-    out = {m: set() for m in files}
-    why = {}
-    for module, path in files.items():
-        with open(path, encoding="utf-8") as f:
-            text = strip_comments(f.read())
-        paths = []
-        for kind, prefix, inner in USE_GROUP.findall(text):
-            for item in re.split(r"[,{}\s]+", inner):
-                item = item.split(" as ")[0].strip()
-                if item and item != "self":
-                    paths.append((kind, prefix.strip(":").split("::") + item.split("::")))
-        for kind, rest in PATH.findall(text):
-            paths.append((kind, rest.strip(":").split("::")))
-        for kind, segments in paths:
-            segments = [s for s in segments if s]
-            target = resolve(kind, segments, module, files)
-            if target == module or target[: len(module)] == module:
-                continue  # itself, or a module declaring and re-exporting its descendants
-            out[module].add(target)
-            why.setdefault((module, target), f"{kind}::{'::'.join(segments)}")
-    return out, why
+class Crate:
+    def __init__(self, files):
+        self.files = files
+        self.text = {}
+        for module, path in files.items():
+            with open(path, encoding="utf-8") as f:
+                self.text[module] = clean(f.read())
+        # Per module: its `use`s (absolute path, alias, public?), and the names it binds.
+        self.uses = {m: [] for m in files}
+        for module, text in self.text.items():
+            for vis, tree in USE.findall(text):
+                for segs, alias in use_tree(tree):
+                    absolute = self.absolute(segs, module, local_only=False)
+                    if absolute is not None:
+                        self.uses[module].append((absolute, alias, bool(vis)))
+
+    def children(self, module):
+        return {m[-1] for m in self.files if len(m) == len(module) + 1 and m[: len(module)] == module}
+
+    def absolute(self, segs, module, local_only=True):
+        """The crate-absolute path `segs` names from `module`, or None (another crate)."""
+        if not segs:
+            return None
+        first = segs[0]
+        if first == "crate":
+            return tuple(segs[1:])
+        if first == "self":
+            return module + tuple(segs[1:])
+        if first == "super":
+            target = module
+            while segs and segs[0] == "super":
+                target, segs = target[:-1], segs[1:]
+            return target + tuple(segs)
+        if first in self.children(module):
+            return module + tuple(segs)
+        if local_only:
+            for absolute, alias, _ in self.uses.get(module, []):
+                if alias == first:
+                    return absolute + tuple(segs[1:])
+        return None
+
+    def targets(self, absolute, glob=False, seen=None):
+        """The files `absolute` reaches: its deepest module, and an item that module re-exports
+        followed to where it is defined (`glob`: everything the module re-exports)."""
+        seen = set() if seen is None else seen
+        if (absolute, glob) in seen:
+            return set()
+        seen.add((absolute, glob))
+        module = ()
+        for name in absolute:
+            if module + (name,) in self.files:
+                module += (name,)
+            else:
+                break
+        rest = absolute[len(module) :]
+        reached = {module}
+        for target, alias, public in self.uses.get(module, []):
+            if not public:
+                continue
+            if glob and not rest:
+                reached |= self.targets(target, alias == "*", seen)
+            elif rest and alias == rest[0]:
+                reached |= self.targets(target + rest[1:], glob, seen)
+            elif rest and alias == "*":
+                reached |= self.targets(target + rest, glob, seen)
+        return reached
+
+    def edges(self):
+        out = {m: set() for m in self.files}
+        why = {}
+        inline = re.compile(r"(?<![A-Za-z0-9_:])(" + IDENT + r"(?:\s*::\s*" + IDENT + r")+|" + r"(?:crate|super|self)\s*::\s*\*)")
+        for module, text in self.text.items():
+            named = [(a, alias == "*") for a, alias, _ in self.uses[module]]
+            body = USE.sub(" ", text)
+            for m in inline.finditer(body):
+                segs = [s.strip() for s in m.group(1).split("::")]
+                absolute = self.absolute(segs, module)
+                if absolute is not None:
+                    named.append((absolute, False))
+            for absolute, glob in named:
+                for target in self.targets(absolute, glob):
+                    if target[: len(module)] == module or module[: len(target)] == target:
+                        continue  # itself, a descendant or an ancestor: one module split across files
+                    out[module].add(target)
+                    why.setdefault((module, target), "::".join(("crate",) + absolute))
+        return out, why
 
 
 def circles(graph):
@@ -162,10 +301,11 @@ def main(dirs):
     status = 0
     for root in dirs:
         for files in crates(root):
-            graph, why = edges(files)
+            crate = Crate(files)
+            graph, why = crate.edges()
             found = circles(graph)
-            name = files[()]
-            print(f"{name}: {len(files)} files, {sum(map(len, graph.values()))} imports, {len(found)} circles")
+            imports = sum(map(len, graph.values()))
+            print(f"{files[()]}: {len(files)} files, {imports} imports, {len(found)} circles")
             for component in found:
                 status = 1
                 members = set(component)
@@ -176,5 +316,63 @@ def main(dirs):
     return status
 
 
+# Each case: its files, and whether they hold a circle. Every form of path the check reads
+# closes a circle in one case; the last cases hold none.
+CASES = {
+    "use": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b::Y; pub struct X;",
+             "b.rs": "use crate::a::X; pub struct Y;"}, True),
+    "pub use": ({"lib.rs": "mod a; mod b;", "a.rs": "pub use crate::b::Y; pub struct X;",
+                 "b.rs": "pub(crate) use crate::a::X; pub struct Y;"}, True),
+    "group": ({"lib.rs": "mod a; mod b; mod c;", "a.rs": "use crate::{b::Y, c::Z};",
+               "b.rs": "pub struct Y;", "c.rs": "use crate::{a::X};"}, True),
+    "nested group": ({"lib.rs": "mod a; mod m;", "a.rs": "use crate::{\n m::{\n inner::W,\n },\n};",
+                      "m/mod.rs": "pub mod inner;", "m/inner.rs": "use crate::a::X;"}, True),
+    "self in group": ({"lib.rs": "mod a; mod m;", "a.rs": "use crate::{m::{self, inner::W}};",
+                       "m/mod.rs": "pub mod inner;", "m/inner.rs": "use crate::a::X;"}, True),
+    "super chain": ({"lib.rs": "pub mod p; pub mod s;", "p/mod.rs": "pub mod q;",
+                     "p/q/mod.rs": "pub mod r;", "p/q/r.rs": "use super::{super::super::s::S};",
+                     "s.rs": "use crate::p::q::r::R;"}, True),
+    "re-export": ({"lib.rs": "mod a; mod b;", "a/mod.rs": "mod inner; pub use self::inner::X;",
+                   "a/inner.rs": "use crate::b::Y;", "b.rs": "use crate::a::X;"}, True),
+    "glob": ({"lib.rs": "mod m;", "m/mod.rs": "mod x; mod y; pub use self::y::Y;",
+              "m/x.rs": "use super::*;", "m/y.rs": "use super::x::X;"}, True),
+    "imported module": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b; pub struct X(b::c::Z);",
+                         "b/mod.rs": "pub mod c;", "b/c.rs": "use crate::a::X;"}, True),
+    "inline path after a URL": ({"lib.rs": "mod a; mod b;",
+                                 "a.rs": 'pub fn u() -> (&\'static str, crate::b::Y) { ("http://x", crate::b::Y) }',
+                                 "b.rs": "use crate::a::X;"}, True),
+    "a child's re-export": ({"lib.rs": "mod m; mod b;", "m/mod.rs": "mod c; use c::Y; pub struct T;",
+                             "m/c.rs": "pub use crate::b::Y;", "b.rs": "use crate::m::T;"}, True),
+    "one way": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b::Y;", "b.rs": "pub struct Y;"}, False),
+    "a module split across files": ({"lib.rs": "mod m;", "m/mod.rs": "mod x; use x::helper; pub struct T;",
+                                     "m/x.rs": "use super::T; pub fn helper() {}"}, False),
+    "in comments and strings": ({"lib.rs": "mod a; mod b;", "a.rs": "// crate::b::Y\nconst S: &str = \"crate::b::Y\";",
+                                 "b.rs": "use crate::a::X;"}, False),
+    "a test module": ({"lib.rs": "mod a; mod b;", "a.rs": "#[cfg(test)]\nmod tests { use crate::b::Y; }",
+                       "b.rs": "use crate::a::X;"}, False),
+}
+
+
+def self_test():
+    import tempfile
+
+    failed = 0
+    for name, (files, circle) in CASES.items():
+        with tempfile.TemporaryDirectory() as root:
+            for path, text in files.items():
+                os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+                with open(os.path.join(root, path), "w", encoding="utf-8") as f:
+                    f.write(text + "\n")
+            crate = Crate(crates(root)[0])
+            found = bool(circles(crate.edges()[0]))
+        if found != circle:
+            failed += 1
+            print(f"self-test {name}: {'found a circle' if found else 'found no circle'}, expected the opposite")
+    print(f"self-test: {len(CASES) - failed} of {len(CASES)} cases as expected")
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--self-test"]:
+        sys.exit(self_test())
     sys.exit(main(sys.argv[1:] or ["src"]))

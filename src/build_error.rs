@@ -5,7 +5,7 @@ use std::fmt;
 
 use http::Method;
 
-/// A setting that [`RetryPolicyBuilder::build`](crate::policy::RetryPolicyBuilder::build) refused. Its `Display` names the setting and
+/// A setting that [`RetryPolicyBuilder::build`](crate::RetryPolicyBuilder::build) refused. Its `Display` names the setting and
 /// the bad value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildError {

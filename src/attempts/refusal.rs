@@ -12,7 +12,7 @@ pub enum NotReplayable {
     /// The body is larger than the replay buffer: by its size hint before it was sent, or once
     /// it streamed past the limit, when the recording was dropped.
     OverLimit {
-        /// The policy's [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), in bytes.
+        /// The policy's [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), in bytes.
         limit: usize,
     },
     /// The response arrived before the body had been sent to its end: the server answered

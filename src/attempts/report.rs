@@ -167,7 +167,7 @@ impl RetryReport {
     /// True when the request may have been applied by the server: it can change the server's
     /// state (anything but a read: see [`RequestVerdict::can_apply`]) and some attempt reached it
     /// (any response, unless it was classified as proof that nothing was applied: a
-    /// [`not_applied_statuses`](crate::policy::RetryPolicyBuilder::not_applied_statuses) status or a
+    /// [`not_applied_statuses`](crate::RetryPolicyBuilder::not_applied_statuses) status or a
     /// classifier's [`NotSent`](crate::classify::FailureClass::NotSent)), or failed after it may have
     /// been sent. False only when no attempt can have reached the server's application.
     ///
@@ -223,9 +223,9 @@ impl RetryReport {
     /// True when the request carried a well-formed idempotency key that the policy does not
     /// trust its target to honour, so the key did not make a repeat harmless: a write was
     /// treated as one without a key. Trust a target with
-    /// [`honor_idempotency_key_for_host`](crate::policy::RetryPolicyBuilder::honor_idempotency_key_for_host)
-    /// (or, for a route, [`route_honors_idempotency_key`](crate::policy::RetryPolicyBuilder::route_honors_idempotency_key));
-    /// unscoped trust ([`honor_idempotency_key`](crate::policy::RetryPolicyBuilder::honor_idempotency_key),
+    /// [`honor_idempotency_key_for_host`](crate::RetryPolicyBuilder::honor_idempotency_key_for_host)
+    /// (or, for a route, [`route_honors_idempotency_key`](crate::RetryPolicyBuilder::route_honors_idempotency_key));
+    /// unscoped trust ([`honor_idempotency_key`](crate::RetryPolicyBuilder::honor_idempotency_key),
     /// or minting keys with no host named) does not cover a request that a marker or a route
     /// rule calls [`NonIdempotent`](crate::classify::Idempotency::NonIdempotent).
     pub fn idempotency_key_untrusted(&self) -> bool {

@@ -81,7 +81,7 @@ fn drive(
     unreachable!("no outcomes")
 }
 
-fn policy(b: crate::policy::RetryPolicyBuilder) -> RetryPolicy {
+fn policy(b: crate::policy::builder::RetryPolicyBuilder) -> RetryPolicy {
     b.jitter(false).no_budget().max_retries(3).build().unwrap()
 }
 

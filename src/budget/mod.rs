@@ -1,7 +1,7 @@
 //! Retry budgets: how many resends a policy may make, as a share of its requests, so that
 //! retries cannot multiply the load on a struggling server.
 //!
-//! [`RetryPolicyBuilder::budget`](crate::policy::RetryPolicyBuilder::budget) takes any
+//! [`RetryPolicyBuilder::budget`](crate::RetryPolicyBuilder::budget) takes any
 //! [`Budget`]: by default a [`LockFreeBudget`] (20 % of the last 10 s of requests plus 10 a
 //! second). tower's [`Budget`] trait and its [`TpsBudget`] are re-exported here, so a custom
 //! budget needs no `tower` import.

@@ -104,7 +104,7 @@ impl Classification {
 
     /// True when the response is the server's stored response to an earlier
     /// request with the same idempotency key (the policy's
-    /// [`stored_response_header`](crate::policy::RetryPolicyBuilder::stored_response_header) says `true`), which made it
+    /// [`stored_response_header`](crate::RetryPolicyBuilder::stored_response_header) says `true`), which made it
     /// final: the server already ran the request once, and a repeat with the same key gets the
     /// same answer, whatever its status.
     pub fn is_stored_response(&self) -> bool {

@@ -13,7 +13,7 @@ use super::{Classification, FailureClass, RequestVerdict};
 type ResponseHookFn = dyn Fn(StatusCode, &HeaderMap) -> Option<FailureClass> + Send + Sync;
 
 /// The caller's response classifier (see
-/// [`classify_responses_with`](crate::policy::RetryPolicyBuilder::classify_responses_with)).
+/// [`classify_responses_with`](crate::RetryPolicyBuilder::classify_responses_with)).
 #[derive(Clone)]
 pub(crate) struct ResponseHook(pub(crate) Arc<ResponseHookFn>);
 

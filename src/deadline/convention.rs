@@ -5,7 +5,7 @@ use http::HeaderName;
 
 /// How an HTTP request carries its deadline and attempt number: the headers a host's server
 /// reads. Picked per host with
-/// [`send_deadline_to_as`](crate::policy::RetryPolicyBuilder::send_deadline_to_as). A gRPC call
+/// [`send_deadline_to_as`](crate::RetryPolicyBuilder::send_deadline_to_as). A gRPC call
 /// always carries gRPC's own (`grpc-timeout`, `grpc-previous-rpc-attempts`).
 ///
 /// Every value is the time until the client stops waiting for *that attempt*, in whole

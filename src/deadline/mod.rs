@@ -10,7 +10,7 @@
 //! - **On the wire.** A gRPC call carries the time the client waits for the attempt as
 //!   `grpc-timeout` and, on a resend, `grpc-previous-rpc-attempts` (gRFC A6). An HTTP request
 //!   carries them in two headers, but only to the hosts a policy names
-//!   ([`send_deadline_to`](crate::policy::RetryPolicyBuilder::send_deadline_to)), in the
+//!   ([`send_deadline_to`](crate::RetryPolicyBuilder::send_deadline_to)), in the
 //!   [`Convention`] each host's server reads (this crate's own [`TIMEOUT_HEADER`] and
 //!   [`ATTEMPT_HEADER`] by default, Envoy's, or Connect's): a client does not send unknown
 //!   headers to an API that did not ask for them. The time on the wire is how long the client
@@ -26,7 +26,7 @@
 //!   its own maximum, and runs the handler inside [`scope`] with the [`Inbound`] deadline.
 //! - **Nested calls inherit it**, without glue: a policy's layer used inside that handler
 //!   reads the deadline and never waits past it less a margin for the way back
-//!   ([`inherit_deadline`](crate::policy::RetryPolicyBuilder::inherit_deadline)); an attempt that
+//!   ([`inherit_deadline`](crate::RetryPolicyBuilder::inherit_deadline)); an attempt that
 //!   cannot start before it is not sent, and the report says so
 //!   ([`StopReason::CallerDeadline`](crate::policy::StopReason::CallerDeadline)). The deadline is
 //!   read from the nested request's extensions (an [`Inbound`] put there), else from
@@ -37,7 +37,7 @@
 //!   `in_current_span` does for spans.
 //! - **Retry at one layer**, on request: when the caller retries (its request carried an
 //!   attempt number), a policy can spend fewer resends on nested calls, or none
-//!   ([`retries_when_caller_retries`](crate::policy::RetryPolicyBuilder::retries_when_caller_retries)),
+//!   ([`retries_when_caller_retries`](crate::RetryPolicyBuilder::retries_when_caller_retries)),
 //!   so that three hops with three retries each do not make 27 attempts.
 //!
 //! ```

@@ -5,7 +5,7 @@ use crate::service::Replayable;
 use crate::service::{Recorded, ReplayBody, ReplayBuffer};
 
 /// tonic's `Body` (feature `tonic`) is a stream of encoded messages: recorded as it is sent,
-/// within the policy's [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), so the
+/// within the policy's [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), so the
 /// layer sits directly on a `tonic::transport::Channel`. A unary call's one message and a
 /// client stream that fits are replayed; a stream past the buffer is sent once and its
 /// report says [`NotReplayable`](crate::attempts::NotReplayable).

@@ -7,7 +7,7 @@ use prost_types::FileDescriptorSet;
 use crate::build_error::BuildError;
 use crate::classify::grpc::{is_full_name, is_name};
 use crate::policy::builder::DescribedRoutes;
-use crate::policy::RetryPolicyBuilder;
+use crate::policy::builder::RetryPolicyBuilder;
 
 /// Adds the harmless methods of `set` to `routes`, or says why `set` is refused.
 fn read(routes: &mut DescribedRoutes, set: &FileDescriptorSet) {

@@ -64,13 +64,13 @@
 //!   for a retry loop of your own, descriptor sets, and `Status` conversions.
 //! - **The server's hint**: `grpc-retry-pushback-ms` is the wait before the retry; a negative
 //!   or unreadable value means "do not retry"; a wait over
-//!   [`max_retry_after`](crate::policy::RetryPolicyBuilder::max_retry_after) ends the retries.
+//!   [`max_retry_after`](crate::RetryPolicyBuilder::max_retry_after) ends the retries.
 //! - **The deadline**: a `grpc-timeout` the caller set (tonic's `Request::set_timeout`) is
 //!   the call's deadline, with the policy's
-//!   [`deadline`](crate::policy::RetryPolicyBuilder::deadline) if shorter; each attempt is sent with
+//!   [`deadline`](crate::RetryPolicyBuilder::deadline) if shorter; each attempt is sent with
 //!   the time left as its `grpc-timeout`, and a retry with `grpc-previous-rpc-attempts`.
 //! - **The request verdict**: route rules on `/package.Service/Method` (every call is a
-//!   POST), markers and `idempotency-key` metadata work as for HTTP; [`grpc_descriptors`](crate::policy::RetryPolicyBuilder::grpc_descriptors)
+//!   POST), markers and `idempotency-key` metadata work as for HTTP; [`grpc_descriptors`](crate::RetryPolicyBuilder::grpc_descriptors)
 //!   reads each method's `idempotency_level` from the service's descriptor set.
 //! - **Bodies**: tonic's `Body` is recorded as it is sent (see
 //!   [`ReplayBody`](crate::service::ReplayBody)).

@@ -18,7 +18,7 @@ use crate::classify::{Idempotency, RequestVerdict, VerdictSource};
 const FLOOR: Duration = Duration::from_millis(1);
 
 /// When to send a backup attempt (a *hedge*) for a slow request, given to
-/// [`RetryPolicyBuilder::hedge`](crate::policy::RetryPolicyBuilder::hedge).
+/// [`RetryPolicyBuilder::hedge`](crate::RetryPolicyBuilder::hedge).
 ///
 /// Only requests a repeat cannot harm are hedged: idempotent by method, route rule or marker,
 /// and keyed writes (with the same key) only after [`keyed_writes(true)`](Self::keyed_writes).
@@ -27,7 +27,7 @@ const FLOOR: Duration = Duration::from_millis(1);
 /// a hedge needs a copy of the body while the first attempt is still sending it.
 ///
 /// Each hedge spends the policy's retry budget and counts against
-/// [`max_retries`](crate::policy::RetryPolicyBuilder::max_retries) (sends in all ≤ 1 + `max_retries`),
+/// [`max_retries`](crate::RetryPolicyBuilder::max_retries) (sends in all ≤ 1 + `max_retries`),
 /// and a hedge budget of its own: each hedge-able request deposits
 /// [`max_extra_load`](Self::max_extra_load) of a token and a hedge takes a whole one, so hedges
 /// never exceed that share of hedge-able requests.
@@ -43,7 +43,7 @@ const FLOOR: Duration = Duration::from_millis(1);
 /// The report counts hedges ([`RetryReport::hedges`](crate::attempts::RetryReport::hedges)), names the
 /// attempt that answered ([`won_by`](crate::attempts::RetryReport::won_by)) and the ones dropped
 /// ([`superseded`](crate::attempts::RetryReport::superseded)). The
-/// [`on_attempt`](crate::policy::RetryPolicyBuilder::on_attempt) hook is called for each attempt the
+/// [`on_attempt`](crate::RetryPolicyBuilder::on_attempt) hook is called for each attempt the
 /// retry table decides on, numbered in the order sent; an attempt that failed while others ran
 /// (nothing to decide: the others are awaited) and the dropped ones appear in the report and
 /// in their spans, not in the hook.

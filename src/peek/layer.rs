@@ -11,7 +11,7 @@ use crate::classify::FailureClass;
 /// classify the response by it — a 200 whose JSON says "rate limited", a documented "not
 /// processed" error code. Put it inside [`RetrySafety`](crate::service::RetrySafety): the layer reads
 /// the verdict with the same limits as
-/// [`classify_responses_with`](crate::policy::RetryPolicyBuilder::classify_responses_with) — only
+/// [`classify_responses_with`](crate::RetryPolicyBuilder::classify_responses_with) — only
 /// `Some(FailureClass::NotSent)` (proof that nothing was applied) makes a write that may have
 /// been applied retryable.
 ///

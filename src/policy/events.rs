@@ -11,7 +11,7 @@ use crate::classify::{FailureClass, VerdictSource};
 /// What happened to one attempt, and what the policy decided after it: the material for
 /// metrics (attempts, retries by class, suppressed writes, budget and deadline refusals,
 /// bodies that could not be replayed) without writing a tracing layer. See
-/// [`RetryPolicyBuilder::on_attempt`](super::RetryPolicyBuilder::on_attempt).
+/// [`RetryPolicyBuilder::on_attempt`](crate::RetryPolicyBuilder::on_attempt).
 ///
 /// Holds the method and path, never the query string, a header value or the body.
 #[non_exhaustive]

@@ -1,9 +1,10 @@
 //! What the policy decides, and what a hook sees: [`Decision`] after each attempt and
-//! [`AttemptEvent`] for [`on_attempt`](RetryPolicyBuilder::on_attempt). The policy itself is
-//! [`RetryPolicy`], built with [`RetryPolicyBuilder`].
+//! [`AttemptEvent`] for [`on_attempt`](crate::RetryPolicyBuilder::on_attempt). The policy itself is
+//! [`RetryPolicy`], built with [`RetryPolicyBuilder`](crate::RetryPolicyBuilder).
 #![doc = include_str!("../docs/policy.md")]
 
 pub(crate) mod builder;
+mod decide;
 pub(crate) mod decision;
 mod events;
 pub(crate) mod hops;
@@ -15,7 +16,6 @@ pub(crate) mod retry_policy;
 pub use decision::Decision;
 pub use events::AttemptEvent;
 
-pub(crate) use builder::RetryPolicyBuilder;
 pub(crate) use decision::{Facts, StopReason};
 pub(crate) use events::AttemptHook;
 pub(crate) use options::RequestOptions;

@@ -64,14 +64,14 @@ impl RequestOptions {
     }
 
     /// Total time for this request, counted from its first attempt: see
-    /// [`RetryPolicyBuilder::deadline`](super::RetryPolicyBuilder::deadline).
+    /// [`RetryPolicyBuilder::deadline`](crate::RetryPolicyBuilder::deadline).
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self
     }
 
     /// Time for each attempt of this request: see
-    /// [`RetryPolicyBuilder::attempt_timeout`](super::RetryPolicyBuilder::attempt_timeout).
+    /// [`RetryPolicyBuilder::attempt_timeout`](crate::RetryPolicyBuilder::attempt_timeout).
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
         self

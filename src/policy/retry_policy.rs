@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime};
 use http::{Extensions, HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use tower::retry::budget::Budget;
 
+use super::AttemptHook;
 use super::{events, hops, host_routes, key_trust};
-use super::{AttemptHook, RetryPolicyBuilder};
 use crate::backoff::Backoff;
 use crate::build_error::BuildError;
 use crate::classify::host::{HostScope, HostSeen};
@@ -194,16 +194,11 @@ impl RetryPolicy {
         self.inner.on_attempt.as_ref()
     }
 
-    /// A builder with safe defaults; each setter documents its default.
-    pub fn builder() -> RetryPolicyBuilder {
-        RetryPolicyBuilder::new()
-    }
-
     /// This policy, for a client whose requests may not show the host they go to: `origin`
     /// (a base URL such as `http://127.0.0.1:50051`, an authority `host:port`, or a host) is
     /// the host and port the host-scoped settings
-    /// ([`route_for_host`](RetryPolicyBuilder::route_for_host),
-    /// [`honor_idempotency_key_for_host`](RetryPolicyBuilder::honor_idempotency_key_for_host))
+    /// ([`route_for_host`](crate::RetryPolicyBuilder::route_for_host),
+    /// [`honor_idempotency_key_for_host`](crate::RetryPolicyBuilder::honor_idempotency_key_for_host))
     /// see for a request whose URI has no host and that carries no `Host` header. A request
     /// that names its host keeps it.
     ///
@@ -249,14 +244,14 @@ impl RetryPolicy {
 
     /// Whether a repeat of `req` is harmless, and which rule decided. Allocates nothing, but
     /// for a path over 256 bytes that a route rule must also match in another spelling (see
-    /// [`route`](RetryPolicyBuilder::route)).
+    /// [`route`](crate::RetryPolicyBuilder::route)).
     ///
     /// Precedence, highest first: a [`NoRetry`] or [`Idempotency`] marker in the request's
     /// extensions; a route rule; a well-formed `Idempotency-Key` header that the target is
     /// trusted to honour; the method. A key the target is trusted to honour also makes a
     /// repeat harmless when a marker or rule decided — unless that trust is only unscoped and
     /// the marker or rule calls the request a write (see
-    /// [`honor_idempotency_key`](RetryPolicyBuilder::honor_idempotency_key)).
+    /// [`honor_idempotency_key`](crate::RetryPolicyBuilder::honor_idempotency_key)).
     pub fn classify<B>(&self, req: &Request<B>) -> RequestVerdict {
         self.classify_parts(
             req.method(),
@@ -364,14 +359,14 @@ impl RetryPolicy {
     /// set, the server's `x-should-retry` hint and its `Retry-After` / `retry-after-ms` delay.
     ///
     /// - A response marked as a stored response (`idempotent-replayed: true`, see
-    ///   [`stored_response_header`](RetryPolicyBuilder::stored_response_header)) is final whatever its status, and
+    ///   [`stored_response_header`](crate::RetryPolicyBuilder::stored_response_header)) is final whatever its status, and
     ///   [`is_stored_response`](Classification::is_stored_response) says so: the server answers every repeat of
     ///   the key with the same stored response.
     /// - `x-should-retry: false` makes any response final; `true` makes a non-success response
     ///   retryable (the decision still suppresses it for non-idempotent requests).
     /// - A status in the retry set is [`FailureClass::RetryableResponse`](crate::classify::FailureClass),
     ///   with the server's delay if it gave a readable one. A delay above
-    ///   [`max_retry_after`](RetryPolicyBuilder::max_retry_after) ends the retries and
+    ///   [`max_retry_after`](crate::RetryPolicyBuilder::max_retry_after) ends the retries and
     ///   [`is_retry_after_too_long`](Classification::is_retry_after_too_long) says so; the class
     ///   stays the status's.
     /// - A 409 to a request with an idempotency key the policy honours is retryable: the

@@ -11,7 +11,7 @@ use crate::service::ReplayBuffer;
 /// A buffered body (built from bytes or a string: `as_bytes()` is `Some`) is copied for each
 /// retry; reqwest exposes it only as a slice, so each copy copies its bytes. A stream
 /// (`Body::wrap_stream`, `Body::wrap`) is recorded as it streams, up to the policy's
-/// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), and each attempt gets a
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), and each attempt gets a
 /// `Body::wrap` of its replay (see [`Replayable`](crate::service::Replayable)).
 ///
 /// ```

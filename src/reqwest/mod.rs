@@ -4,11 +4,9 @@ mod body;
 mod hedged;
 mod lookup;
 mod peek;
-mod read_whole;
 mod redirect;
 
 pub use peek::PeekBodyMiddleware;
-pub use read_whole::ReadWholeMiddleware;
 
 use std::time::Duration;
 
@@ -39,14 +37,14 @@ use crate::timed_out::TimedOut;
 /// `timeout` (on the `Client` or the `RequestBuilder`) applies to each attempt: an attempt
 /// that times out after connecting is ambiguous, one that times out while connecting is not
 /// sent. Turn off reqwest's built-in retries if you enable them, so they do not compound.
-/// A deadline handed on ([`send_deadline_to`](crate::policy::RetryPolicyBuilder::send_deadline_to))
+/// A deadline handed on ([`send_deadline_to`](crate::RetryPolicyBuilder::send_deadline_to))
 /// is bounded by a request's own `timeout` (`RequestBuilder::timeout`); a timeout set on the
 /// `Client` is not visible to a middleware: give the policy an
-/// [`attempt_timeout`](crate::policy::RetryPolicyBuilder::attempt_timeout) no longer than it.
+/// [`attempt_timeout`](crate::RetryPolicyBuilder::attempt_timeout) no longer than it.
 ///
 /// # Hedging
 ///
-/// With [`RetryPolicyBuilder::hedge`](crate::policy::RetryPolicyBuilder::hedge), a slow request that
+/// With [`RetryPolicyBuilder::hedge`](crate::RetryPolicyBuilder::hedge), a slow request that
 /// a repeat cannot harm gets backup attempts as in the tower layer (see
 /// [`Hedge`](crate::hedge::Hedge)). Each attempt runs through its own clone of the rest of the chain
 /// with a copy of the request's extensions; the winner's extensions become the caller's. A
@@ -82,7 +80,7 @@ use crate::timed_out::TimedOut;
 ///
 /// A streaming body (`Body::wrap_stream`, `Body::wrap`: `Request::try_clone()` gives `None`) is
 /// recorded as it streams, up to the policy's
-/// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), and a retry replays it (see
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), and a retry replays it (see
 /// [`Replayable`](crate::service::Replayable)): the adapter hands reqwest each attempt's body through
 /// `reqwest::Body::wrap`. A larger stream is sent exactly once, never refused before sending;
 /// the report says [`StopReason::BodyNotReplayable`](crate::policy::StopReason::BodyNotReplayable) and
@@ -120,7 +118,7 @@ impl RetrySafetyMiddleware {
 
     /// The redirect policy to build the `reqwest::Client` under this middleware with, when
     /// the policy hands deadlines on
-    /// ([`send_deadline_to`](crate::policy::RetryPolicyBuilder::send_deadline_to)). reqwest follows
+    /// ([`send_deadline_to`](crate::RetryPolicyBuilder::send_deadline_to)). reqwest follows
     /// redirects below the middleware and copies every header of the request it redirects:
     /// the deadline headers would go on with a stale time left, perhaps to a host that never
     /// asked for them. This policy follows redirects as reqwest's default does (at most ten),

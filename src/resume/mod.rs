@@ -25,6 +25,8 @@ mod body;
 pub(crate) mod cut;
 pub mod future;
 mod layer;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 pub(crate) mod range;
 mod report;
 pub(crate) mod resumer;
@@ -37,7 +39,7 @@ pub use report::BodyReport;
 pub use service::ReadWhole;
 
 #[cfg(feature = "reqwest-middleware")]
-pub use crate::reqwest::ReadWholeMiddleware;
+pub use middleware::ReadWholeMiddleware;
 
 #[cfg(feature = "reqwest-middleware")]
 pub(crate) use service::ReadPlan;

@@ -9,7 +9,7 @@ use crate::attempts::RetryReport;
 /// The [`RetryReport`] of a response whose body may resume with `Range` past the read-whole
 /// limit, with the body's resumes counted once a cut was decided on. Put in the response's
 /// extensions by [`ReadWholeLayer`](crate::resume::ReadWholeLayer) and
-/// [`ReadWholeMiddleware`](crate::reqwest::ReadWholeMiddleware) beside the response's own report, which
+/// [`ReadWholeMiddleware`](crate::resume::ReadWholeMiddleware) beside the response's own report, which
 /// stops at the head. Clone it before reading a body that consumes the response (reqwest's
 /// `bytes()`): the clone sees every later resume.
 ///

@@ -2,7 +2,7 @@ use bytes::{Buf, Bytes};
 use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyStream, Either, Empty, Full, StreamBody};
 
-use super::replay::{Recorded, ReplayBuffer};
+use super::replay::{Recorded, ReplayBuffer, Replayable};
 use crate::classify::StackErrors;
 
 /// A request body the layer can send again.
@@ -11,7 +11,7 @@ use crate::classify::StackErrors;
 /// (`Full<Bytes>`, `Empty<Bytes>`, `String`, `Vec<u8>`, `Bytes`, `()`, `&'static str`) return
 /// `Some`. Streaming bodies return `None`; of those, `BoxBody`, `UnsyncBoxBody` and
 /// [`Replayable`](crate::service::Replayable) are recorded as they stream, up to the policy's
-/// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer), so that a retry can replay
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer), so that a retry can replay
 /// them ([`record`](Self::record)). Other streams (`hyper::body::Incoming`, a channel,
 /// `StreamBody`: wrap them in [`Replayable`](crate::service::Replayable) to have them recorded) still go through the
 /// layer, are sent exactly once and are never refused before sending, and their report says
@@ -167,6 +167,27 @@ macro_rules! never_replay {
     )*};
 }
 
+/// A body wrapped to be recorded: the caller's is recorded as it streams; one that is already
+/// an attempt's view of a recording (an outer layer's) is sent as it is.
+impl<B> ReplayBody for Replayable<B>
+where
+    B: http_body::Body + Unpin + Send + 'static,
+    B::Data: Clone + Send,
+{
+    /// A stream: not copied, recorded.
+    fn try_clone_body(&self) -> Option<Self> {
+        None
+    }
+
+    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+        match self.into_callers() {
+            Ok(body) => Recorded::stream(body, buffer, |replay| replay),
+            // Already an attempt's view of a recording (an outer layer's): sent as it is.
+            Err(recorded) => Recorded::once(recorded),
+        }
+    }
+}
+
 never_replay!(
     [] hyper::body::Incoming,
     [D, E] http_body_util::channel::Channel<D, E>,
@@ -188,7 +209,7 @@ impl ReplayBody for axum_core::body::Body {
         Recorded::stream(
             self,
             buffer,
-            axum_core::body::Body::new::<crate::service::Replayable<axum_core::body::Body>>,
+            axum_core::body::Body::new::<Replayable<axum_core::body::Body>>,
         )
     }
 }

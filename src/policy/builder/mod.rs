@@ -122,6 +122,13 @@ impl fmt::Debug for BudgetChoice {
     }
 }
 
+impl RetryPolicy {
+    /// A builder with safe defaults; each setter documents its default.
+    pub fn builder() -> RetryPolicyBuilder {
+        RetryPolicyBuilder::new()
+    }
+}
+
 impl Default for RetryPolicyBuilder {
     fn default() -> Self {
         Self::new()

@@ -5,15 +5,13 @@ use std::task::{Context, Poll};
 use http_body::{Body, Frame, SizeHint};
 
 use super::tape::Playback;
-use super::{Recorded, ReplayBuffer};
-use crate::service::ReplayBody;
 
 /// A streaming request body that the layer can send again: build your client for
 /// `Replayable<B>` and wrap each request's body in it.
 ///
 /// The first attempt streams the body as it comes while the layer keeps each chunk it sends
 /// (the chunk's own handle, not a copy), up to the policy's
-/// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer). A retry replays what was kept
+/// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer). A retry replays what was kept
 /// and then goes on reading the caller's body where the last attempt stopped. Past the limit
 /// the kept chunks are dropped at once, the attempt goes on streaming, and the request is not
 /// retried again.
@@ -85,23 +83,13 @@ impl<B: Body> Replayable<B> {
             inner: Inner::Playback(player),
         }
     }
-}
 
-impl<B> ReplayBody for Replayable<B>
-where
-    B: Body + Unpin + Send + 'static,
-    B::Data: Clone + Send,
-{
-    /// A stream: not copied, recorded.
-    fn try_clone_body(&self) -> Option<Self> {
-        None
-    }
-
-    fn record(self, buffer: &ReplayBuffer) -> Recorded<Self> {
+    /// The caller's body, if the layer has not recorded it yet; else itself (an attempt's view
+    /// of a recording, an outer layer's).
+    pub(crate) fn into_callers(self) -> Result<B, Self> {
         match self.inner {
-            Inner::Caller(body) => Recorded::stream(body, buffer, |replay| replay),
-            // Already an attempt's view of a recording (an outer layer's): sent as it is.
-            inner => Recorded::once(Replayable { inner }),
+            Inner::Caller(body) => Ok(body),
+            inner => Err(Replayable { inner }),
         }
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! A body that cannot be copied ([`ReplayBody::try_clone_body`](crate::service::ReplayBody) gives
 //! `None`) is recorded when the request may be retried and the policy's
-//! [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer) is on. The first attempt
+//! [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer) is on. The first attempt
 //! streams it normally; the recording keeps each data chunk sent (a handle to the caller's
 //! chunk, no copy) and the trailers. A retry replays the recording and then continues with
 //! the caller's body from where the last attempt stopped reading, so an upload cut in the

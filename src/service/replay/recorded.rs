@@ -27,7 +27,7 @@ impl fmt::Debug for ReplayBuffer {
 
 impl ReplayBuffer {
     /// The most bytes kept for replay: the policy's
-    /// [`replay_buffer`](crate::policy::RetryPolicyBuilder::replay_buffer).
+    /// [`replay_buffer`](crate::RetryPolicyBuilder::replay_buffer).
     pub fn limit(&self) -> usize {
         self.limit
     }
