@@ -115,7 +115,7 @@ async fn a_stored_503_is_final_and_says_the_server_ran_the_write() {
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(res.headers()["idempotent-replayed"], "true");
     let report = RetryReport::of(&res).expect("report").clone();
-    // The handler's own 503, then one retry that got the replay, and nothing after it.
+    // The handler's own 503, then one retry that got the stored response, and nothing after it.
     assert_eq!(report.attempts(), 2, "{report:?}");
     assert_eq!(report.stop_reason(), StopReason::StoredResponse);
     assert!(report.is_stored_response());
@@ -129,9 +129,9 @@ async fn a_stored_503_is_final_and_says_the_server_ran_the_write() {
 }
 
 /// Control: the same client, told to ignore the stored-response header, spends every retry on the
-/// same replay (this is what the client did before the fix); the handler still ran once.
+/// same stored response (this is what the client did before the fix); the handler still ran once.
 #[tokio::test]
-async fn control_without_the_replay_header_every_retry_is_spent_on_the_replay() {
+async fn control_without_the_stored_response_header_every_retry_is_spent_on_the_stored_response() {
     let server = start(true).await;
     let policy = builder().stored_response_header(None).build().unwrap();
     let res = send(&server, policy).await;
@@ -142,10 +142,10 @@ async fn control_without_the_replay_header_every_retry_is_spent_on_the_replay() 
     assert_eq!(server.received.load(Ordering::SeqCst), 4);
 }
 
-/// The server says `x-should-retry: false` on every replay of a stored 5xx, so a client
+/// The server says `x-should-retry: false` every time it answers with a stored 5xx, so a client
 /// that does not know the stored-response header (here: ours told to ignore it) stops too.
 #[tokio::test]
-async fn the_server_marks_every_replay_of_a_stored_5xx_should_not_retry() {
+async fn the_server_marks_every_stored_5xx_it_answers_again_should_not_retry() {
     let server = start(false).await;
     let policy = builder().stored_response_header(None).build().unwrap();
     let res = send(&server, policy).await;
@@ -157,7 +157,7 @@ async fn the_server_marks_every_replay_of_a_stored_5xx_should_not_retry() {
     assert_eq!(server.received.load(Ordering::SeqCst), 2);
 
     // Without a retrying client: the first answer is the handler's own (no hint), every
-    // repeat of the key is the replay, with the hint.
+    // repeat of the key gets the stored response, with the hint.
     let server = start(false).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let req = || {
@@ -178,7 +178,7 @@ async fn the_server_marks_every_replay_of_a_stored_5xx_should_not_retry() {
     assert_eq!(server.ran.load(Ordering::SeqCst), 1);
 }
 
-/// The reqwest adapter decides with the same code: it stops on the replay too.
+/// The reqwest adapter decides with the same code: it stops on the stored response too.
 #[tokio::test]
 async fn the_reqwest_adapter_stops_on_a_stored_response() {
     let server = start(true).await;
@@ -201,9 +201,9 @@ async fn the_reqwest_adapter_stops_on_a_stored_response() {
     assert_eq!(server.received.load(Ordering::SeqCst), 2);
 }
 
-/// A custom replay header is read instead of the default one.
+/// A custom stored-response header is read instead of the default one.
 #[tokio::test]
-async fn the_replay_header_is_configurable() {
+async fn the_stored_response_header_is_configurable() {
     let server = start(true).await;
     let policy = builder()
         .stored_response_header(Some(HeaderName::from_static("x-replayed")))

@@ -1,6 +1,6 @@
 //! The server's `IdempotencyLayer` in front of tonic (the adversarial review of the gRPC
-//! support, issue 24): a keyed write replays its trailers, concurrent repeats of a key run
-//! once, a handler's UNAVAILABLE is kept by default, malformed key metadata is refused as
+//! support, issue 24): a keyed write's stored response keeps its trailers, concurrent repeats
+//! of a key run once, a handler's UNAVAILABLE is kept by default, malformed key metadata is refused as
 //! INVALID_ARGUMENT, and the Redis and PostgreSQL stores keep trailers. Two defects the review
 //! found are fixed and their tests run: a handler's UNAVAILABLE was stored even with
 //! `store_server_errors(false)`; an answer too large to keep sent again as a status-less
@@ -35,7 +35,7 @@ fn keyed_builder() -> RetryPolicyBuilder {
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
 #[tokio::test]
-async fn a_keyed_write_replays_its_trailers() {
+async fn a_keyed_writes_stored_response_keeps_its_trailers() {
     let rev = Rev::default();
     let layer = {
         let rev = rev.clone();
@@ -74,7 +74,7 @@ async fn a_keyed_write_replays_its_trailers() {
 }
 
 /// Eight concurrent calls with one key: the handler runs once; every other call gets
-/// ABORTED (in flight) or the replay, never a second run.
+/// ABORTED (in flight) or the stored response, never a second run.
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
 #[tokio::test]
@@ -152,7 +152,7 @@ async fn a_handlers_unavailable_before_apply_does_not_burn_the_key() {
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
 #[tokio::test]
-async fn by_default_a_handlers_unavailable_is_kept_and_replayed() {
+async fn by_default_a_handlers_unavailable_is_stored_and_answered_again() {
     let rev = Rev::default();
     let layer = {
         let rev = rev.clone();
@@ -204,24 +204,24 @@ async fn malformed_key_metadata_is_refused_as_invalid_argument() {
 }
 
 /// A keyed gRPC write whose answer is over `max_response_bytes`: the layer keeps its head
-/// only (`idempotent-replay-body: omitted`), and a repeat of the key replays it. For gRPC
+/// only (`idempotent-replay-body: omitted`), and a repeat of the key gets it. For gRPC
 /// that head is a 200 with `content-type: application/grpc`, no message and no
 /// `grpc-status`: the client must still learn that the call ran and was not repeated.
 ///
-/// Found by the review, fixed (wrong replay): the replay was a status-less gRPC response; tonic turns it into
-/// `UNKNOWN` "protocol error: missing grpc-status trailer, stream was terminated without a
+/// Found by the review, fixed (wrong stored response): it was a status-less gRPC response;
+/// tonic turns it into `UNKNOWN` "protocol error: missing grpc-status trailer, stream was terminated without a
 /// final status (possible truncation by a proxy or load balancer)" (counts: applied 1,
 /// attempts 2). Nothing in the code or message says the call ran; only the raw
 /// `idempotent-replay-body: omitted` header does, and `retry-safety-may-have-been-applied`
 /// is absent because `mark_status` only marks a trailers-only failure. Fix: in
-/// `server::grpc::answer`, turn a replay with `idempotent-replay-body` (and the "outcome
+/// `server::grpc::answer`, turn a stored response with `idempotent-replay-body` (and the "outcome
 /// unknown" 500) into a trailers-only status that says the first call ran (e.g. `UNKNOWN`
 /// or `DATA_LOSS` with "applied; its answer was too large to keep"), and let the client's
 /// `mark_status` see it.
 ///
 /// Found by the adversarial review of the gRPC support (issue 24).
 #[tokio::test]
-async fn a_keyed_answer_too_large_to_keep_replays_as_a_status_that_says_it_ran() {
+async fn a_keyed_answer_too_large_to_keep_is_answered_again_as_a_status_that_says_it_ran() {
     let (addr, lab) =
         serve_keyed(IdempotencyLayer::new(MemoryStore::new()).max_response_bytes(4)).await;
     let mut client = client(addr, keyed_builder().build().unwrap()).await;

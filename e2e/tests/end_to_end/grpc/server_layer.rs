@@ -1,5 +1,5 @@
 //! The server's `IdempotencyLayer` in front of a real tonic server on loopback: the key is
-//! the `idempotency-key` metadata, a stored response replays with its trailers (its
+//! the `idempotency-key` metadata, a stored response is answered again with its trailers (its
 //! `grpc-status`), and the layer's own answers are gRPC statuses.
 
 use std::time::Duration;
@@ -61,7 +61,7 @@ async fn seen(lab: &retry_safety_testing::grpc::Lab, id: &str) {
 }
 
 #[tokio::test]
-async fn a_keyed_write_lost_after_apply_is_replayed_with_its_grpc_status() {
+async fn a_keyed_write_lost_after_apply_gets_its_stored_response_with_its_grpc_status() {
     let (addr, lab) = serve_keyed(IdempotencyLayer::new(MemoryStore::new())).await;
     let mut client = client(addr, builder().build().unwrap()).await;
     for (i, fault) in [
@@ -155,7 +155,7 @@ async fn the_layers_answers_are_grpc_statuses() {
 }
 
 #[tokio::test]
-async fn our_client_waits_out_an_in_flight_key_and_gets_the_replay() {
+async fn our_client_waits_out_an_in_flight_key_and_gets_the_stored_response() {
     let (addr, lab) = serve_keyed(IdempotencyLayer::new(MemoryStore::new())).await;
     let patient = || {
         builder()
@@ -182,11 +182,11 @@ async fn our_client_waits_out_an_in_flight_key_and_gets_the_replay() {
     assert_eq!(lab.attempts("wait").len(), 3);
 }
 
-/// Atomic mode (PostgreSQL): the same replay with its trailers (the record of kind `T` in
+/// Atomic mode (PostgreSQL): the same stored response with its trailers (the record of kind `T` in
 /// the database), and the layer's answers as gRPC statuses.
 
 #[tokio::test]
-async fn atomic_mode_replays_a_keyed_call_with_its_trailers() {
+async fn atomic_mode_stores_a_keyed_call_with_its_trailers() {
     use tower_idempotency_keys::stores::PostgresStore;
     let db = retry_safety_testing::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(4).await);
