@@ -97,8 +97,8 @@ impl ProxyConfig {
         self
     }
 
-    /// The response header with which the upstream marks a stored response (a replay, which
-    /// ran nothing), for a server that does not use `idempotent-replayed: true`. Its value
+    /// The response header with which the upstream marks a stored response (an answer to a
+    /// repeat, which ran nothing), for a server that does not use `idempotent-replayed: true`. Its value
     /// must be `true` (any case). Refuses an invalid header name.
     ///
     /// Defaults to `idempotent-replayed`.

@@ -130,7 +130,7 @@ async fn hostile_deadline_headers_are_answered_and_never_run_a_key_twice() {
             for value in *values {
                 every.push((*name, *value));
                 for _ in 0..2 {
-                    // The same key twice: the second is a replay or a fresh run, never both.
+                    // The same key twice: the second gets the stored response or a fresh run, never both.
                     let (res, _) = post(addr, &format!("k{n}"), &[(name, value)]).await;
                     assert!(
                         matches!(res.status(), StatusCode::OK | StatusCode::GATEWAY_TIMEOUT),

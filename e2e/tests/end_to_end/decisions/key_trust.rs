@@ -1,7 +1,7 @@
 //! Trust in idempotency keys through real sockets: a key counts only where the target is
 //! trusted to honour it. Against a server that ignores keys, a write that a marker or a route
 //! rule calls non-idempotent is not retried on the strength of a minted key; against one that
-//! honours them, trust scoped to its host retries it into the replay. Side effects counted.
+//! honours them, trust scoped to its host retries it into the stored response. Side effects counted.
 
 use std::time::Duration;
 

@@ -62,7 +62,7 @@ async fn keyed_writes_hedged_by_opt_in_are_applied_once() {
 /// Keyed writes hedged by opt-in, through the crate's `IdempotencyLayer` (MemoryStore): the
 /// hedge arrives while the first attempt runs (409, waited out); the first attempt then
 /// applies and its connection drops without a response; the retry gets the stored answer.
-/// Applied once, and the caller gets the first attempt's answer (a replay).
+/// Applied once, and the caller gets the first attempt's answer (the stored response).
 ///
 /// Found by the adversarial review of safe hedging and the per-attempt spans (issue 25).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
