@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""No import circle in a package's src/: files are nodes, the paths they name are edges.
+"""No import circle in a package's src/, at any level of its module tree.
 
 Every path a file names into its own crate is an edge to the file of the item it reaches: `use`
 trees (nested groups, `self`, `*` and `as` included), paths written inline (`crate::a::X`,
-`super::b::f()`), and paths that start with a name the file imported or declared (`use
-crate::b; … b::c::Z`, a child module `hop::Ledger`). An item a module re-exports (`pub use`)
-is followed to the file that defines it, and a glob reaches every file its module re-exports
-from. A module split across files is one unit: edges between a module and its own descendants
-are not counted. Items inside `#[cfg(test)]` modules (inline or in a file of their own) are
-left out: a test may import from anywhere. A circle is two or more files that reach each other
-(a strongly connected component); each is printed with the paths that close it, and the exit
-status is 1.
+`super::b::f()`), and paths that start with a name the file imported, a glob brought in or it
+declared (`use crate::b; … b::c::Z`, a child module `hop::Ledger`). An item a module re-exports
+(`pub use`) is followed to the file that defines it, and so is a module's private `use` when a
+descendant names it (`super::Y`, `use super::*`). Then, at each module, each child's subtree is
+one node (a module split across files is one unit) and the module's own file is left out: a
+circle is two or more children that reach each other, and it is printed with the file edges
+that close it (exit status 1). Items only a test build has (`#[cfg(test)]`) are left out: a
+test may import from anywhere; so are comments and string literals.
 
 Usage: scripts/check-import-circles.py DIR [DIR ...]   (each a package's src/)
        scripts/check-import-circles.py --self-test       (the forms above, each found)
@@ -64,19 +64,31 @@ def clean(text):
     return strip_test_modules(text)
 
 
-TEST_MODULE = re.compile(r"#\[cfg\(test\)\]\s*(?:#\[[^\]]*\]\s*)*(?:pub(?:\([^)]*\))?\s+)?mod\s+" + IDENT + r"\s*\{")
+TEST_ITEM = re.compile(r"#\[cfg\((?:test|all\(\s*test\b[^\]]*)\)\]")
 
 
 def strip_test_modules(text):
+    """Items only a test build has (`#[cfg(test)]` or `#[cfg(all(test, …))]`: a module, a
+    `use`, a function, an impl): a test may import from anywhere."""
     while True:
-        m = TEST_MODULE.search(text)
+        m = TEST_ITEM.search(text)
         if not m:
             return text
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        text = text[: m.start()] + text[i:]
+        i = m.end()
+        while True:  # the item's other attributes
+            rest = re.match(r"\s*#\[[^\]]*\]", text[i:])
+            if not rest:
+                break
+            i += rest.end()
+        semi, brace = text.find(";", i), text.find("{", i)
+        if brace < 0 or (0 <= semi < brace):
+            end = len(text) if semi < 0 else semi + 1
+        else:
+            depth, end = 1, brace + 1
+            while end < len(text) and depth:
+                depth += {"{": 1, "}": -1}.get(text[end], 0)
+                end += 1
+        text = text[: m.start()] + text[end:]
 
 
 MOD_DECL = re.compile(
@@ -105,7 +117,7 @@ def walk(path, module, found, owns_dir):
     here = os.path.dirname(path)
     base = here if owns_dir else os.path.join(here, os.path.splitext(os.path.basename(path))[0])
     for attrs, name in MOD_DECL.findall(text):
-        if "cfg(test)" in attrs:
+        if TEST_ITEM.search(attrs):
             continue
         child = module + (name,)
         m = re.search(r'#\[path\s*=\s*""\]', attrs)
@@ -215,11 +227,16 @@ class Crate:
             for absolute, alias, _ in self.uses.get(module, []):
                 if alias == first:
                     return absolute + tuple(segs[1:])
+            # A module a glob brought in (`use crate::b::*; … c::Z`).
+            for absolute, alias, _ in self.uses.get(module, []):
+                if alias == "*" and absolute + (first,) in self.files:
+                    return absolute + tuple(segs)
         return None
 
-    def targets(self, absolute, glob=False, seen=None):
-        """The files `absolute` reaches: its deepest module, and an item that module re-exports
-        followed to where it is defined (`glob`: everything the module re-exports)."""
+    def targets(self, absolute, glob=False, seen=None, frm=None):
+        """The files `absolute` reaches from `frm`: its deepest module, and an item that module
+        re-exports followed to where it is defined (`glob`: everything the module re-exports).
+        A module's own `use`s are its items for its descendants (`super::Y`, `use super::*`)."""
         seen = set() if seen is None else seen
         if (absolute, glob) in seen:
             return set()
@@ -232,15 +249,16 @@ class Crate:
                 break
         rest = absolute[len(module) :]
         reached = {module}
+        inside = frm is not None and frm[: len(module)] == module
         for target, alias, public in self.uses.get(module, []):
-            if not public:
+            if not (public or inside):
                 continue
             if glob and not rest:
-                reached |= self.targets(target, alias == "*", seen)
+                reached |= self.targets(target, alias == "*", seen, frm)
             elif rest and alias == rest[0]:
-                reached |= self.targets(target + rest[1:], glob, seen)
+                reached |= self.targets(target + rest[1:], glob, seen, frm)
             elif rest and alias == "*":
-                reached |= self.targets(target + rest, glob, seen)
+                reached |= self.targets(target + rest, glob, seen, frm)
         return reached
 
     def edges(self):
@@ -256,12 +274,39 @@ class Crate:
                 if absolute is not None:
                     named.append((absolute, False))
             for absolute, glob in named:
-                for target in self.targets(absolute, glob):
-                    if target[: len(module)] == module or module[: len(target)] == target:
-                        continue  # itself, a descendant or an ancestor: one module split across files
-                    out[module].add(target)
-                    why.setdefault((module, target), "::".join(("crate",) + absolute))
+                for target in self.targets(absolute, glob, frm=module):
+                    if target != module:
+                        out[module].add(target)
+                        why.setdefault((module, target), "::".join(("crate",) + absolute))
         return out, why
+
+    def level_circles(self, graph, why):
+        """At each module, its children's subtrees each one node (a module split across files
+        is one unit) and its own file left out: circles among the children, each with the file
+        edges that close it."""
+        found = []
+        for parent in self.files:
+            kids = [m for m in self.files if len(m) == len(parent) + 1 and m[: len(parent)] == parent]
+
+            def unit(f):
+                return f[: len(parent) + 1] if f[: len(parent)] == parent and f != parent else None
+
+            lifted = {k: set() for k in kids}
+            proof = {}
+            for a, targets in graph.items():
+                ua = unit(a)
+                if ua is None:
+                    continue
+                for t in targets:
+                    ut = unit(t)
+                    if ut is not None and ut != ua:
+                        lifted[ua].add(ut)
+                        proof.setdefault((ua, ut), f"{self.files[a]} -> {self.files[t]}  ({why[(a, t)]})")
+            for component in circles(lifted):
+                members = set(component)
+                lines = [proof[(a, b)] for a in sorted(component) for b in sorted(lifted[a] & members)]
+                found.append((parent, sorted(component), lines))
+        return found
 
 
 def circles(graph):
@@ -303,16 +348,15 @@ def main(dirs):
         for files in crates(root):
             crate = Crate(files)
             graph, why = crate.edges()
-            found = circles(graph)
+            found = crate.level_circles(graph, why)
             imports = sum(map(len, graph.values()))
             print(f"{files[()]}: {len(files)} files, {imports} imports, {len(found)} circles")
-            for component in found:
+            for parent, component, lines in found:
                 status = 1
-                members = set(component)
-                print("  circle:", ", ".join(sorted(files[m] for m in component)))
-                for a in sorted(component):
-                    for b in sorted(graph[a] & members):
-                        print(f"    {files[a]} -> {files[b]}  ({why[(a, b)]})")
+                names = ", ".join("::".join(m) for m in component)
+                print(f"  circle among the modules of {'::'.join(('crate',) + parent)}: {names}")
+                for line in lines:
+                    print(f"    {line}")
     return status
 
 
@@ -327,7 +371,7 @@ CASES = {
                "b.rs": "pub struct Y;", "c.rs": "use crate::{a::X};"}, True),
     "nested group": ({"lib.rs": "mod a; mod m;", "a.rs": "use crate::{\n m::{\n inner::W,\n },\n};",
                       "m/mod.rs": "pub mod inner;", "m/inner.rs": "use crate::a::X;"}, True),
-    "self in group": ({"lib.rs": "mod a; mod m;", "a.rs": "use crate::{m::{self, inner::W}};",
+    "self in group": ({"lib.rs": "mod a; mod m;", "a.rs": "use crate::{m::{self}}; pub struct X(m::inner::W);",
                        "m/mod.rs": "pub mod inner;", "m/inner.rs": "use crate::a::X;"}, True),
     "super chain": ({"lib.rs": "pub mod p; pub mod s;", "p/mod.rs": "pub mod q;",
                      "p/q/mod.rs": "pub mod r;", "p/q/r.rs": "use super::{super::super::s::S};",
@@ -339,10 +383,29 @@ CASES = {
     "imported module": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b; pub struct X(b::c::Z);",
                          "b/mod.rs": "pub mod c;", "b/c.rs": "use crate::a::X;"}, True),
     "inline path after a URL": ({"lib.rs": "mod a; mod b;",
-                                 "a.rs": 'pub fn u() -> (&\'static str, crate::b::Y) { ("http://x", crate::b::Y) }',
+                                 "a.rs": 'pub fn u() { let _ = ("http://x", crate::b::Y); }',
                                  "b.rs": "use crate::a::X;"}, True),
     "a child's re-export": ({"lib.rs": "mod m; mod b;", "m/mod.rs": "mod c; use c::Y; pub struct T;",
                              "m/c.rs": "pub use crate::b::Y;", "b.rs": "use crate::m::T;"}, True),
+    "through a file of a module and out of another": (
+        {"lib.rs": "mod a; mod m;", "a.rs": "use crate::m::T; pub struct X;",
+         "m/mod.rs": "mod inner; pub struct T(inner::W);", "m/inner.rs": "use crate::a::X; pub struct W;"}, True),
+    "a parent's private use, by super": (
+        {"lib.rs": "mod m; mod b;", "m/mod.rs": "mod x; use crate::b::Y;",
+         "m/x.rs": "use super::*; pub struct X(Y);", "b.rs": "use crate::m::x::X; pub struct Y;"}, True),
+    "a module a glob brought in": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b::*; pub struct X(c::Z);",
+                                   "b/mod.rs": "pub mod c;", "b/c.rs": "use crate::a::X; pub struct Z;"}, True),
+    "a pub(crate) re-export": ({"lib.rs": "mod a; mod b; mod c;", "a.rs": "pub(crate) use crate::c::Z;",
+                                "b.rs": "use crate::a::Z;", "c.rs": "use crate::b::Y;"}, True),
+    "a raw string": ({"lib.rs": "mod a; mod b;", "a.rs": 'const S: &str = r#"a " b"#; pub fn f() { crate::b::g() } // "',
+                      "b.rs": "use crate::a::X;"}, True),
+    "a re-export of the parent": ({"lib.rs": "mod m;", "m/mod.rs": "mod x; mod y; pub use self::y::Y;",
+                                   "m/x.rs": "use super::Y;", "m/y.rs": "use super::x::X;"}, True),
+    "a parent's private use": ({"lib.rs": "mod m;", "m/mod.rs": "mod x; mod y; use y::Y;",
+                                "m/x.rs": "use super::Y;", "m/y.rs": "use super::x::X;"}, True),
+    "a sibling a glob of the parent brought in": (
+        {"lib.rs": "mod m;", "m/mod.rs": "mod x; pub mod z;", "m/x.rs": "use super::*; pub struct X(z::Z);",
+         "m/z.rs": "use super::x::X; pub struct Z;"}, True),
     "one way": ({"lib.rs": "mod a; mod b;", "a.rs": "use crate::b::Y;", "b.rs": "pub struct Y;"}, False),
     "a module split across files": ({"lib.rs": "mod m;", "m/mod.rs": "mod x; use x::helper; pub struct T;",
                                      "m/x.rs": "use super::T; pub fn helper() {}"}, False),
@@ -350,6 +413,9 @@ CASES = {
                                  "b.rs": "use crate::a::X;"}, False),
     "a test module": ({"lib.rs": "mod a; mod b;", "a.rs": "#[cfg(test)]\nmod tests { use crate::b::Y; }",
                        "b.rs": "use crate::a::X;"}, False),
+    "test-only items": ({"lib.rs": "mod a; mod b;",
+                         "a.rs": "#[cfg(test)]\nuse crate::b::Y;\n#[cfg(all(test, feature = \"x\"))]\nfn f() { crate::b::g() }",
+                         "b.rs": "use crate::a::X;"}, False),
 }
 
 
@@ -364,7 +430,7 @@ def self_test():
                 with open(os.path.join(root, path), "w", encoding="utf-8") as f:
                     f.write(text + "\n")
             crate = Crate(crates(root)[0])
-            found = bool(circles(crate.edges()[0]))
+            found = bool(crate.level_circles(*crate.edges()))
         if found != circle:
             failed += 1
             print(f"self-test {name}: {'found a circle' if found else 'found no circle'}, expected the opposite")

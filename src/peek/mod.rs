@@ -9,6 +9,8 @@ mod body;
 pub(crate) mod classifier;
 pub mod future;
 mod layer;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 mod service;
 
 pub use body::PeekedBody;
@@ -16,4 +18,4 @@ pub use layer::PeekBodyLayer;
 pub use service::PeekBody;
 
 #[cfg(feature = "reqwest-middleware")]
-pub use crate::reqwest::PeekBodyMiddleware;
+pub use middleware::PeekBodyMiddleware;

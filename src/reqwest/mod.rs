@@ -3,10 +3,7 @@
 mod body;
 mod hedged;
 mod lookup;
-mod peek;
 mod redirect;
-
-pub use peek::PeekBodyMiddleware;
 
 use std::time::Duration;
 
@@ -20,7 +17,7 @@ use crate::attempts::Error;
 use crate::attempts::{Attempts, CarriesReport, Outcome, Plan, Step};
 use crate::box_error::BoxError;
 use crate::policy::RetryPolicy;
-use crate::service::replay::{keep_stream, Kept};
+use crate::service::kept::{keep_stream, Kept};
 use crate::service::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable};
 use crate::target::Target;
 use crate::timed_out::TimedOut;

@@ -11,7 +11,7 @@ use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use super::hedged::{self, Hedged};
-use super::replay::{keep_stream, Kept};
+use super::kept::{keep_stream, Kept};
 use super::send::{attempt_timer, poll_attempt, poll_resend, refused, AttemptTimer, Head, Replay};
 use super::{KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempts::Error;

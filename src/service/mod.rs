@@ -41,6 +41,7 @@
 pub(crate) mod body;
 pub mod future;
 mod hedged;
+pub(crate) mod kept;
 mod layer;
 pub(crate) mod replay;
 mod send;

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
-use super::replay::Kept;
+use super::kept::Kept;
 use super::{AttemptNumber, KeyHeader, LayerAttempt, NotReplayable, ReplayBody};
 use crate::attempt_clock::{when_fired, AttemptClock, Fired};
 use crate::attempts::Attempts;

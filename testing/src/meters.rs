@@ -180,7 +180,7 @@ pub fn request(method: Method, url: &str, fault: Fault) -> Request<Full<Bytes>> 
         .expect("a valid request")
 }
 
-// Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
+/// Well under the fault server's 800 ms slow response, well over a loaded machine's round trip.
 pub const FAULT_MIX_PER_ATTEMPT: Duration = Duration::from_millis(400);
 
 /// The fault mix's policy: three retries, quick backoff, a POST search route that is a read.

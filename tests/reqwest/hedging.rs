@@ -1,6 +1,7 @@
 //! Hedging through the reqwest-middleware adapter, against the loopback fault server: the
 //! same decisions as the tower layer, counted on the server (a keyed write hedged against the
 //! server's `IdempotencyLayer` is an end-to-end test, `reqwest/keyed_hedge.rs` in e2e/).
+#![cfg(feature = "reqwest-middleware")]
 
 use std::time::Duration;
 

@@ -34,12 +34,10 @@
 //! - **kept** (`Kept`): what the layer keeps to send a body again: a copy, or replays.
 
 mod body;
-mod kept;
 mod recorded;
 mod tape;
 
 pub(crate) use crate::attempts::NotReplayable;
 pub use body::Replayable;
-pub(crate) use kept::{keep_stream, Kept};
 pub(crate) use recorded::Replays;
 pub use recorded::{Recorded, ReplayBuffer};

@@ -14,12 +14,14 @@ use std::time::Duration;
 
 mod cluster;
 mod node;
+mod own;
 mod proxy;
 mod test_redis;
 
 pub use cluster::Cluster;
 pub(crate) use node::{listening, log_files};
 pub use node::{wait_replicated, Node};
+pub use own::OwnRedis;
 pub use proxy::Proxy;
 pub use test_redis::{count_keys, TestRedis};
 

@@ -5,8 +5,8 @@
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use super::OwnRedis;
 use super::{connection, INSTALL};
-use crate::fleet::OwnRedis;
 
 const LOCAL: &str = "redis://127.0.0.1:6379";
 

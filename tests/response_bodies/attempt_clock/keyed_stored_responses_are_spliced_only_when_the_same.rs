@@ -1,6 +1,6 @@
 //! Keyed writes past the read limit are sent again with their key and spliced only onto the
 //! server's stored response of the same response: never after an unmarked `503` or `201` that follows a
-//! replay (tower and reqwest), a stored response that differs in any way, or a server that does not store responses;
+//! stored response (tower and reqwest), a stored response that differs in any way, or a server that does not store responses;
 //! a `409` then the stored response, and a cut stored response, continue the body; the policy's own key header is
 //! honoured; odd `content-length`s on a stored response neither panic nor splice.
 //!
@@ -96,7 +96,7 @@ async fn reqwest_a_stored_503_cut_then_an_unmarked_503_is_never_spliced() {
 /// The counterpart of the open `503` defect: a first answer that is the server's stored response to a
 /// `201` (marked), cut past the limit, then an unmarked `201` of the same length to the
 /// resend: the resend's `Final` decision resets the stop reason, so it is not taken for the
-/// replay. Nothing spliced, `NotTheSame`, 2 requests.
+/// stored response. Nothing spliced, `NotTheSame`, 2 requests.
 ///
 /// Found by the adversarial review, round 2, of reading whole bodies (issue 23).
 #[tokio::test]

@@ -233,7 +233,7 @@ async fn a_keyed_answer_too_large_to_keep_is_answered_again_as_a_status_that_say
     let res = within("big", client.append(req)).await;
     assert_eq!(lab.applied("big"), 1);
     assert_eq!(lab.attempts("big").len(), 2);
-    let status = res.expect_err("no stored message to replay");
+    let status = res.expect_err("no stored message to answer with");
     assert_eq!(
         status
             .metadata()

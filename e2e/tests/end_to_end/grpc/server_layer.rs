@@ -186,7 +186,7 @@ async fn our_client_waits_out_an_in_flight_key_and_gets_the_stored_response() {
 /// the database), and the layer's answers as gRPC statuses.
 
 #[tokio::test]
-async fn atomic_mode_stores_a_keyed_call_with_its_trailers() {
+async fn atomic_mode_answers_a_repeat_with_the_stored_trailers() {
     use tower_idempotency_keys::stores::PostgresStore;
     let db = retry_safety_testing::pg::TestDb::new().await;
     let store = PostgresStore::from_pool(db.pool(4).await);

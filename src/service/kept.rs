@@ -3,8 +3,8 @@ use std::task::{Context, Poll};
 use http::header::CONTENT_LENGTH;
 use http::HeaderMap;
 
-use super::{NotReplayable, ReplayBuffer, Replays};
-use crate::service::ReplayBody;
+use super::body::ReplayBody;
+use super::replay::{NotReplayable, ReplayBuffer, Replays};
 
 /// What the layer keeps to send a request's body again.
 pub(crate) enum Kept<B> {
