@@ -10,7 +10,9 @@ descendant names it (`super::Y`, `use super::*`). Then, at each module, each chi
 one node (a module split across files is one unit) and the module's own file is left out: a
 circle is two or more children that reach each other, and it is printed with the file edges
 that close it (exit status 1). Items only a test build has (`#[cfg(test)]`) are left out: a
-test may import from anywhere; so are comments and string literals.
+test may import from anywhere; so are comments and string literals. Not read: paths inside
+macros; an inline module (`mod x { … }`) is read as part of its file, so `super` inside one is
+taken one level too high (none of the packages' inline modules imports that way across files).
 
 Usage: scripts/check-import-circles.py DIR [DIR ...]   (each a package's src/)
        scripts/check-import-circles.py --self-test       (the forms above, each found)
