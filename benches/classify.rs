@@ -9,8 +9,6 @@ use criterion::{criterion_group, Criterion};
 use http::{Method, Request};
 use tower_retry_safety::{Idempotency, RetryPolicy};
 
-mod common;
-
 fn policy(rules: usize) -> RetryPolicy {
     let mut b = RetryPolicy::builder();
     for i in 0..rules {
@@ -81,8 +79,11 @@ fn interleaved(rounds: usize, batch: u32, mut f: impl FnMut(), mut g: impl FnMut
         }
         b.push(t.elapsed().as_nanos() as f64 / f64::from(batch));
     }
-    common::print_ratio("classify_1000_routes/classify_1_route", &a, &b, "");
-    (common::median(&mut a), common::median(&mut b))
+    retry_safety_testing::bench::print_ratio("classify_1000_routes/classify_1_route", &a, &b, "");
+    (
+        retry_safety_testing::bench::median(&mut a),
+        retry_safety_testing::bench::median(&mut b),
+    )
 }
 
 fn ratio() {

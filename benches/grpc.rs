@@ -10,9 +10,8 @@ use std::time::{Duration, Instant};
 use tower::ServiceBuilder;
 use tower_retry_safety::RetryPolicy;
 
-mod common;
-use common::median;
 use retry_safety_testing::batch;
+use retry_safety_testing::bench::median;
 
 use retry_safety_testing::grpc as grpc_lab;
 

@@ -31,9 +31,8 @@ use tower::{Service, ServiceExt};
 use tower_retry_safety::resume::{ReadWhole, ReadWholeLayer};
 use tower_retry_safety::{RetryPolicy, RetrySafety};
 
-mod common;
-use common::{median, print_ratio, CloneNeverRetry};
 use retry_safety_testing::batch;
+use retry_safety_testing::bench::{median, print_ratio, CloneNeverRetry};
 
 async fn server() -> String {
     let listener = TcpListener::bind("127.0.0.1:0")

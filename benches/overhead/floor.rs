@@ -12,8 +12,8 @@ use tower::Service;
 use tower_retry_safety::budget::LockFreeBudget;
 use tower_retry_safety::RetryReport;
 
-use super::common::{CloneNeverRetry, Req};
 use super::Res;
+use retry_safety_testing::bench::{CloneNeverRetry, Req};
 
 /// The least any layer meeting this crate's contract must add to `tower::retry`'s clone: the
 /// attempt marker in the request's extensions (so an inner retry layer never compounds), a

@@ -30,10 +30,10 @@ use tower::{Service, ServiceExt};
 use tower_retry_safety::budget::LockFreeBudget;
 use tower_retry_safety::{NoRetry, RetryPolicy, RetrySafety};
 
-use common::deposits::ns_per_deposit;
-use common::threads::two_threads;
-use common::{median, print_ratio, CloneNeverRetry, Req};
 use floor::Floor;
+use retry_safety_testing::bench::deposits::ns_per_deposit;
+use retry_safety_testing::bench::threads::two_threads;
+use retry_safety_testing::bench::{median, print_ratio, CloneNeverRetry, Req};
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -163,8 +163,6 @@ macro_rules! count_allocs {
 }
 
 // The modules after the macros, which they use.
-#[path = "../common/mod.rs"]
-mod common;
 mod floor;
 #[cfg(feature = "opentelemetry")]
 mod metrics;

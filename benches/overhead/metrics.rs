@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use tower_retry_safety::RetryPolicy;
 
-use super::common::{median, print_ratio};
 use super::{one, Instant200, Kind, Variant};
+use retry_safety_testing::bench::{median, print_ratio};
 
 /// The layer recording in an SDK meter (the OpenTelemetry SDK's own aggregation, a reader
 /// that does not export during the run) against the same policy without a meter,

@@ -85,14 +85,17 @@ async fn header_floor(variant: &str, n: u64) {
     use tower_retry_safety::deadline::{ATTEMPT_HEADER, TIMEOUT_HEADER};
     let insert = variant == "header_floor";
     let (timeout, attempt) = (HeaderValue::from(29_999u64), HeaderValue::from_static("1"));
-    let mut svc = tower::ServiceExt::map_request(Instant200, move |mut req: super::common::Req| {
-        if insert {
-            let headers = req.headers_mut();
-            headers.insert(TIMEOUT_HEADER, std::hint::black_box(&timeout).clone());
-            headers.insert(ATTEMPT_HEADER, std::hint::black_box(&attempt).clone());
-        }
-        req
-    });
+    let mut svc = tower::ServiceExt::map_request(
+        Instant200,
+        move |mut req: retry_safety_testing::bench::Req| {
+            if insert {
+                let headers = req.headers_mut();
+                headers.insert(TIMEOUT_HEADER, std::hint::black_box(&timeout).clone());
+                headers.insert(ATTEMPT_HEADER, std::hint::black_box(&attempt).clone());
+            }
+            req
+        },
+    );
     for _ in 0..n {
         one(&mut svc, Kind::Get).await;
     }

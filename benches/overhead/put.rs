@@ -14,8 +14,8 @@ use http_body_util::Full;
 use tower::{Service, ServiceExt};
 use tower_retry_safety::RetryPolicy;
 
-use super::common::{median, print_ratio, Req};
 use super::{Res, ALLOCS};
+use retry_safety_testing::bench::{median, print_ratio, Req};
 
 const PUT_LEN: usize = 16 * 1024;
 const PUT_CHUNK: usize = 4 * 1024;

@@ -1,5 +1,16 @@
-//! What the benches share: batches timed side by side, the median of samples, and the ratio of
-//! two rows measured in the same rounds.
+//! What the benches share: batches timed side by side, the median of samples, the ratio of two
+//! rows measured in the same rounds; for the client's, the least a `tower::retry` policy does,
+//! two-thread throughput and the cost of a budget deposit.
+
+pub mod deposits;
+pub mod threads;
+
+use std::future::Ready;
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use tower::retry::Policy;
 
 /// Runs `$body` `$n` times and pushes the mean nanoseconds per run onto `$samples`.
 #[macro_export]
@@ -56,4 +67,26 @@ pub fn print_ratio(name: &str, num: &[f64], den: &[f64], more: &str) -> f64 {
         r.median, r.min, r.max, r.rounds, r.quartiles.0, r.quartiles.1
     );
     r.median
+}
+
+pub type Req = Request<Full<Bytes>>;
+
+/// The least a `tower::retry` policy does: keep a copy of the request, never retry.
+#[derive(Clone)]
+pub struct CloneNeverRetry;
+
+impl<Res, E> Policy<Req, Res, E> for CloneNeverRetry {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Ready<()>> {
+        None
+    }
+
+    fn clone_request(&mut self, req: &Req) -> Option<Req> {
+        let mut copy = Request::new(req.body().clone());
+        *copy.method_mut() = req.method().clone();
+        *copy.uri_mut() = req.uri().clone();
+        *copy.headers_mut() = req.headers().clone();
+        Some(copy)
+    }
 }
