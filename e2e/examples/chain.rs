@@ -30,9 +30,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioExecutor;
+use retry_safety_e2e::loopback::serve;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use tokio::net::TcpListener;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::{
@@ -55,31 +55,6 @@ fn outbound() -> Result<Outbound, BoxError> {
     Ok(ServiceBuilder::new()
         .layer(policy)
         .service(Client::builder(TokioExecutor::new()).build_http()))
-}
-
-/// Serves `svc` on a fresh loopback port.
-async fn serve<S, B>(svc: S) -> Result<SocketAddr, BoxError>
-where
-    S: Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| svc.clone().oneshot(req));
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    Ok(addr)
 }
 
 /// In front of a server: the first response is lost after the server did its work (the

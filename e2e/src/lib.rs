@@ -4,6 +4,7 @@
 //! together, are this package's `tests/end_to_end/`.
 
 pub mod deadline_chain;
+pub mod loopback;
 pub mod proxy;
 
 // The repository's README shows the client and the server together: its examples compile and

@@ -13,8 +13,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::net::TcpListener;
+use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{service_fn, BoxError, ServiceBuilder, ServiceExt};
@@ -237,7 +236,7 @@ pub async fn serve(
         BoxCloneService::new(keyed)
     };
     let at_c = next_is_none;
-    listen(front(ledger, svc, at_c)).await
+    crate::loopback::serve(front(ledger, svc, at_c)).await
 }
 
 fn boxed<B>(res: Response<B>) -> Response<Body>
@@ -280,31 +279,6 @@ fn front(ledger: Arc<Ledger>, svc: Served, at_c: bool) -> Served {
             Ok::<_, BoxError>(res)
         }
     }))
-}
-
-/// Serves `svc` on a fresh loopback port, each connection in a task of its own.
-async fn listen<S, B>(svc: S) -> Result<SocketAddr, BoxError>
-where
-    S: tower::Service<Request<Incoming>, Response = Response<B>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| svc.clone().oneshot(req));
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    });
-    Ok(addr)
 }
 
 /// A client through this crate's retry layer, with `policy`.
