@@ -5,16 +5,14 @@
 # `[<code>tower::Layer</code>]`. rustdoc does not warn about these, even with
 # `-D rustdoc::broken_intra_doc_links`.
 #
-# Reads each published crate's pages under target/doc (run `cargo doc --workspace --no-deps
-# --all-features` first). Left
-# out: code blocks and signatures (where `[u8]` is Rust), attributes (`#[non_exhaustive]`),
+# Reads each published crate's pages under target/doc (run scripts/doc.sh first). Left out: code blocks and signatures (where `[u8]` is Rust), attributes (`#[non_exhaustive]`),
 # HTML comments, scripts and the sidebar (lists of names), and the docs of other crates that
 # rustdoc copies into our pages (blanket and auto-trait implementations, methods through Deref).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dirs=(target/doc/tower_retry_safety target/doc/tower_idempotency_keys target/doc/retry_safety_lab)
 for dir in "${dirs[@]}"; do
-    [ -d "$dir" ] || { echo "no $dir: run cargo doc --workspace --no-deps --all-features first" >&2; exit 2; }
+    [ -d "$dir" ] || { echo "no $dir: run scripts/doc.sh first" >&2; exit 2; }
 done
 found=$(find "${dirs[@]}" -name '*.html' -print0 | xargs -0 perl -0777 -ne '
     s/<!--.*?-->//gs;
