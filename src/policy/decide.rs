@@ -128,5 +128,5 @@ impl RetryPolicy {
 }
 
 #[cfg(test)]
-#[path = "decision_tests.rs"]
+#[path = "decide_tests.rs"]
 mod tests;

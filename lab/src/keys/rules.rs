@@ -153,7 +153,7 @@ impl Ctx<'_> {
                 "repeat-same-answer",
                 RuleVerdict::Skip,
                 format!(
-                    "a repeat got an equal answer (status {}), but without {RUN_HEADER} a replay cannot be told from a second run: unverified",
+                    "a repeat got an equal answer (status {}), but without {RUN_HEADER} the stored response cannot be told from a second run: unverified",
                     status.as_u16()
                 ),
             )
