@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dirs=(target/doc/tower_retry_safety target/doc/tower_idempotency_keys target/doc/retry_safety_lab)
 for dir in "${dirs[@]}"; do
-    [ -d "$dir" ] || { echo "no $dir: run scripts/doc.sh first" >&2; exit 2; }
+    [ -f "$dir/index.html" ] || { echo "no $dir/index.html: run scripts/doc.sh first" >&2; exit 2; }
 done
 found=$(find "${dirs[@]}" -name '*.html' -print0 | xargs -0 perl -0777 -ne '
     s/<!--.*?-->//gs;

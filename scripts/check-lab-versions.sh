@@ -10,9 +10,8 @@ fail=0
 differs() { echo "check-lab-versions: $1 says $2, lab/Cargo.toml (the workspace's) $version" >&2; fail=1; }
 
 # The npm main package, and each platform package it depends on (one per platforms.json entry).
-while IFS=$'\t' read -r what found; do
-    [ "$found" = "$version" ] || differs "$what" "$found"
-done < <(node -e '
+# Read into a variable first: a failure of node inside `< <(…)` would go unnoticed.
+npm_versions=$(node -e '
 const main = require("./lab/npm/retry-safety-lab/package.json");
 const platforms = Object.keys(require("./lab/npm/platforms.json"));
 const say = (what, found) => console.log(`${what}\t${found}`);
@@ -24,6 +23,9 @@ for (const p of platforms) {
 for (const dep of Object.keys(main.optionalDependencies || {})) {
   if (!platforms.includes(dep.replace("@retry-safety-lab/", ""))) say(`its ${dep} (not in platforms.json)`, "-");
 }')
+while IFS=$'\t' read -r what found; do
+    [ "$found" = "$version" ] || differs "$what" "$found"
+done <<<"$npm_versions"
 
 # The wheel's version is Cargo's (maturin): only a static one in pyproject.toml could differ.
 if ! grep -q '^dynamic = \["version"\]' lab/python/pyproject.toml; then

@@ -18,15 +18,28 @@ layers=(
     "retry-safety-e2e"
 )
 
-# A new member must be placed in a layer (after the packages it links to).
-listed=$(printf '%s\n' "${layers[@]}" | tr ' ' '\n' | sort)
-members=$(cargo metadata --no-deps --format-version 1 \
-    | perl -MJSON::PP -0777 -ne 'print "$_->{name}\n" for @{decode_json($_)->{packages}}' | sort)
-if [ "$listed" != "$members" ]; then
-    echo "scripts/doc.sh: its layers do not list the workspace's members:" >&2
-    diff <(echo "$listed") <(echo "$members") >&2 || true
-    exit 1
-fi
+# Every member in a layer, each after the members its library depends on (a member placed too
+# early would bring the race back).
+cargo metadata --no-deps --format-version 1 | LAYERS="$(printf '%s\n' "${layers[@]}")" perl -MJSON::PP -0777 -ne '
+    my $packages = decode_json($_)->{packages};
+    my %layer; my $i = 0;
+    for my $line (split /\n/, $ENV{LAYERS}) { $layer{$_} = $i for split " ", $line; $i++ }
+    my $fail = 0;
+    for my $p (@$packages) {
+        my $at = $layer{$p->{name}};
+        if (!defined $at) { print STDERR "scripts/doc.sh: $p->{name} is in no layer\n"; $fail = 1; next }
+        for my $d (@{$p->{dependencies}}) {
+            next unless defined $d->{path} && !defined $d->{kind};
+            my $dep_at = $layer{$d->{name}};
+            next if defined $dep_at && $dep_at < $at;
+            print STDERR "scripts/doc.sh: $p->{name} links to $d->{name}, which is not in an earlier layer\n";
+            $fail = 1;
+        }
+    }
+    my %members = map { $_->{name} => 1 } @$packages;
+    for (keys %layer) { next if $members{$_}; print STDERR "scripts/doc.sh: $_ is not a member\n"; $fail = 1 }
+    exit $fail;
+'
 
 for layer in "${layers[@]}"; do
     args=()

@@ -8,9 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Pinned: a new maturin or auditwheel changes what is published only when bumped here.
-MATURIN_VERSION=1.16.0
-AUDITWHEEL_VERSION=6.8.2
+# Pinned in scripts/python-tools.txt, with their dependencies: a new maturin or auditwheel
+# changes what is published only when bumped there.
+constraints=scripts/python-tools.txt
+pinned() { sed -n "s/^$1==//p" "$constraints"; }
+MATURIN_VERSION=$(pinned maturin)
+AUDITWHEEL_VERSION=$(pinned auditwheel)
 
 out=$PWD/target/lab-packages
 tools=$PWD/target/lab-tools
@@ -22,11 +25,10 @@ node -e 'const p = require("./lab/npm/platforms.json"); if (!p[process.argv[1]])
 version=$(scripts/crate-version.sh lab)
 
 step "tools: maturin $MATURIN_VERSION, auditwheel $AUDITWHEEL_VERSION in $tools"
-stamp=$tools/versions-$MATURIN_VERSION-$AUDITWHEEL_VERSION
+stamp=$tools/versions-$(cksum <"$constraints" | cut -d' ' -f1)
 if [ ! -e "$stamp" ]; then
     rm -rf "$tools" && "$python" -m venv "$tools"
-    "$tools"/bin/pip install --quiet --disable-pip-version-check \
-        "maturin==$MATURIN_VERSION" "auditwheel==$AUDITWHEEL_VERSION"
+    "$tools"/bin/pip install --quiet --disable-pip-version-check -c "$constraints" maturin auditwheel
     touch "$stamp"
 fi
 bin=$tools/bin

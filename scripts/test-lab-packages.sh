@@ -48,7 +48,7 @@ expect() { # status log command... -- patterns...
 step "Python: a fresh virtualenv with the wheel file and pytest"
 python3 -m venv "$work/venv"
 "$work/venv/bin/pip" install --quiet --disable-pip-version-check --no-index --no-deps "$wheel"
-"$work/venv/bin/pip" install --quiet --disable-pip-version-check pytest==9.2.0
+"$work/venv/bin/pip" install --quiet --disable-pip-version-check -c scripts/python-tools.txt pytest
 (
     export PATH=$work/venv/bin:$no_rust
     ! command -v cargo >/dev/null || fail "cargo is on PATH"
