@@ -15,6 +15,7 @@ pub mod fault_server;
 pub mod hedging_stacks;
 pub mod keys;
 pub mod logs;
+pub mod ports;
 pub mod raw_server;
 pub mod read_whole;
 pub mod recording_service;

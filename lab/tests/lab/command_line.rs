@@ -1,7 +1,7 @@
 //! The `retry-safety-lab` binary: one-line errors naming the input, and the proxy's exit
 //! status after SIGINT.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener as StdListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -11,6 +11,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use retry_safety_lab::Upstream;
+// A loopback port nothing listens on, below the ephemeral range: no port-0 listener of another
+// test takes it before the lab binds it.
+use retry_safety_testing::ports::free_port;
 
 const LAB: &str = env!("CARGO_BIN_EXE_retry-safety-lab");
 
@@ -26,12 +29,6 @@ fn one_line_error(out: &Output, names: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let first = stderr.lines().next().unwrap_or_default();
     assert!(first.contains(names), "{stderr}");
-}
-
-/// A loopback port nothing listens on (bound, then freed).
-fn free_port() -> u16 {
-    let listener = StdListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr").port()
 }
 
 #[test]

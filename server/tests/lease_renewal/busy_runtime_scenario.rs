@@ -6,6 +6,7 @@
 //! deleted when it ends).
 
 use crate::SERIAL;
+use retry_safety_testing::redis::TestRedis;
 use retry_safety_testing::runtime_server::{accept, listener, runtime, Flavour, Server};
 use std::convert::Infallible;
 use std::future::Future;
@@ -243,42 +244,22 @@ pub(crate) async fn memory() -> MemoryStore {
     MemoryStore::new()
 }
 
-/// Deletes every key under its prefix when dropped (the test's end, passed or failed): a run
-/// leaves nothing behind.
-pub(crate) struct Clean(String);
-
-impl Drop for Clean {
-    fn drop(&mut self) {
-        let url =
-            std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-        let Ok(mut conn) = redis::Client::open(url).and_then(|c| c.get_connection()) else {
-            return;
-        };
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}*", self.0))
-            .query(&mut conn)
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: redis::RedisResult<()> = redis::cmd("DEL").arg(keys).query(&mut conn);
-        }
-    }
-}
-
+/// The test's Redis (`REDIS_URL`, the local one, or a server of the test's own) and a store
+/// under a prefix of the test's own; the [`TestRedis`] deletes the keys when dropped (the
+/// test's end, passed or failed): a run leaves nothing behind.
 pub(crate) fn redis_store(
     case: &str,
 ) -> (
-    Clean,
+    TestRedis,
     impl FnOnce() -> Pin<Box<dyn Future<Output = RedisStore> + Send>> + Send + 'static + use<>,
 ) {
-    let prefix = format!("{}:", fresh(&format!("trs-r2-{case}")));
-    let clean = Clean(prefix.clone());
-    (clean, move || {
+    let redis = TestRedis::start(&format!("busy-runtime-{case}"));
+    let (url, prefix) = (redis.url().to_owned(), redis.prefix().to_owned());
+    (redis, move || {
         Box::pin(async move {
-            let url =
-                std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
             RedisStore::connect(&url)
                 .await
-                .expect("Redis on 127.0.0.1:6379")
+                .expect("the test's Redis")
                 .prefix(prefix)
         })
     })

@@ -29,7 +29,7 @@ fn twelve_busy_handlers_on_one_thread_memory() {
 #[test]
 fn twelve_busy_handlers_on_one_thread_redis() {
     let stretch = Duration::from_millis(7);
-    let (_clean, store) = redis_store("many");
+    let (_redis, store) = redis_store("many");
     scenario(
         Flavour::CurrentThread,
         store,
@@ -61,7 +61,7 @@ fn a_handler_waiting_on_io_among_busy_tasks_one_thread_memory() {
 /// Found by the adversarial review, round 2, of lease renewal from a handler's task.
 #[test]
 fn a_handler_waiting_on_io_among_busy_tasks_one_thread_redis() {
-    let (_clean, store) = redis_store("pending");
+    let (_redis, store) = redis_store("pending");
     scenario(
         Flavour::CurrentThread,
         store,
@@ -96,7 +96,7 @@ fn a_slowly_streamed_body_keeps_its_claim_one_thread_memory() {
 /// Found by the adversarial review, round 2, of lease renewal from a handler's task.
 #[test]
 fn a_slowly_streamed_body_keeps_its_claim_multi_thread_redis() {
-    let (_clean, store) = redis_store("body");
+    let (_redis, store) = redis_store("body");
     scenario(
         Flavour::MultiThread,
         store,
@@ -130,7 +130,7 @@ fn a_detached_call_keeps_its_claim_one_thread_memory() {
 /// Found by the adversarial review, round 2, of lease renewal from a handler's task.
 #[test]
 fn a_detached_call_keeps_its_claim_one_thread_redis() {
-    let (_clean, store) = redis_store("detached");
+    let (_redis, store) = redis_store("detached");
     scenario(
         Flavour::CurrentThread,
         store,
@@ -148,7 +148,7 @@ fn a_detached_call_keeps_its_claim_one_thread_redis() {
 /// Found by the adversarial review, round 2, of lease renewal from a handler's task.
 #[test]
 fn redis_multi_thread_handler_renewing_itself_among_a_busy_task() {
-    let (_clean, store) = redis_store("mt");
+    let (_redis, store) = redis_store("mt");
     scenario(
         Flavour::MultiThread,
         store,

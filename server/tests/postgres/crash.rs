@@ -18,10 +18,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pg::{client, fresh, post, serve, TestDb};
+// Below the ephemeral range: while the killed server is down, no port-0 listener of another
+// test takes its port before it starts again there.
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
+use retry_safety_testing::ports::free_port;
 use tokio::sync::mpsc;
 use tower::{service_fn, BoxError, Service, ServiceBuilder, ServiceExt};
 use tower_idempotency_keys::{
@@ -237,14 +240,6 @@ async fn provider() -> (SocketAddr, Arc<AtomicU32>, Arc<AtomicU32>) {
         svc.clone().oneshot(req)
     });
     (serve(svc).await, applied, reached)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 struct Outcome {

@@ -12,9 +12,8 @@ use tower_idempotency_keys::{stores::RedisStore, Entry, IdempotencyStore};
 
 use super::redis_failover::{replicated, send, Answer, LIMIT};
 use retry_safety_testing::fleet::{Counts, Fault, Instance};
-use retry_safety_testing::redis::{
-    free_port, wait_until, wait_until_async, Node, Proxy, INSTALL, PATIENT,
-};
+use retry_safety_testing::ports::free_port;
+use retry_safety_testing::redis::{wait_until, wait_until_async, Node, Proxy, INSTALL, PATIENT};
 
 /// A `redis-server` of the test's own that keeps its keys across a stop: stopped with
 /// `SHUTDOWN SAVE` and started again from its snapshot, so an outage refuses connections

@@ -41,34 +41,6 @@ fn connection(url: &str) -> redis::RedisResult<redis::Connection> {
     redis::Client::open(url)?.get_connection_with_timeout(Duration::from_millis(500))
 }
 
-/// A free port on loopback that no earlier call in this process returned (bound, then let go:
-/// the server that takes it binds it next, and [`Node`] checks that it did).
-///
-/// Never the same port twice: a port let go by a node killed mid-test is still remembered by
-/// what watched it — a Sentinel (which sends `REPLICAOF` to whatever answers there again, to
-/// make the old primary a replica), a replica of it (which reconnects), a store on its fixed
-/// address (which renews there) — and a node of another test started on it would be taken
-/// over by them.
-pub fn free_port() -> u16 {
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        if first_use(port) {
-            return port;
-        }
-    }
-}
-
-/// Notes that this process listens on `port` ([`free_port`], or a [`Proxy`]'s own listener);
-/// `false` if it did before.
-fn first_use(port: u16) -> bool {
-    static USED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    USED.lock().unwrap_or_else(|e| e.into_inner()).insert(port)
-}
-
 /// Polls `done` every 20 ms until it holds, for at most `limit`; panics with `what` after.
 /// Scenarios wait on states, never on a guess of how long something takes.
 pub fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {

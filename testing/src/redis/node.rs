@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{connection, free_port, wait_until, INSTALL};
+use super::{connection, wait_until, INSTALL};
+use crate::ports::free_port;
 
 /// How many ports a node is tried on before the test fails.
 const ATTEMPTS: usize = 10;

@@ -17,7 +17,7 @@ impl OwnRedis {
         let mut tried = Vec::new();
         for _ in 0..10 {
             let mut redis = OwnRedis {
-                port: super::free_port(),
+                port: crate::ports::free_port(),
                 child: None,
             };
             match redis.try_start() {

@@ -34,7 +34,7 @@ impl Proxy {
                 .await
                 .expect("bind loopback");
             let port = listener.local_addr().expect("addr").port();
-            if super::first_use(port) {
+            if crate::ports::first_use(port) {
                 break (listener, port);
             }
         };
