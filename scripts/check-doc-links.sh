@@ -5,9 +5,10 @@
 # `[<code>tower::Layer</code>]`. rustdoc does not warn about these, even with
 # `-D rustdoc::broken_intra_doc_links`.
 #
-# Reads each published crate's pages under target/doc (run scripts/doc.sh first). Left out: code blocks and signatures (where `[u8]` is Rust), attributes (`#[non_exhaustive]`),
-# HTML comments, scripts and the sidebar (lists of names), and the docs of other crates that
-# rustdoc copies into our pages (blanket and auto-trait implementations, methods through Deref).
+# Reads each published crate's pages under target/doc (run scripts/doc.sh first). Left out:
+# code blocks and signatures (where `[u8]` is Rust), attributes (`#[non_exhaustive]`), HTML
+# comments, scripts and the sidebar (lists of names), and the docs of other crates that rustdoc
+# copies into our pages (blanket and auto-trait implementations, methods through Deref).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dirs=(target/doc/tower_retry_safety target/doc/tower_idempotency_keys target/doc/retry_safety_lab)

@@ -18,8 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::pg::{client, fresh, post, serve, TestDb};
-// Below the ephemeral range: while the killed server is down, no port-0 listener of another
-// test takes its port before it starts again there.
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
@@ -255,6 +253,8 @@ struct Outcome {
 async fn crash_at(at: &str) -> Outcome {
     let db = TestDb::new().await;
     let (provider, applied, reached) = provider().await;
+    // Below the ephemeral range: while the killed server is down, no port-0 listener of
+    // another test takes its port before it starts again there.
     let port = free_port();
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let key = fresh("crash");
