@@ -26,13 +26,13 @@ version=$(scripts/crate-version.sh lab)
 
 step "tools: maturin $MATURIN_VERSION, auditwheel $AUDITWHEEL_VERSION in $tools"
 stamp=$tools/versions-$(cksum <"$constraints" | cut -d' ' -f1)
+venv_bin() { if [ -d "$tools/bin" ]; then echo "$tools/bin"; else echo "$tools/Scripts"; fi; } # Windows: Scripts
 if [ ! -e "$stamp" ]; then
     rm -rf "$tools" && "$python" -m venv "$tools"
-    "$tools"/bin/pip install --quiet --disable-pip-version-check -c "$constraints" maturin auditwheel
+    "$(venv_bin)/pip" install --quiet --disable-pip-version-check -c "$constraints" maturin auditwheel
     touch "$stamp"
 fi
-bin=$tools/bin
-[ -d "$bin" ] || bin=$tools/Scripts # Windows venvs
+bin=$(venv_bin)
 
 rm -rf "$out" && mkdir -p "$out"
 

@@ -115,12 +115,11 @@ impl Drop for FaultServer {
     }
 }
 
-/// A loopback address with nothing listening: connecting to it is refused.
+/// A loopback address with nothing listening: connecting to it is refused. Its port is below
+/// the kernel's ephemeral range ([`free_port`](crate::ports::free_port)): no port-0 listener of
+/// another test takes it meanwhile, which would answer instead of refusing.
 pub async fn refused_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
-    addr
+    SocketAddr::from(([127, 0, 0, 1], crate::ports::free_port()))
 }
 
 impl FaultServer {

@@ -187,7 +187,11 @@ async fn start_server(seed: u64) -> (Arc<Server>, SocketAddr, Arc<Mutex<AbortHan
         ops: Mutex::default(),
         conns: Mutex::default(),
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // Below the ephemeral range: while it is down between restarts, no port-0 listener of
+    // another test takes its port (the chaos client would then talk to that one).
+    let listener = TcpListener::bind(("127.0.0.1", retry_safety_testing::ports::free_port()))
+        .await
+        .expect("bind the drawn port");
     let addr: SocketAddr = listener.local_addr().unwrap();
     let accept = Arc::new(Mutex::new(listen(server.clone(), listener)));
     (server, addr, accept)

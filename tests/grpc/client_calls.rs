@@ -311,9 +311,7 @@ fn tokio_stream_iter(
 #[tokio::test]
 async fn a_write_that_never_left_is_sent_again_and_the_status_says_so() {
     // A port nothing listens on: every attempt is refused before anything is sent.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
+    let addr = retry_safety_testing::fault_server::refused_addr().await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_lazy();

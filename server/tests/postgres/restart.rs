@@ -63,11 +63,9 @@ impl OwnPostgres {
             .args(["postgres:postgres"])
             .arg(&dir)
             .output();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Below the ephemeral range: while it is stopped, no port-0 listener of another test
+        // takes its port before it starts again there.
+        let port = retry_safety_testing::ports::free_port();
         let pg = OwnPostgres {
             bin: Self::bin(),
             dir,

@@ -78,6 +78,9 @@ impl Node {
     /// cluster bus listens on the port plus 10000, which must be free too.
     pub fn cluster_node() -> Node {
         Node::start(|port| {
+            // Its bus port is this process's too: `free_port` must not hand it to a server
+            // that a test stops and starts again.
+            let _ = port.checked_add(10_000).map(crate::ports::first_use);
             let nodes_file = nodes_file(port).display().to_string();
             let args = [
                 "--cluster-enabled",
