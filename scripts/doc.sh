@@ -23,8 +23,14 @@ layers=(
 cargo metadata --no-deps --format-version 1 | LAYERS="$(printf '%s\n' "${layers[@]}")" perl -MJSON::PP -0777 -ne '
     my $packages = decode_json($_)->{packages};
     my %layer; my $i = 0;
-    for my $line (split /\n/, $ENV{LAYERS}) { $layer{$_} = $i for split " ", $line; $i++ }
     my $fail = 0;
+    for my $line (split /\n/, $ENV{LAYERS}) {
+        for (split " ", $line) {
+            if (defined $layer{$_}) { print STDERR "scripts/doc.sh: $_ is in two layers\n"; $fail = 1 }
+            $layer{$_} = $i;
+        }
+        $i++;
+    }
     for my $p (@$packages) {
         my $at = $layer{$p->{name}};
         if (!defined $at) { print STDERR "scripts/doc.sh: $p->{name} is in no layer\n"; $fail = 1; next }
@@ -44,5 +50,5 @@ cargo metadata --no-deps --format-version 1 | LAYERS="$(printf '%s\n' "${layers[
 for layer in "${layers[@]}"; do
     args=()
     for package in $layer; do args+=(-p "$package"); done
-    RUSTDOCFLAGS="${RUSTDOCFLAGS:--Dwarnings}" cargo doc "${args[@]}" --no-deps --all-features
+    RUSTDOCFLAGS="-Dwarnings ${RUSTDOCFLAGS:-}" cargo doc "${args[@]}" --no-deps --all-features
 done
